@@ -1,0 +1,203 @@
+"""Prefill, decode, end-to-end latency and throughput: a pure function of specs.
+
+Prefill runs the prompt in one step (T = C = prompt) and emits the first token, so
+TTFT = prefill time. The other G - 1 tokens each take one decode step; the step that emits
+token i + 1 processes token i at context S + i, so decode reads contexts S+1 ... S+G-1.
+Decode time is the sum over those steps, integrated exactly for up to 64 steps and by the
+trapezoid rule on 65 evenly spaced contexts beyond (step time is piecewise linear in the
+context, so the error is confined to the few kinks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from perfmodel.memory import MemoryEstimate, memory_estimate
+from perfmodel.ops import ByteCounts
+from perfmodel.params import param_counts
+from perfmodel.roofline import OpTime, op_time
+from perfmodel.specs import Hardware, Model, Workload
+from perfmodel.transformer import step_ops
+
+EXACT_STEPS = 64
+
+
+@dataclass(frozen=True)
+class OpSummary:
+    """One operator summed over a phase (all layers, all steps)."""
+
+    phase: str
+    name: str
+    kind: str
+    op_class: str
+    count: float
+    flops: float
+    bytes: ByteCounts
+    time_s: float
+    bound: str
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes.total if self.bytes.total else float("inf")
+
+    def to_dict(self) -> dict:
+        row = {k: v for k, v in asdict(self).items() if k != "bytes"}
+        row.update({f"bytes_{k}": v for k, v in asdict(self.bytes).items()})
+        row["bytes"] = self.bytes.total
+        row["intensity"] = self.intensity
+        return row
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    steps: int
+    time_s: float
+    flops: float
+    bytes: ByteCounts
+    bound: str
+    first_step_s: float
+    last_step_s: float
+    ops: tuple[OpSummary, ...]
+
+    def to_dict(self) -> dict:
+        return {"time_s": self.time_s, "flops": self.flops, "bytes": self.bytes.total,
+                "bytes_by_source": asdict(self.bytes), "bound": self.bound,
+                "steps": self.steps, "first_step_s": self.first_step_s,
+                "last_step_s": self.last_step_s}
+
+
+def _summarize(name: str, samples: list[list[OpTime]], weights: np.ndarray, steps: int,
+               first: float, last: float) -> Phase:
+    """Weighted sum of per-step op times (``weights`` sum to the number of steps)."""
+    rows = []
+    for i, base in enumerate(samples[0]):
+        col = [s[i] for s in samples]
+        time = float(np.dot(weights, [t.time_s for t in col]))
+        flops = float(np.dot(weights, [t.op.flops * t.op.count for t in col]))
+        nbytes = ByteCounts(*(float(x) for x in np.dot(
+            weights, [t.op.bytes.scaled(t.op.count).astuple() for t in col])))
+        bound_time: dict[str, float] = {}
+        for w, t in zip(weights, col, strict=True):
+            bound_time[t.bound] = bound_time.get(t.bound, 0.0) + w * t.time_s
+        rows.append(OpSummary(name, base.op.name, base.op.kind, base.op.op_class, base.op.count,
+                              flops, nbytes, time, max(bound_time, key=bound_time.get)))
+    by_bound: dict[str, float] = {}
+    for r in rows:
+        by_bound[r.bound] = by_bound.get(r.bound, 0.0) + r.time_s
+    total = ByteCounts()
+    for r in rows:
+        total = total + r.bytes
+    return Phase(name, steps, sum(r.time_s for r in rows), sum(r.flops for r in rows), total,
+                 max(by_bound, key=by_bound.get) if by_bound else "none", first, last,
+                 tuple(rows))
+
+
+def step_times(model: Model, hw: Hardware, wl: Workload, new_tokens: int, context: int,
+               timing: str = "stream", logits_all: bool = False) -> list[OpTime]:
+    """Roofline times of every op of one step (timing: see roofline.op_time)."""
+    return [op_time(op, hw, timing) for op in step_ops(model, wl, new_tokens, context,
+                                                       logits_all)]
+
+
+def prefill_phase(model: Model, hw: Hardware, wl: Workload) -> Phase:
+    times = step_times(model, hw, wl, wl.prompt_len, wl.prompt_len)
+    total = sum(t.time_s for t in times)
+    return _summarize("prefill", [times], np.ones(1), 1, total, total)
+
+
+def decode_contexts(wl: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """Contexts to evaluate and their weights: weights sum to the G - 1 decode steps."""
+    first, steps = wl.prompt_len + 1, wl.gen_len - 1
+    if steps <= EXACT_STEPS:
+        n = max(steps, 1)
+        return np.arange(first, first + n), np.full(n, 1.0 if steps else 0.0)
+    ctx = np.unique(np.round(np.linspace(first, first + steps - 1, EXACT_STEPS + 1)))
+    w = np.empty(len(ctx))
+    gaps = np.diff(ctx)
+    w[:] = 0.0
+    w[:-1] += gaps / 2.0
+    w[1:] += gaps / 2.0
+    w *= steps / w.sum()   # trapezoid over [first, last]; rescale to the integer step count
+    return ctx.astype(int), w
+
+
+def decode_phase(model: Model, hw: Hardware, wl: Workload) -> Phase:
+    contexts, weights = decode_contexts(wl)
+    timing = "kernel" if wl.cuda_graphs else "stream"
+    samples = [step_times(model, hw, wl, 1, int(c), timing) for c in contexts]
+    step = [sum(t.time_s for t in s) for s in samples]
+    return _summarize("decode", samples, weights, wl.gen_len - 1, step[0], step[-1])
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Everything ``perfmodel estimate`` reports; ``to_dict`` is the JSON output (SI units)."""
+
+    hardware: Hardware
+    model: Model
+    workload: Workload
+    params_total: float
+    params_active: float
+    memory: MemoryEstimate
+    prefill: Phase
+    decode: Phase
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill.time_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean decode step time (the step at context S+1 when only one token is generated)."""
+        steps = self.decode.steps
+        return self.decode.time_s / steps if steps else self.decode.first_step_s
+
+    @property
+    def e2e_s(self) -> float:
+        return self.prefill.time_s + self.decode.time_s
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        """Generated tokens per second over the whole request batch, prefill included."""
+        return self.workload.batch * self.workload.gen_len / self.e2e_s
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.workload.batch / self.tpot_s
+
+    def to_dict(self) -> dict:
+        wl = self.workload
+        mem = asdict(self.memory)
+        return {
+            "model": self.model.name, "hardware": self.hardware.name,
+            "workload": asdict(wl),
+            "params_total": self.params_total, "params_active": self.params_active,
+            "weights_bytes": self.memory.weights_bytes,
+            "kv_cache_bytes_per_token": self.memory.kv_cache_bytes_per_token,
+            "kv_cache_bytes": self.memory.kv_cache_bytes,
+            "max_batch": self.memory.max_batch, "fits": self.memory.fits,
+            "memory": mem | {"free_bytes": self.memory.free_bytes},
+            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s,
+            "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict(),
+        }
+
+    def operators(self):  # -> pandas.DataFrame (pandas imported lazily: keeps the CLI fast)
+        """Every operator of both phases, one row each, as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame([o.to_dict() for o in self.prefill.ops + self.decode.ops])
+
+
+def estimate(hardware: Hardware, model: Model, workload: Workload | None = None) -> Estimate:
+    """Predict one configuration. Pure: reads nothing, writes nothing."""
+    wl = workload or Workload()
+    counts = param_counts(model)
+    return Estimate(
+        hardware=hardware, model=model, workload=wl, params_total=counts.total,
+        params_active=counts.active(model), memory=memory_estimate(model, hardware, wl),
+        prefill=prefill_phase(model, hardware, wl), decode=decode_phase(model, hardware, wl))

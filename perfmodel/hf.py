@@ -1,0 +1,81 @@
+"""Translate a Hugging Face ``config.json`` into the models/README.md schema.
+
+Supported ``model_type`` values: llama, mistral, mixtral, qwen2, gemma2, deepseek_v3 (and
+deepseek_v2, which shares the fields). HF configs carry many keys that do not affect
+performance; those are ignored. A missing required key is a one-line error naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfmodel.load import Fields, model_from_fields
+from perfmodel.specs import Model, SpecError
+
+FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "deepseek_v3", "deepseek_v2")
+_ACT = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+        "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "relu": "relu"}
+
+
+def model_from_hf_config(data: dict, file: str, name: str) -> Model:
+    """Build a Model from a parsed HF config mapping (``file`` is named in errors)."""
+    hf = Fields(data, file)
+    kind = hf.text("model_type")
+    if kind not in FAMILIES:
+        raise hf.error("model_type", f"unsupported {kind!r}, expected one of {', '.join(FAMILIES)}")
+    n_heads = hf.integer("num_attention_heads")
+    d_model = hf.integer("hidden_size")
+    act = hf.text("hidden_activation", None) or hf.text("hidden_act", "silu")
+    if act not in _ACT:
+        raise hf.error("hidden_act", f"unsupported activation {act!r}, expected one of "
+                       f"{', '.join(_ACT)}")
+    out: dict[str, Any] = {
+        "name": name, "family": kind, "source": file,
+        "n_layers": hf.integer("num_hidden_layers"), "d_model": d_model, "n_heads": n_heads,
+        "n_kv_heads": hf.integer("num_key_value_heads", n_heads),
+        "vocab_size": hf.integer("vocab_size"),
+        "intermediate_size": hf.integer("intermediate_size"),
+        "gated_mlp": True, "activation": _ACT[act], "norm": "rms",
+        "tie_embeddings": hf.flag("tie_word_embeddings", kind == "gemma2"),
+        "qkv_bias": kind == "qwen2" or hf.flag("attention_bias", False),
+        "linear_bias": False,
+    }
+    if hf.has("head_dim"):
+        out["head_dim"] = hf.integer("head_dim")
+    if kind == "gemma2":
+        out["norms_per_layer"] = 4
+        out["attention"] = {"sliding_window": hf.integer("sliding_window"),
+                            "layer_pattern": ["local", "global"],
+                            "logit_softcap": hf.raw("attn_logit_softcapping", None)}
+    elif hf.has("sliding_window") and hf.flag("use_sliding_window", kind != "qwen2"):
+        out["attention"] = {"sliding_window": hf.integer("sliding_window")}
+    if kind == "mixtral":
+        out["moe"] = {"n_experts": hf.integer("num_local_experts"),
+                      "top_k": hf.integer("num_experts_per_tok"),
+                      "expert_intermediate_size": out["intermediate_size"]}
+    if kind.startswith("deepseek"):
+        _deepseek(hf, out)
+    try:
+        return model_from_fields(Fields(out, file))
+    except SpecError as exc:
+        raise SpecError(f"{exc} (translated from the Hugging Face config)") from None
+
+
+def _deepseek(hf: Fields, out: dict[str, Any]) -> None:
+    nope, rope = hf.integer("qk_nope_head_dim"), hf.integer("qk_rope_head_dim")
+    out["head_dim"] = nope + rope
+    out["n_kv_heads"] = out["n_heads"]
+    out["mla"] = {"q_lora_rank": hf.integer("q_lora_rank", None),
+                  "kv_lora_rank": hf.integer("kv_lora_rank"),
+                  "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
+                  "v_head_dim": hf.integer("v_head_dim")}
+    if hf.has("n_routed_experts"):
+        if hf.integer("moe_layer_freq", 1) != 1:
+            raise hf.error("moe_layer_freq", "only 1 (every layer after the dense ones) is supported")
+        out["moe"] = {"n_experts": hf.integer("n_routed_experts"),
+                      "top_k": hf.integer("num_experts_per_tok"),
+                      "expert_intermediate_size": hf.integer("moe_intermediate_size"),
+                      "n_shared_experts": hf.integer("n_shared_experts", 0, minimum=0),
+                      "first_dense_layers": hf.integer("first_k_dense_replace", 0, minimum=0)}
+    if hf.integer("num_nextn_predict_layers", 0, minimum=0):
+        out["mtp"] = {"n_modules": hf.integer("num_nextn_predict_layers", minimum=0)}

@@ -1,0 +1,312 @@
+"""The only reader of YAML and JSON: hardware specs, model shapes, Hugging Face config.json.
+
+Every error is a ``SpecError`` whose one-line message names the file, the field and what was
+expected. Unknown keys are errors, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from perfmodel import units
+from perfmodel.specs import DTYPES, MLA, Efficiency, Hardware, Interconnect, Model, MoE, SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+HARDWARE_DIR = ROOT / "hardware"
+MODELS_DIR = ROOT / "models"
+
+
+class Fields:
+    """A mapping being read: typed getters that name ``file: path.field`` in errors."""
+
+    def __init__(self, data: Any, file: str, path: str = "") -> None:
+        self.file, self.path = file, path
+        if not isinstance(data, dict):
+            raise self.error("", f"expected a mapping, got {type(data).__name__}")
+        self.data, self.used = data, set()
+
+    def error(self, key: str, what: str) -> SpecError:
+        where = ".".join(p for p in (self.path, key) if p) or "(top level)"
+        return SpecError(f"{self.file}: {where}: {what}")
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default: Any = ..., ) -> Any:
+        self.used.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is ...:
+                raise self.error(key, "missing required field")
+            return default
+        return self.data[key]
+
+    def sub(self, key: str, required: bool = True) -> Fields | None:
+        if not required and not self.has(key):
+            self.used.add(key)
+            return None
+        return Fields(self.raw(key), self.file, ".".join(p for p in (self.path, key) if p))
+
+    def text(self, key: str, default: Any = ..., choices: tuple[str, ...] | None = None) -> str:
+        value = self.raw(key, default)
+        if not isinstance(value, str):
+            raise self.error(key, f"expected text, got {value!r}")
+        if choices and value not in choices:
+            raise self.error(key, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def flag(self, key: str, default: Any = ...) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {value!r}")
+        return value
+
+    def integer(self, key: str, default: Any = ..., minimum: int = 1) -> int:
+        value = self.raw(key, default)
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"expected an integer, got {value!r}")
+        if value < minimum:
+            raise self.error(key, f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    def quantity(self, key: str, kind: str, default: Any = ..., positive: bool = True,
+                 maximum: float | None = None) -> float:
+        value = self.raw(key, default)
+        try:
+            out = units.parse_quantity(value, kind)
+        except units.UnitError as exc:
+            raise self.error(key, str(exc)) from None
+        if positive and out <= 0:
+            raise self.error(key, f"expected a positive value, got {value!r}")
+        if not positive and out < 0:
+            raise self.error(key, f"expected a non-negative value, got {value!r}")
+        if maximum is not None and out > maximum:
+            raise self.error(key, f"expected at most {maximum}, got {value!r}")
+        return out
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise self.error(unknown[0], "unknown field (check the spelling; see the README "
+                             "beside the shipped files)")
+
+
+def read_mapping(path: Path) -> dict:
+    """Parse a YAML or JSON file into a mapping, or raise a one-line SpecError."""
+    if not path.is_file():
+        raise SpecError(f"{path}: no such file")
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                        f"{first}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _version(f: Fields) -> None:
+    if f.integer("version") != 1:
+        raise f.error("version", "expected 1 (the only schema version so far)")
+
+
+def _sources(block: Fields, key: str, sources: dict[str, str]) -> None:
+    sources[key] = block.text("source")
+    if block.has("note"):
+        sources[key + ".note"] = block.text("note")
+
+
+def load_hardware(path: str | Path) -> Hardware:
+    """Read one hardware YAML (schema in hardware/README.md)."""
+    path = Path(path)
+    f = Fields(read_mapping(path), str(path))
+    _version(f)
+    sources: dict[str, str] = {}
+    compute = f.sub("compute")
+    peaks_f = compute.sub("peak_flops_per_s")
+    peaks = {}
+    for dtype in list(peaks_f.data):
+        if dtype not in DTYPES:
+            raise peaks_f.error(dtype, f"unknown dtype, expected one of {', '.join(DTYPES)}")
+        peaks[dtype] = peaks_f.quantity(dtype, "flops_per_s")
+    if not peaks:
+        raise peaks_f.error("", "expected at least one dtype rate")
+    peaks_f.finish()
+    units_count = compute.integer("compute_units")
+    _sources(compute, "compute", sources)
+    compute.finish()
+    mem = f.sub("memory")
+    capacity = mem.quantity("capacity_bytes", "bytes")
+    bandwidth = mem.quantity("bandwidth_bytes_per_s", "bytes_per_s")
+    _sources(mem, "memory", sources)
+    mem.finish()
+    chip = f.sub("on_chip")
+    l2 = chip.quantity("l2_bytes", "bytes")
+    _sources(chip, "on_chip", sources)
+    chip.finish()
+    link = _interconnect(f.sub("interconnect"), sources)
+    eff = _efficiency(f.sub("efficiency"), sources)
+    hw = Hardware(
+        name=f.text("name"), vendor=f.text("vendor", "other"),
+        description=f.text("description", ""), peak_flops_per_s=peaks,
+        memory_bytes=capacity, memory_bytes_per_s=bandwidth, compute_units=units_count,
+        l2_bytes=l2, interconnect=link, efficiency=eff, sources=sources,
+        calibration=f.raw("calibration", None),
+    )
+    f.finish()
+    return hw
+
+
+def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
+    out = Interconnect(
+        link_bytes_per_s=f.quantity("link_bytes_per_s", "bytes_per_s"),
+        latency_s=f.quantity("latency_s", "s", positive=False),
+        topology=f.text("topology", "switch", ("switch", "ring", "torus", "pcie", "none")),
+        max_devices=f.integer("max_devices", 8),
+    )
+    _sources(f, "interconnect", sources)
+    f.finish()
+    return out
+
+
+def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
+    out = Efficiency(
+        gemm_fraction=f.quantity("gemm_fraction", "number", maximum=1.0),
+        memory_fraction=f.quantity("memory_fraction", "number", maximum=1.0),
+        collective_fraction=f.quantity("collective_fraction", "number", 0.8, maximum=1.0),
+        gemm_tile_m=f.integer("gemm_tile_m", 128),
+        gemm_tile_n=f.integer("gemm_tile_n", 128),
+        kernel_latency_s=f.quantity("kernel_latency_s", "s", positive=False),
+        launch_overhead_s=f.quantity("launch_overhead_s", "s", positive=False),
+        gemm_k_half=f.quantity("gemm_k_half", "number", 0.0, positive=False),
+        memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
+    )
+    _sources(f, "efficiency", sources)
+    f.finish()
+    return out
+
+
+def load_model(path: str | Path) -> Model:
+    """Read a model YAML (models/README.md) or a Hugging Face config.json."""
+    path = Path(path)
+    data = read_mapping(path)
+    if path.suffix == ".json":
+        from perfmodel.hf import model_from_hf_config
+
+        return model_from_hf_config(data, str(path), name=path.parent.name or path.stem)
+    f = Fields(data, str(path))
+    _version(f)
+    model = model_from_fields(f)
+    f.finish()
+    return model
+
+
+def model_from_fields(f: Fields) -> Model:
+    """Build a Model from a mapping in the models/README.md schema (YAML or translated HF)."""
+    n_heads = f.integer("n_heads")
+    d_model = f.integer("d_model")
+    attention = f.sub("attention", required=False)
+    window, pattern, softcap = None, (), None
+    if attention is not None:
+        window = attention.integer("sliding_window", None)
+        raw_pattern = attention.raw("layer_pattern", [])
+        if not isinstance(raw_pattern, list) or any(p not in ("local", "global")
+                                                    for p in raw_pattern):
+            raise attention.error("layer_pattern", "expected a list of 'local' and 'global'")
+        pattern = tuple(raw_pattern)
+        if pattern and window is None:
+            raise attention.error("sliding_window", "required when layer_pattern is given")
+        softcap = attention.raw("logit_softcap", None)
+        attention.finish()
+    model = Model(
+        name=f.text("name"), family=f.text("family", ""), source=f.text("source", ""),
+        n_layers=f.integer("n_layers"), d_model=d_model, n_heads=n_heads,
+        n_kv_heads=f.integer("n_kv_heads"),
+        head_dim=f.integer("head_dim", d_model // n_heads if d_model % n_heads == 0 else ...),
+        vocab_size=f.integer("vocab_size"), intermediate_size=f.integer("intermediate_size"),
+        gated_mlp=f.flag("gated_mlp", True),
+        activation=f.text("activation", "silu", ("silu", "gelu", "gelu_tanh", "relu")),
+        norm=f.text("norm", "rms", ("rms", "layer")),
+        norms_per_layer=f.integer("norms_per_layer", 2),
+        tie_embeddings=f.flag("tie_embeddings", False),
+        position=f.text("position", "rope", ("rope", "learned", "alibi")),
+        max_position_embeddings=f.integer("max_position_embeddings", 0, minimum=0),
+        qkv_bias=f.flag("qkv_bias", False), linear_bias=f.flag("linear_bias", False),
+        parallel_block=f.flag("parallel_block", False),
+        sliding_window=window, layer_pattern=pattern, logit_softcap=softcap,
+        mla=_mla(f.sub("mla", required=False)), moe=_moe(f.sub("moe", required=False)),
+        mtp_modules=_mtp(f.sub("mtp", required=False)),
+    )
+    if model.n_kv_heads > model.n_heads or model.n_heads % model.n_kv_heads:
+        raise f.error("n_kv_heads", f"expected a divisor of n_heads ({model.n_heads}), "
+                      f"got {model.n_kv_heads}")
+    if model.position == "learned" and model.max_position_embeddings < 1:
+        raise f.error("max_position_embeddings", "required (>= 1) when position is learned")
+    if model.moe and model.moe.first_dense_layers > model.n_layers:
+        raise f.error("moe.first_dense_layers", f"expected at most n_layers ({model.n_layers})")
+    return model
+
+
+def _mla(f: Fields | None) -> MLA | None:
+    if f is None:
+        return None
+    out = MLA(q_lora_rank=f.integer("q_lora_rank", None), kv_lora_rank=f.integer("kv_lora_rank"),
+              qk_nope_head_dim=f.integer("qk_nope_head_dim"),
+              qk_rope_head_dim=f.integer("qk_rope_head_dim"), v_head_dim=f.integer("v_head_dim"))
+    f.finish()
+    return out
+
+
+def _moe(f: Fields | None) -> MoE | None:
+    if f is None:
+        return None
+    out = MoE(n_experts=f.integer("n_experts"), top_k=f.integer("top_k"),
+              expert_intermediate_size=f.integer("expert_intermediate_size"),
+              n_shared_experts=f.integer("n_shared_experts", 0, minimum=0),
+              first_dense_layers=f.integer("first_dense_layers", 0, minimum=0))
+    if out.top_k > out.n_experts:
+        raise f.error("top_k", f"expected at most n_experts ({out.n_experts}), got {out.top_k}")
+    f.finish()
+    return out
+
+
+def _mtp(f: Fields | None) -> int:
+    if f is None:
+        return 0
+    out = f.integer("n_modules", 0, minimum=0)
+    f.finish()
+    return out
+
+
+def _resolve(name_or_path: str, directory: Path, kind: str, suffixes: tuple[str, ...]) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in suffixes or "/" in name_or_path or path.is_file():
+        return path
+    candidate = directory / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = ", ".join(shipped(directory))
+    raise SpecError(f"--{kind}: unknown {kind} {name_or_path!r}; shipped: {names} "
+                    f"(or give a path to a file)")
+
+
+def shipped(directory: Path) -> list[str]:
+    """Stems of the shipped YAML files in ``directory``."""
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def hardware(name_or_path: str) -> Hardware:
+    """A shipped hardware name (file stem in hardware/) or a path to a hardware YAML."""
+    return load_hardware(_resolve(name_or_path, HARDWARE_DIR, "hardware", (".yaml", ".yml")))
+
+
+def model(name_or_path: str) -> Model:
+    """A shipped model name, a path to a model YAML, or a path to a HF config.json."""
+    return load_model(_resolve(name_or_path, MODELS_DIR, "model", (".yaml", ".yml", ".json")))

@@ -1,0 +1,113 @@
+"""Parameter counts by tensor class, whole model or per device under tensor parallelism.
+
+Independent check: tests build a torch module of the same shape and compare sum(numel).
+Under TP degree t, heads, MLP/expert widths and the vocabulary split t ways; KV heads split
+but never below one per device (replicated); norms, routers and the MLA down-projections
+(q_a, kv_a) are replicated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfmodel.specs import Model, SpecError
+
+LINEAR_CLASSES = ("attention", "mlp", "experts", "shared_experts", "router")
+HEAD_CLASSES = ("embedding", "lm_head", "norms")
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Element counts per class; ``experts`` are the routed experts (all of them)."""
+
+    embedding: float
+    lm_head: float
+    norms: float
+    attention: float
+    mlp: float
+    experts: float
+    shared_experts: float
+    router: float
+    mtp: float          # DeepSeek multi-token-prediction modules, excluded from ``total``
+
+    @property
+    def total(self) -> float:
+        return (self.embedding + self.lm_head + self.norms + self.attention + self.mlp
+                + self.experts + self.shared_experts + self.router)
+
+    def active(self, model: Model) -> float:
+        """Parameters one token touches: routed experts scaled by top_k / n_experts."""
+        share = model.moe.top_k / model.moe.n_experts if model.moe else 1.0
+        return self.total - self.experts * (1.0 - share)
+
+
+def check_tp(model: Model, tp: int) -> None:
+    """TP must split heads evenly and KV heads evenly (or replicate them whole)."""
+    if model.n_heads % tp:
+        raise SpecError(f"workload: tp={tp} must divide n_heads={model.n_heads} of {model.name}")
+    kv = model.n_kv_heads
+    if kv % tp and tp % kv:
+        raise SpecError(f"workload: tp={tp} and n_kv_heads={kv} of {model.name}: one must "
+                        "divide the other")
+
+
+def kv_heads_per_device(model: Model, tp: int) -> int:
+    return max(1, model.n_kv_heads // tp)
+
+
+def attention_params(model: Model, tp: int = 1) -> float:
+    """Q, K, V, O projections (and MLA's low-rank factors and norms) on one device."""
+    d, h = model.d_model, model.n_heads // tp
+    if model.mla is not None:
+        a = model.mla
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        q = d * h * qk if a.q_lora_rank is None else \
+            d * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * h * qk
+        kv = d * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank \
+            + a.kv_lora_rank * h * (a.qk_nope_head_dim + a.v_head_dim)
+        return q + kv + h * a.v_head_dim * d
+    kv = kv_heads_per_device(model, tp)
+    hd = model.head_dim
+    qkv = d * (h + 2 * kv) * hd + ((h + 2 * kv) * hd if model.qkv_bias else 0)
+    return qkv + h * hd * d + (d if model.linear_bias else 0)
+
+
+def mlp_params(model: Model, width: int, tp: int = 1) -> float:
+    """One MLP of intermediate ``width`` split t ways: 3 (gated) or 2 matrices, + biases."""
+    d, w = model.d_model, width // tp
+    mats = 3 if model.gated_mlp else 2
+    bias = ((2 if model.gated_mlp else 1) * w + d) if model.linear_bias else 0
+    return mats * d * w + bias
+
+
+def norm_params(model: Model) -> int:
+    return model.d_model * (2 if model.norm == "layer" else 1)
+
+
+def param_counts(model: Model, tp: int = 1) -> ParamCounts:
+    """Per-device parameter counts (tp=1: the whole model)."""
+    check_tp(model, tp)
+    d, layers = model.d_model, model.n_layers
+    moe = model.moe
+    n_moe = layers - moe.first_dense_layers if moe else 0
+    vocab = model.vocab_size / tp
+    embedding = vocab * d + (model.max_position_embeddings * d
+                             if model.position == "learned" else 0)
+    norms = (layers * model.norms_per_layer + 1) * norm_params(model)
+    experts = shared = router = 0.0
+    if moe:
+        expert = mlp_params(model, moe.expert_intermediate_size, tp)
+        experts = n_moe * moe.n_experts * expert
+        shared = n_moe * moe.n_shared_experts * expert
+        router = n_moe * d * moe.n_experts
+    # an MTP module: two input norms, a [2d -> d] projection, one decoder block, an output norm
+    block_mlp = ((moe.n_experts + moe.n_shared_experts)
+                 * mlp_params(model, moe.expert_intermediate_size, tp) + d * moe.n_experts
+                 if moe else mlp_params(model, model.intermediate_size, tp))
+    block = attention_params(model, tp) + model.norms_per_layer * norm_params(model) + block_mlp
+    mtp = model.mtp_modules * (3 * norm_params(model) + 2 * d * d + block)
+    return ParamCounts(
+        embedding=embedding, lm_head=0.0 if model.tie_embeddings else vocab * d, norms=norms,
+        attention=layers * attention_params(model, tp),
+        mlp=(layers - n_moe) * mlp_params(model, model.intermediate_size, tp),
+        experts=experts, shared_experts=shared, router=router, mtp=mtp)

@@ -1,0 +1,96 @@
+"""Formatting of an Estimate: text table, JSON, CSV, markdown. No computation here."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from perfmodel.estimate import Estimate, OpSummary
+from perfmodel.units import fmt_bytes, fmt_count, fmt_rate, fmt_time
+
+
+def _rows(e: Estimate) -> list[tuple[str, str]]:
+    wl, mem = e.workload, e.memory
+    fit = "yes" if mem.fits else (f"NO: needs {fmt_bytes(mem.weights_bytes + mem.workspace_bytes + mem.kv_cache_bytes)}"
+                                  f" of {fmt_bytes(mem.usable_bytes)} usable")
+    return [
+        ("model", f"{e.model.name} ({fmt_count(e.params_total)} params, "
+                  f"{fmt_count(e.params_active)} active, {e.model.attention_kind})"),
+        ("hardware", f"{e.hardware.name} x{wl.tp} (TP)" if wl.tp > 1 else e.hardware.name),
+        ("workload", f"batch {wl.batch}, prompt {wl.prompt_len}, generate {wl.gen_len}; "
+                     f"weights {wl.weights_dtype}, activations {wl.act_dtype}, KV {wl.kv_dtype}"),
+        ("weights / device", fmt_bytes(mem.weights_bytes)),
+        ("KV cache / token", fmt_bytes(mem.kv_cache_bytes_per_token)),
+        ("KV cache (batch)", fmt_bytes(mem.kv_cache_bytes)),
+        ("workspace", fmt_bytes(mem.workspace_bytes)),
+        ("fits", fit),
+        ("max batch", str(mem.max_batch)),
+        ("TTFT (prefill)", f"{fmt_time(e.ttft_s)}  [{e.prefill.bound}-bound, "
+                           f"{fmt_count(e.prefill.flops)}FLOP, {fmt_bytes(e.prefill.bytes.total)}]"),
+        ("TPOT (decode mean)", f"{fmt_time(e.tpot_s)}  [{e.decode.bound}-bound; first "
+                               f"{fmt_time(e.decode.first_step_s)}, last "
+                               f"{fmt_time(e.decode.last_step_s)}]"),
+        ("end to end", fmt_time(e.e2e_s)),
+        ("throughput", f"{fmt_rate(e.throughput_tokens_per_s, 'tok/s')} overall, "
+                       f"{fmt_rate(e.decode_tokens_per_s, 'tok/s')} in decode"),
+    ]
+
+
+def table(e: Estimate) -> str:
+    rows = _rows(e)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def markdown(e: Estimate) -> str:
+    lines = ["| quantity | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in _rows(e)]
+    return "\n".join(lines)
+
+
+_BREAKDOWN_COLS = ("phase", "name", "op_class", "count", "flops", "bytes", "intensity",
+                   "time_s", "share", "bound")
+
+
+def _breakdown_cells(e: Estimate, o: OpSummary) -> list[str]:
+    phase_time = e.prefill.time_s if o.phase == "prefill" else e.decode.time_s
+    share = o.time_s / phase_time if phase_time else 0.0
+    return [o.phase, o.name, o.op_class, f"{o.count:g}", fmt_count(o.flops),
+            fmt_bytes(o.bytes.total), f"{o.intensity:.3g}", fmt_time(o.time_s),
+            f"{share:.1%}", o.bound]
+
+
+def breakdown(e: Estimate) -> str:
+    """Every operator of both phases: FLOPs, bytes, intensity, time, share and bound."""
+    cells = [list(_BREAKDOWN_COLS)] + [_breakdown_cells(e, o)
+                                       for o in e.prefill.ops + e.decode.ops]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(_BREAKDOWN_COLS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+                     for row in cells)
+
+
+def to_json(e: Estimate, with_ops: bool = False) -> str:
+    out = e.to_dict()
+    if with_ops:
+        out["operators"] = [o.to_dict() for o in e.prefill.ops + e.decode.ops]
+    return json.dumps(out, indent=2)
+
+
+def flat_record(e: Estimate) -> dict:
+    """One flat row (scalars only) for CSV and sweeps."""
+    d = e.to_dict()
+    row = {k: v for k, v in d.items() if not isinstance(v, dict)}
+    row.update({f"workload_{k}": v for k, v in d["workload"].items()})
+    for phase in ("prefill", "decode"):
+        row.update({f"{phase}_{k}": v for k, v in d[phase].items() if not isinstance(v, dict)})
+    return row
+
+
+def to_csv(e: Estimate, with_ops: bool = False) -> str:
+    buf = io.StringIO()
+    rows = [o.to_dict() for o in e.prefill.ops + e.decode.ops] if with_ops else [flat_record(e)]
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()

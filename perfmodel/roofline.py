@@ -1,0 +1,131 @@
+"""Roofline time of one operator on one device.
+
+    device_s = max(flops / (peak[dtype] * eff_compute), bytes / (bandwidth * eff_memory))
+               + kernel_latency
+    time_s   = device_s                            timing="kernel" (device time only; CUDA graphs)
+             = max(device_s, launch_overhead)      timing="stream" (host launches overlap device)
+             = device_s + launch_overhead          timing="host"   (one synchronised call)
+
+``eff_compute`` for a GEMM is the best-shape fraction times tile padding, wave quantization
+and (if calibrated) a k-depth ramp; ``eff_memory`` is the streaming fraction times (if
+calibrated) a size ramp. Collectives use the interconnect instead of memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from perfmodel.ops import Op
+from perfmodel.specs import Hardware
+
+_SPLIT_K_MIN_DEPTH = 256   # split-K slices are at least this deep (k elements)
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """Time of ``op`` (all ``op.count`` instances) and why: which term won."""
+
+    op: Op
+    compute_s: float        # per instance, at achievable compute
+    memory_s: float         # per instance, at achievable bandwidth (or link for collectives)
+    overhead_s: float       # per instance: kernel latency, or launch when that dominates
+    time_s: float           # all instances
+    bound: str              # compute | memory | overhead | communication
+    compute_efficiency: float
+    memory_efficiency: float
+
+    @property
+    def attained_flops_per_s(self) -> float:
+        per = self.time_s / self.op.count if self.op.count else 0.0
+        return self.op.flops / per if per > 0 else 0.0
+
+
+def _pad(size: float, tile: int) -> tuple[float, int]:
+    """Useful fraction of the padded extent when ``size`` is covered by tiles of ``tile``.
+    Small sizes use a smaller power-of-two tile (kernels for skinny shapes), down to 16."""
+    used = min(tile, max(16, 2 ** math.ceil(math.log2(max(size, 1.0)))))
+    return size / (math.ceil(size / used) * used), used
+
+
+def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -> float:
+    """Achievable fraction of peak for a GEMM: best-shape fraction x tile padding x waves.
+
+    Tiles of tile_m x tile_n cover the [m, n] output of each group; tiles run in waves of
+    ``compute_units``; the last partial wave idles the rest. When the tiles cannot fill one
+    wave, split-K divides k (slices at least 256 deep) to create more work.
+    """
+    eff = hw.efficiency
+    pad_m, tm = _pad(m, eff.gemm_tile_m)
+    pad_n, tn = _pad(n, eff.gemm_tile_n)
+    tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(1.0, math.ceil(groups))
+    units = hw.compute_units
+    if tiles < units:
+        tiles *= max(1, min(units // tiles, int(k // _SPLIT_K_MIN_DEPTH)))
+    waves = math.ceil(tiles / units)
+    wave = tiles / (waves * units)
+    depth = k / (k + eff.gemm_k_half) if eff.gemm_k_half else 1.0
+    return eff.gemm_fraction * pad_m * pad_n * wave * depth
+
+
+def attention_efficiency(op: Op, hw: Hardware) -> float:
+    """FlashAttention compute efficiency: query-block tiles of 128 x (batch x heads) in waves."""
+    s = op.shape
+    blocks = s["batch"] * s["n_heads"] * math.ceil(s["q_len"] / 128)
+    units = hw.compute_units
+    wave = blocks / (math.ceil(blocks / units) * units)
+    pad_q, _ = _pad(s["q_len"], 128)
+    return hw.efficiency.gemm_fraction * wave * pad_q
+
+
+def memory_efficiency(nbytes: float, hw: Hardware) -> float:
+    """Achievable fraction of peak bandwidth for a kernel moving ``nbytes``."""
+    eff = hw.efficiency
+    ramp = nbytes / (nbytes + eff.memory_half_bytes) if eff.memory_half_bytes else 1.0
+    return eff.memory_fraction * ramp
+
+
+TIMINGS = ("kernel", "stream", "host")
+
+
+def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
+    """Time for all instances of ``op``. ``timing`` says how launches count (see above)."""
+    eff = hw.efficiency
+    if op.kind == "all_reduce":
+        return _collective_time(op, hw)
+    if op.kind == "gemm":
+        c_eff = gemm_efficiency(op.shape["m"], op.shape["n"], op.shape["k"],
+                                op.shape.get("groups", 1.0), hw)
+    elif op.kind == "attention":
+        c_eff = attention_efficiency(op, hw)
+    else:
+        c_eff = eff.gemm_fraction
+    nbytes = op.bytes.total
+    m_eff = memory_efficiency(nbytes, hw)
+    compute_s = op.flops / (hw.peak(op.dtype) * c_eff) if op.flops else 0.0
+    memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
+    device_s = max(compute_s, memory_s) + eff.kernel_latency_s
+    if timing == "stream":
+        per = max(device_s, eff.launch_overhead_s)
+    elif timing == "host":
+        per = device_s + eff.launch_overhead_s
+    else:
+        per = device_s
+    overhead = per - max(compute_s, memory_s)
+    if overhead > max(compute_s, memory_s):
+        bound = "overhead"
+    else:
+        bound = "compute" if compute_s >= memory_s else "memory"
+    return OpTime(op, compute_s, memory_s, overhead, per * op.count, bound, c_eff, m_eff)
+
+
+def _collective_time(op: Op, hw: Hardware) -> OpTime:
+    """Ring all-reduce: 2(n-1)/n * S over the per-direction link at the collective fraction,
+    plus one link latency per ring step (2(n-1) steps)."""
+    link = hw.interconnect
+    devices = op.shape["devices"]
+    frac = hw.efficiency.collective_fraction
+    wire_s = op.bytes.act_read / (link.link_bytes_per_s * frac)
+    latency_s = 2 * (devices - 1) * link.latency_s
+    per = wire_s + latency_s
+    return OpTime(op, 0.0, wire_s, latency_s, per * op.count, "communication", 0.0, frac)
