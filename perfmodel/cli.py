@@ -124,6 +124,12 @@ def list_specs() -> None:
                    + (f", window {m.sliding_window}" if m.sliding_window else ""))
 
 
+from perfmodel import cli_figures, cli_harness  # noqa: E402  (they add commands to app)
+
+cli_harness.register(app)
+cli_figures.register(app)
+
+
 def main() -> None:
     try:
         app()
