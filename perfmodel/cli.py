@@ -131,11 +131,27 @@ cli_figures.register(app)
 
 
 def main() -> None:
+    """Console entry point: every user mistake is one ``error:`` line and exit code 2."""
+    try:   # typer >= 0.2x vendors click as typer._click; older releases use click itself
+        from typer._click import exceptions as click
+    except ImportError:  # pragma: no cover
+        import click.exceptions as click
+
     try:
-        app()
+        code = app(standalone_mode=False)
+    except click.NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        code = 0
+    except click.UsageError as exc:
+        typer.echo(f"error: {exc.format_message()}", err=True)
+        code = 2
     except SpecError as exc:   # a spec error raised outside a command's own handler
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        code = 2
+    except click.Abort:
+        typer.echo("error: aborted", err=True)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,28 @@ HARDWARE_DIR = ROOT / "hardware"
 MODELS_DIR = ROOT / "models"
 
 
+MODEL_KEYS = ("version", "name", "family", "source", "n_layers", "d_model", "n_heads",
+              "n_kv_heads", "head_dim", "vocab_size", "intermediate_size", "gated_mlp",
+              "activation", "norm", "norms_per_layer", "tie_embeddings", "position",
+              "max_position_embeddings", "qkv_bias", "linear_bias", "parallel_block",
+              "attention", "mla", "moe", "mtp")
+HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
+                 "interconnect", "efficiency", "calibration")
+
+
 class Fields:
     """A mapping being read: typed getters that name ``file: path.field`` in errors."""
 
-    def __init__(self, data: Any, file: str, path: str = "") -> None:
+    def __init__(self, data: Any, file: str, path: str = "",
+                 allowed: tuple[str, ...] | None = None) -> None:
         self.file, self.path = file, path
         if not isinstance(data, dict):
             raise self.error("", f"expected a mapping, got {type(data).__name__}")
         self.data, self.used = data, set()
+        if allowed is not None:   # report a misspelt key before the field it was meant to be
+            self.used = {k for k in data if k in allowed}
+            self.finish()
+            self.used = set()
 
     def error(self, key: str, what: str) -> SpecError:
         where = ".".join(p for p in (self.path, key) if p) or "(top level)"
@@ -44,14 +58,18 @@ class Fields:
             return default
         return self.data[key]
 
-    def sub(self, key: str, required: bool = True) -> Fields | None:
+    def sub(self, key: str, required: bool = True,
+            allowed: tuple[str, ...] | None = None) -> Fields | None:
         if not required and not self.has(key):
             self.used.add(key)
             return None
-        return Fields(self.raw(key), self.file, ".".join(p for p in (self.path, key) if p))
+        return Fields(self.raw(key), self.file, ".".join(p for p in (self.path, key) if p),
+                      allowed)
 
     def text(self, key: str, default: Any = ..., choices: tuple[str, ...] | None = None) -> str:
         value = self.raw(key, default)
+        if value is None and default is None:
+            return value
         if not isinstance(value, str):
             raise self.error(key, f"expected text, got {value!r}")
         if choices and value not in choices:
@@ -126,7 +144,7 @@ def _sources(block: Fields, key: str, sources: dict[str, str]) -> None:
 def load_hardware(path: str | Path) -> Hardware:
     """Read one hardware YAML (schema in hardware/README.md)."""
     path = Path(path)
-    f = Fields(read_mapping(path), str(path))
+    f = Fields(read_mapping(path), str(path), allowed=HARDWARE_KEYS)
     _version(f)
     sources: dict[str, str] = {}
     compute = f.sub("compute")
@@ -201,7 +219,7 @@ def load_model(path: str | Path) -> Model:
         from perfmodel.hf import model_from_hf_config
 
         return model_from_hf_config(data, str(path), name=path.parent.name or path.stem)
-    f = Fields(data, str(path))
+    f = Fields(data, str(path), allowed=MODEL_KEYS)
     _version(f)
     model = model_from_fields(f)
     f.finish()

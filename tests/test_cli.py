@@ -1,0 +1,135 @@
+"""The CLI through typer's runner: outputs, formats and one-line errors with exit code 2."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from perfmodel.cli import app
+from perfmodel.load import HARDWARE_DIR
+
+runner = CliRunner()
+BASE = ["estimate", "--model", "llama-2-13b", "--hardware", "h100-sxm"]
+REQUIRED = ("weights_bytes", "kv_cache_bytes_per_token", "kv_cache_bytes", "max_batch", "fits",
+            "ttft_s", "tpot_s", "e2e_s", "throughput_tokens_per_s")
+
+
+def test_table():
+    result = runner.invoke(app, BASE)
+    assert result.exit_code == 0
+    assert "TTFT" in result.stdout and "819.2 kB" in result.stdout
+
+
+def test_json_keys_and_units():
+    result = runner.invoke(app, [*BASE, "--format", "json", "--batch", "4", "--prompt", "100",
+                                 "--gen", "10"])
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    for key in REQUIRED:
+        assert key in data
+    for phase in ("prefill", "decode"):
+        assert {"time_s", "flops", "bytes", "bound"} <= set(data[phase])
+    assert {"first_step_s", "last_step_s"} <= set(data["decode"])
+    assert data["kv_cache_bytes_per_token"] == 819_200
+    assert data["workload"]["batch"] == 4
+    assert data["e2e_s"] == pytest.approx(data["ttft_s"] + 9 * data["tpot_s"])
+
+
+def test_csv_one_row():
+    result = runner.invoke(app, [*BASE, "--format", "csv"])
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert result.exit_code == 0 and len(rows) == 1
+    assert float(rows[0]["ttft_s"]) > 0
+
+
+def test_breakdown_lists_every_operator():
+    result = runner.invoke(app, [*BASE, "--breakdown"])
+    assert result.exit_code == 0
+    for name in ("qkv_proj", "attention", "gate_up_proj", "lm_head", "intensity", "bound"):
+        assert name in result.stdout
+    data = json.loads(runner.invoke(app, [*BASE, "--breakdown", "-f", "json"]).stdout)
+    assert {o["phase"] for o in data["operators"]} == {"prefill", "decode"}
+
+
+def test_dtypes_and_paths(tmp_path):
+    result = runner.invoke(app, ["estimate", "--model", "models/llama-2-7b.yaml", "--hardware",
+                                 str(HARDWARE_DIR / "a100-80gb-sxm.yaml"), "--weights-dtype",
+                                 "int4", "--kv-dtype", "fp8", "-f", "json"])
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["kv_cache_bytes_per_token"] == 32 * 2 * 32 * 128
+
+
+def test_not_fitting_reports_numbers():
+    result = runner.invoke(app, ["estimate", "-m", "llama-3.1-405b", "-H", "l4", "-f", "json"])
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["fits"] is False and data["max_batch"] == 0
+    table = runner.invoke(app, ["estimate", "-m", "llama-3.1-405b", "-H", "l4"]).stdout
+    assert "NO: needs" in table
+
+
+def test_list():
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0
+    assert "h100-sxm" in result.stdout and "deepseek-v3" in result.stdout
+
+
+def _bad_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: [unclosed")
+    return str(path)
+
+
+def _unknown_key(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text((HARDWARE_DIR / "h100-sxm.yaml").read_text().replace("vendor:", "vendr:"))
+    return str(path)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["estimate", "-m", "nope", "-H", "h100-sxm"], "unknown model 'nope'"),
+    (["estimate", "-m", "llama-2-7b", "-H", "nope"], "unknown hardware 'nope'"),
+    ([*BASE, "--weights-dtype", "int3"], "unknown dtype 'int3'"),
+    ([*BASE, "--batch", "0"], "batch"),
+    ([*BASE, "--prompt", "-5"], "prompt"),
+    ([*BASE, "--tp", "3"], "tp=3 must divide n_heads=40"),
+    ("BAD_YAML", "not valid YAML"),
+    ("UNKNOWN_KEY", "vendr: unknown field"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
+    if args == "BAD_YAML":
+        args = ["estimate", "-m", "llama-2-7b", "-H", _bad_yaml(tmp_path)]
+    elif args == "UNKNOWN_KEY":
+        args = ["estimate", "-m", "llama-2-7b", "-H", _unknown_key(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+def test_estimate_path_stays_light():
+    code = ("import sys, perfmodel.cli, perfmodel.estimate, perfmodel.report;"
+            "heavy = [m for m in ('torch', 'matplotlib', 'pandas') if m in sys.modules];"
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["estimate", "-m", "x", "-H", "h100-sxm"],
+    ["estimate", "-m", "llama-2-7b", "-H", "h100-sxm", "--batch", "0"],
+    ["estimate", "-m", "llama-2-7b"],
+    ["no-such-command"],
+])
+def test_console_script_error_is_one_line(args):
+    done = subprocess.run([sys.executable, "-m", "perfmodel.cli", *args], capture_output=True,
+                          text=True)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:")

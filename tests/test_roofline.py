@@ -1,0 +1,63 @@
+"""Roofline times, derived by hand from the A100-80GB SXM spec file."""
+
+import math
+
+import pytest
+
+from perfmodel import ops
+from perfmodel.roofline import gemm_efficiency, op_time
+
+BW = 2.039e12 * 0.865          # A100 80GB: peak bandwidth x memory_fraction
+PEAK = 312e12                  # bf16 dense
+LAT, LAUNCH = 2e-6, 2.6e-6
+
+
+def _gemm(m, n, k):
+    return ops.gemm("g", m, n, k, weight_bytes=2, act_bytes=2, dtype="bf16")
+
+
+def test_decode_gemm_is_memory_bound(a100):
+    t = op_time(_gemm(1, 4096, 4096), a100, timing="kernel")
+    nbytes = 4096 * 4096 * 2 + 2 * 4096 * 2
+    assert t.bound == "memory"
+    assert t.time_s == pytest.approx(nbytes / BW + LAT, rel=1e-9)
+
+
+def test_large_gemm_is_compute_bound_with_wave_quantization(a100):
+    # 32 x 32 = 1024 tiles of 128x128 on 108 SMs -> 10 waves, 1024/1080 busy
+    eff = 0.87 * 1024 / 1080
+    assert gemm_efficiency(4096, 4096, 4096, 1, a100) == pytest.approx(eff)
+    t = op_time(_gemm(4096, 4096, 4096), a100, timing="kernel")
+    assert t.bound == "compute"
+    assert t.time_s == pytest.approx(2 * 4096**3 / (PEAK * eff) + LAT, rel=1e-9)
+
+
+def test_small_m_uses_a_small_tile_and_split_k(a100):
+    # m=1 pads to a 16-row tile; 32 n-tiles split-K x3 = 96 of 108 SMs
+    assert gemm_efficiency(1, 4096, 4096, 1, a100) == pytest.approx(0.87 / 16 * 96 / 108)
+
+
+def test_timing_modes(a100):
+    tiny = ops.elementwise("add", "add", 1, 16, act_bytes=2, dtype="bf16")
+    kernel = op_time(tiny, a100, "kernel").time_s
+    assert kernel == pytest.approx(96 / BW + LAT)
+    assert op_time(tiny, a100, "stream").time_s == pytest.approx(LAUNCH)     # launch-bound
+    assert op_time(tiny, a100, "host").time_s == pytest.approx(kernel + LAUNCH)
+    assert op_time(tiny, a100, "stream").bound == "overhead"
+
+
+def test_count_multiplies_time(a100):
+    one = op_time(_gemm(8, 4096, 4096), a100).time_s
+    assert op_time(_gemm(8, 4096, 4096).times(40), a100).time_s == pytest.approx(40 * one)
+
+
+def test_all_reduce_time(a100):
+    op = ops.all_reduce("ar", 8e6, 8, dtype="bf16")
+    wire = 2 * 7 / 8 * 8e6 / (300e9 * 0.78)
+    assert op_time(op, a100).time_s == pytest.approx(wire + 14 * 5e-6)
+
+
+def test_ridge_point(a100):
+    assert a100.ridge_point("bf16") == pytest.approx(312e12 / 2.039e12)
+    # no fp8 path on Ampere: fp8 runs at the next wider supported rate (bf16), not int8
+    assert math.isclose(a100.peak("fp8"), 312e12)
