@@ -71,7 +71,8 @@ def _deepseek(hf: Fields, out: dict[str, Any]) -> None:
                   "v_head_dim": hf.integer("v_head_dim")}
     if hf.has("n_routed_experts"):
         if hf.integer("moe_layer_freq", 1) != 1:
-            raise hf.error("moe_layer_freq", "only 1 (every layer after the dense ones) is supported")
+            raise hf.error("moe_layer_freq",
+                           "only 1 (every layer after the dense ones) is supported")
         out["moe"] = {"n_experts": hf.integer("n_routed_experts"),
                       "top_k": hf.integer("num_experts_per_tok"),
                       "expert_intermediate_size": hf.integer("moe_intermediate_size"),

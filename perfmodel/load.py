@@ -203,7 +203,9 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         gemm_tile_n=f.integer("gemm_tile_n", 128),
         kernel_latency_s=f.quantity("kernel_latency_s", "s", positive=False),
         launch_overhead_s=f.quantity("launch_overhead_s", "s", positive=False),
-        gemm_k_half=f.quantity("gemm_k_half", "number", 0.0, positive=False),
+        gemm_k_half=f.quantity("gemm_k_half", "number", 128.0, positive=False),
+        attention_fraction=(f.quantity("attention_fraction", "number", maximum=1.0)
+                            if f.has("attention_fraction") else f.raw("attention_fraction", None)),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
     )
     _sources(f, "efficiency", sources)

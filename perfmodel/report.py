@@ -12,8 +12,9 @@ from perfmodel.units import fmt_bytes, fmt_count, fmt_rate, fmt_time
 
 def _rows(e: Estimate) -> list[tuple[str, str]]:
     wl, mem = e.workload, e.memory
-    fit = "yes" if mem.fits else (f"NO: needs {fmt_bytes(mem.weights_bytes + mem.workspace_bytes + mem.kv_cache_bytes)}"
-                                  f" of {fmt_bytes(mem.usable_bytes)} usable")
+    needed = mem.weights_bytes + mem.workspace_bytes + mem.kv_cache_bytes
+    fit = "yes" if mem.fits else (f"NO: needs {fmt_bytes(needed)} of "
+                                  f"{fmt_bytes(mem.usable_bytes)} usable")
     return [
         ("model", f"{e.model.name} ({fmt_count(e.params_total)} params, "
                   f"{fmt_count(e.params_active)} active, {e.model.attention_kind})"),
@@ -27,7 +28,8 @@ def _rows(e: Estimate) -> list[tuple[str, str]]:
         ("fits", fit),
         ("max batch", str(mem.max_batch)),
         ("TTFT (prefill)", f"{fmt_time(e.ttft_s)}  [{e.prefill.bound}-bound, "
-                           f"{fmt_count(e.prefill.flops)}FLOP, {fmt_bytes(e.prefill.bytes.total)}]"),
+                           f"{fmt_count(e.prefill.flops)}FLOP, "
+                           f"{fmt_bytes(e.prefill.bytes.total)}]"),
         ("TPOT (decode mean)", f"{fmt_time(e.tpot_s)}  [{e.decode.bound}-bound; first "
                                f"{fmt_time(e.decode.first_step_s)}, last "
                                f"{fmt_time(e.decode.last_step_s)}]"),

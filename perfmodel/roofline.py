@@ -48,34 +48,60 @@ def _pad(size: float, tile: int) -> tuple[float, int]:
     return size / (math.ceil(size / used) * used), used
 
 
+def gemm_split_k(m: float, n: float, k: float, groups: float, hw: Hardware) -> int:
+    """Split-K factor: when the output tiles cannot fill one wave, k is divided (slices at
+    least 256 deep) so more units work; the partial sums then need a reduction pass."""
+    eff = hw.efficiency
+    tm = min(eff.gemm_tile_m, _pad(m, eff.gemm_tile_m)[1])
+    tn = min(eff.gemm_tile_n, _pad(n, eff.gemm_tile_n)[1])
+    tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(1.0, math.ceil(groups))
+    if tiles >= hw.compute_units:
+        return 1
+    return int(max(1, min(hw.compute_units // tiles, k // _SPLIT_K_MIN_DEPTH)))
+
+
 def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -> float:
-    """Achievable fraction of peak for a GEMM: best-shape fraction x tile padding x waves.
+    """Achievable fraction of peak for a GEMM:
+    best-shape fraction x tile padding x wave quantization x k-depth ramp.
 
     Tiles of tile_m x tile_n cover the [m, n] output of each group; tiles run in waves of
     ``compute_units``; the last partial wave idles the rest. When the tiles cannot fill one
-    wave, split-K divides k (slices at least 256 deep) to create more work.
+    wave, split-K divides k to create more work. Each tile's pipeline prologue/epilogue costs
+    about ``gemm_k_half`` k-elements: efficiency x k_slice / (k_slice + gemm_k_half).
     """
     eff = hw.efficiency
     pad_m, tm = _pad(m, eff.gemm_tile_m)
     pad_n, tn = _pad(n, eff.gemm_tile_n)
-    tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(1.0, math.ceil(groups))
+    split = gemm_split_k(m, n, k, groups, hw)
+    tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(1.0, math.ceil(groups)) * split
     units = hw.compute_units
-    if tiles < units:
-        tiles *= max(1, min(units // tiles, int(k // _SPLIT_K_MIN_DEPTH)))
     waves = math.ceil(tiles / units)
     wave = tiles / (waves * units)
-    depth = k / (k + eff.gemm_k_half) if eff.gemm_k_half else 1.0
-    return eff.gemm_fraction * pad_m * pad_n * wave * depth
+    depth = k / split
+    ramp = depth / (depth + eff.gemm_k_half) if eff.gemm_k_half else 1.0
+    return eff.gemm_fraction * pad_m * pad_n * wave * ramp
 
 
 def attention_efficiency(op: Op, hw: Hardware) -> float:
-    """FlashAttention compute efficiency: query-block tiles of 128 x (batch x heads) in waves."""
+    """FlashAttention compute efficiency: the attention fraction x waves of query-block tiles
+    (128 queries x one head x one sequence) over the compute units x query padding."""
     s = op.shape
     blocks = s["batch"] * s["n_heads"] * math.ceil(s["q_len"] / 128)
     units = hw.compute_units
     wave = blocks / (math.ceil(blocks / units) * units)
     pad_q, _ = _pad(s["q_len"], 128)
-    return hw.efficiency.gemm_fraction * wave * pad_q
+    return hw.efficiency.attention * wave * pad_q
+
+
+def extra_kernels(op: Op, hw: Hardware) -> int:
+    """Kernels beyond the first: split-K GEMMs reduce their partial sums in a second pass;
+    decode attention split over the KV length (flash-decoding) combines partial outputs."""
+    s = op.shape
+    if op.kind == "gemm":
+        return int(gemm_split_k(s["m"], s["n"], s["k"], s.get("groups", 1.0), hw) > 1)
+    if op.kind == "attention" and s["q_len"] == 1:
+        return int(s["batch"] * s["n_kv_heads"] < hw.compute_units and s["kv_len"] > 256)
+    return 0
 
 
 def memory_efficiency(nbytes: float, hw: Hardware) -> float:
@@ -104,7 +130,7 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     m_eff = memory_efficiency(nbytes, hw)
     compute_s = op.flops / (hw.peak(op.dtype) * c_eff) if op.flops else 0.0
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
-    device_s = max(compute_s, memory_s) + eff.kernel_latency_s
+    device_s = max(compute_s, memory_s) + eff.kernel_latency_s * (1 + extra_kernels(op, hw))
     if timing == "stream":
         per = max(device_s, eff.launch_overhead_s)
     elif timing == "host":

@@ -93,7 +93,7 @@ def test_bad_model_is_one_line_naming_file_and_field(tmp_path, text, message):
 
 
 def test_unknown_names_list_the_shipped_ones():
-    with pytest.raises(SpecError, match="unknown hardware 'h1000'.*h100-sxm"):
+    with pytest.raises(SpecError, match=r"unknown hardware 'h1000'.*h100-sxm"):
         pm.hardware("h1000")
     with pytest.raises(SpecError, match="unknown model"):
         pm.model("llama-9")
@@ -159,7 +159,7 @@ def test_hf_config_errors(tmp_path):
     missing = dict(LLAMA_HF)
     del missing["hidden_size"]
     bad = _write(tmp_path, json.dumps(missing), "config.json")
-    with pytest.raises(SpecError, match="config.json: hidden_size: missing"):
+    with pytest.raises(SpecError, match=r"config\.json: hidden_size: missing"):
         pm.model(str(bad))
     bad = _write(tmp_path, "{not json", "config.json")
     with pytest.raises(SpecError, match="not valid JSON"):
