@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from perfmodel.memory import MemoryEstimate, memory_estimate
-from perfmodel.ops import ByteCounts
+from perfmodel.ops import ByteCounts, Op
 from perfmodel.params import param_counts
 from perfmodel.roofline import OpTime, op_time
 from perfmodel.specs import Hardware, Model, Workload
@@ -69,19 +67,23 @@ class Phase:
                 "last_step_s": self.last_step_s}
 
 
-def _summarize(name: str, samples: list[list[OpTime]], weights: np.ndarray, steps: int,
+def _summarize(name: str, samples: list[list[OpTime]], weights: list[float], steps: int,
                first: float, last: float) -> Phase:
     """Weighted sum of per-step op times (``weights`` sum to the number of steps)."""
     rows = []
     for i, base in enumerate(samples[0]):
         col = [s[i] for s in samples]
-        time = float(np.dot(weights, [t.time_s for t in col]))
-        flops = float(np.dot(weights, [t.op.flops * t.op.count for t in col]))
-        nbytes = ByteCounts(*(float(x) for x in np.dot(
-            weights, [t.op.bytes.scaled(t.op.count).astuple() for t in col])))
+        time = flops = 0.0
+        acc = [0.0] * 5
         bound_time: dict[str, float] = {}
         for w, t in zip(weights, col, strict=True):
+            time += w * t.time_s
+            scale = w * t.op.count
+            flops += scale * t.op.flops
+            for j, v in enumerate(t.op.bytes.astuple()):
+                acc[j] += scale * v
             bound_time[t.bound] = bound_time.get(t.bound, 0.0) + w * t.time_s
+        nbytes = ByteCounts(*acc)
         rows.append(OpSummary(name, base.op.name, base.op.kind, base.op.op_class, base.op.count,
                               flops, nbytes, time, max(bound_time, key=bound_time.get)))
     by_bound: dict[str, float] = {}
@@ -95,39 +97,57 @@ def _summarize(name: str, samples: list[list[OpTime]], weights: np.ndarray, step
                  tuple(rows))
 
 
+def _key(op: Op) -> tuple:
+    return (op.name, op.kind, op.flops, op.bytes, op.dtype, op.count,
+            tuple(sorted(op.shape.items())))
+
+
 def step_times(model: Model, hw: Hardware, wl: Workload, new_tokens: int, context: int,
-               timing: str = "stream", logits_all: bool = False) -> list[OpTime]:
-    """Roofline times of every op of one step (timing: see roofline.op_time)."""
-    return [op_time(op, hw, timing) for op in step_ops(model, wl, new_tokens, context,
-                                                       logits_all)]
+               timing: str = "stream", logits_all: bool = False,
+               cache: dict | None = None) -> list[OpTime]:
+    """Roofline times of every op of one step (timing: see roofline.op_time). ``cache``
+    reuses the times of ops that do not change between steps (all but attention)."""
+    out = []
+    for op in step_ops(model, wl, new_tokens, context, logits_all):
+        if cache is None:
+            out.append(op_time(op, hw, timing))
+            continue
+        key = _key(op)
+        if key not in cache:
+            cache[key] = op_time(op, hw, timing)
+        out.append(cache[key])
+    return out
 
 
 def prefill_phase(model: Model, hw: Hardware, wl: Workload) -> Phase:
     times = step_times(model, hw, wl, wl.prompt_len, wl.prompt_len)
     total = sum(t.time_s for t in times)
-    return _summarize("prefill", [times], np.ones(1), 1, total, total)
+    return _summarize("prefill", [times], [1.0], 1, total, total)
 
 
-def decode_contexts(wl: Workload) -> tuple[np.ndarray, np.ndarray]:
+def decode_contexts(wl: Workload) -> tuple[list[int], list[float]]:
     """Contexts to evaluate and their weights: weights sum to the G - 1 decode steps."""
     first, steps = wl.prompt_len + 1, wl.gen_len - 1
     if steps <= EXACT_STEPS:
         n = max(steps, 1)
-        return np.arange(first, first + n), np.full(n, 1.0 if steps else 0.0)
-    ctx = np.unique(np.round(np.linspace(first, first + steps - 1, EXACT_STEPS + 1)))
-    w = np.empty(len(ctx))
-    gaps = np.diff(ctx)
-    w[:] = 0.0
-    w[:-1] += gaps / 2.0
-    w[1:] += gaps / 2.0
-    w *= steps / w.sum()   # trapezoid over [first, last]; rescale to the integer step count
-    return ctx.astype(int), w
+        return list(range(first, first + n)), [1.0 if steps else 0.0] * n
+    last = first + steps - 1
+    ctx = sorted({round(first + i * (last - first) / EXACT_STEPS)
+                  for i in range(EXACT_STEPS + 1)})
+    w = [0.0] * len(ctx)
+    for i in range(len(ctx) - 1):         # trapezoid over [first, last]
+        gap = ctx[i + 1] - ctx[i]
+        w[i] += gap / 2.0
+        w[i + 1] += gap / 2.0
+    scale = steps / sum(w)                # rescale to the integer step count
+    return ctx, [x * scale for x in w]
 
 
 def decode_phase(model: Model, hw: Hardware, wl: Workload) -> Phase:
     contexts, weights = decode_contexts(wl)
     timing = "kernel" if wl.cuda_graphs else "stream"
-    samples = [step_times(model, hw, wl, 1, int(c), timing) for c in contexts]
+    cache: dict = {}
+    samples = [step_times(model, hw, wl, 1, c, timing, cache=cache) for c in contexts]
     step = [sum(t.time_s for t in s) for s in samples]
     return _summarize("decode", samples, weights, wl.gen_len - 1, step[0], step[-1])
 
