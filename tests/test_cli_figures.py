@@ -1,0 +1,128 @@
+"""roofline, sweep and report through typer's runner: files written, one-line errors."""
+
+import csv
+
+import pytest
+from typer.testing import CliRunner
+
+from perfmodel.cli import app
+
+runner = CliRunner()
+ROOF = ["roofline", "--model", "llama-2-13b", "--hardware", "h100-sxm"]
+SWEEP = ["sweep", "--model", "llama-2-13b", "--hardware", "h100-sxm", "--batch", "1,64",
+         "--context", "256,1024", "--gen", "16", "--kv-models", "falcon-7b", "--dpi", "40"]
+REPORT = ["report", "--model", "llama-2-13b", "--hardware", "h100-sxm", "--batch", "16",
+          "--prompt", "256", "--gen", "32", "--contexts", "512,2048", "--sweep-batch", "1,16",
+          "--dpi", "40"]
+
+
+def _one_line_error(result, *words):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for w in words:
+        assert w in lines[0]
+
+
+def test_roofline_png_and_svg(tmp_path):
+    png, svg = tmp_path / "r.png", tmp_path / "sub" / "r.svg"
+    result = runner.invoke(app, [*ROOF, "--batch", "1,16", "--out", str(png), "--dpi", "40"])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:4] == b"\x89PNG" and "wrote" in result.stdout
+    result = runner.invoke(app, [*ROOF, "--hardware", "h100-sxm,a100-80gb-sxm", "--phase",
+                                 "decode", "--batch", "8", "--out", str(svg)])
+    assert result.exit_code == 0, result.output
+    assert "2 device(s)" in result.stdout
+    assert "<svg" in svg.read_text()[:1000]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--batch", "1,16,x"], ("--batch", "'x'")),
+    (["--batch", "0"], ("--batch",)),
+    (["--batch", ""], ("--batch",)),
+    (["--hardware", "h100-sxm,nope"], ("nope",)),
+    (["--model", "nope"], ("--model", "nope")),
+    (["--weights-dtype", "bf17"], ("--weights-dtype", "bf17")),
+    (["--prompt", "0"], ("prompt_len",)),
+    (["--tp", "3"], ("tp=3",)),
+])
+def test_roofline_bad_input(tmp_path, args, words):
+    result = runner.invoke(app, [*ROOF, "--out", str(tmp_path / "r.png"), *args])
+    _one_line_error(result, *words)
+    assert not (tmp_path / "r.png").exists()
+
+
+def test_roofline_needs_an_image_suffix(tmp_path):
+    _one_line_error(runner.invoke(app, [*ROOF, "--out", str(tmp_path / "r.pdf")]), ".png")
+
+
+def test_sweep_writes_csv_and_figures(tmp_path):
+    result = runner.invoke(app, [*SWEEP, "--weights-dtype", "bf16,fp8", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert len(rows) == 2 * 2 * 2
+    assert {r["workload_weights_dtype"] for r in rows} == {"bf16", "fp8"}
+    assert {"tpot_s", "max_batch", "tpot_attention_s", "decode_samples"} <= set(rows[0])
+    kv = list(csv.DictReader((tmp_path / "kv_cache.csv").open()))
+    assert {r["model"] for r in kv} == {"llama-2-13b", "falcon-7b"}
+    for name in ("latency_throughput_vs_batch", "throughput_vs_latency",
+                 "time_split_vs_context", "kv_cache_vs_context"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 3_000
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--context", "512,,1024"], ("--context",)),
+    (["--kv-dtype", "fp9"], ("--kv-dtype", "fp9")),
+    (["--kv-models", "llama-2-13b,nope"], ("nope",)),
+    (["--split-batch", "3"], ("--split-batch",)),
+    (["--decode-samples", "1"], ("--decode-samples",)),
+])
+def test_sweep_bad_input(tmp_path, args, words):
+    _one_line_error(runner.invoke(app, [*SWEEP, "--out", str(tmp_path / "o"), *args]), *words)
+    assert not (tmp_path / "o").exists()
+
+
+def test_report_single_model(tmp_path):
+    result = runner.invoke(app, [*REPORT, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report.md").read_text()
+    html = (tmp_path / "report.html").read_text()
+    for text in ("| TTFT (prefill) |", "gemm_fraction", "launch_overhead", "TPOT",
+                 "NVIDIA H100 datasheet", "Decode integration", "perfmodel report --model "
+                 "llama-2-13b", "roofline.png", "qkv_proj"):
+        assert text in md, text
+    assert html.count("data:image/png;base64,") == 5
+    assert "src='roofline.png'" not in html and "<table>" in html
+    for name in ("roofline", "latency_throughput_vs_batch", "kv_cache_vs_context"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 3_000
+    assert (tmp_path / "estimate.json").stat().st_size > 1_000
+
+
+def test_report_comparison(tmp_path):
+    result = runner.invoke(app, ["report", "--model", "deepseek-v3,llama-3-70b",
+                                 "--hardware", "h200-sxm", "--tp", "8", "--weights-dtype", "fp8",
+                                 "--contexts", "1024,8192", "--format", "svg",
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report.md").read_text()
+    assert "KV-cache economics" in md and "70,272" in md and "replicated" in md
+    assert "data:image/svg+xml;base64," in (tmp_path / "report.html").read_text()
+    assert (tmp_path / "kv_cache_vs_context.svg").exists()
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--contexts", "1,x"], ("--contexts",)),
+    (["--roofline-batch", "1,-2"], ("--roofline-batch",)),
+    (["--hardware", "h100-sxm,h200-sxm"], ("h100-sxm,h200-sxm",)),
+    (["--model", "llama-2-13b,gemma-2-9b", "--tp", "5"], ("tp=5",)),
+    (["--decode-samples", "1"], ("--decode-samples",)),
+])
+def test_report_bad_input(tmp_path, args, words):
+    _one_line_error(runner.invoke(app, [*REPORT, "--out", str(tmp_path / "o"), *args]), *words)
+    assert not (tmp_path / "o").exists()
+
+
+def test_help_lists_the_commands():
+    result = runner.invoke(app, ["--help"])
+    for cmd in ("roofline", "sweep", "report"):
+        assert cmd in result.stdout
