@@ -397,7 +397,7 @@ def kv_figure(kv_rows: list[dict], batch_rows: list[dict] | None = None, title: 
                                  xytext=(3, 3), textcoords="offset points", fontsize=7,
                                  color=colors[m])
         axes[2].set(xscale="log", yscale="log", xlabel="context (prompt + generated tokens)",
-                    ylabel="max batch (sequences that fit per device)")
+                    ylabel="max batch (sequences that fit)")
         missing = sorted({r["model"] for r in batch_rows if not r["fits_weights"]})
         if missing:
             axes[2].text(0.02, 0.02, "weights do not fit: " + ", ".join(missing),

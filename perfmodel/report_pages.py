@@ -85,7 +85,7 @@ def to_markdown(blocks: Sequence[Block]) -> str:
             out.append(f"```\n{b.text}\n```")
         elif b.kind == "figure":
             file, caption = b.items
-            out.append(f"![{caption}]({file})\n\n*{caption}*")
+            out.append(f"![{file.rsplit('.', 1)[0]}]({file})\n\n*{caption}*")
     return "\n\n".join(out) + "\n"
 
 
