@@ -1,0 +1,115 @@
+"""The harness on tiny shapes on CPU: kernels built from Ops, correctness of the attention
+and rotary forms, the local model against the operator list, a suite run and its resume."""
+
+import csv
+from dataclasses import replace
+
+import pytest
+
+from perfmodel.compare import row_op
+from perfmodel.specs import Model
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from validate import kernels, runner  # noqa: E402
+from validate.device import open_device  # noqa: E402
+from validate.report import write_report  # noqa: E402
+from validate.suites import Step, Suite, kernel_rows  # noqa: E402
+from validate.tinymodel import TinyLlama  # noqa: E402
+
+MICRO = Model(name="micro-llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16,
+              vocab_size=128, intermediate_size=96)
+TINY_ROWS = [
+    {"op": "gemm", "dtype": "fp32", "m": 64, "n": 64, "k": 64},
+    {"op": "attention", "dtype": "fp32", "batch": 1, "q_len": 1, "kv_len": 32, "n_heads": 4,
+     "n_kv_heads": 2, "head_dim": 16},
+    {"op": "rms_norm", "dtype": "fp32", "m": 4, "n": 64},
+]
+
+
+@pytest.fixture(autouse=True)
+def fast(monkeypatch):
+    monkeypatch.setattr(runner, "KERNEL_BUDGET_S", 0.01)
+    monkeypatch.setattr(runner, "STEP_BUDGET_S", 0.01)
+    monkeypatch.setattr(runner, "wait_quiet", lambda dev: 0.0)
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return open_device("cpu", threads=1)
+
+
+def test_tiny_kernels(cpu):
+    for row in TINY_ROWS:
+        out = runner.measure_kernel(row, cpu, "test-cpu")
+        assert out["measured_s"] > 0 and out["timing"] == "host" and out["threads"] == 1
+        assert out["device"] == "test-cpu" and out["device_name"] == cpu.name
+    k = kernels.build(row_op(TINY_ROWS[0]), cpu, n_sets=3)
+    assert k.n_sets == 3 and tuple(k.call(4).shape) == (64, 64)
+
+
+def test_attention_forms_match_reference():
+    g = torch.Generator().manual_seed(0)
+    q1 = torch.randn(2, 4, 1, 8, generator=g)
+    k, v = torch.randn(2, 2, 10, 8, generator=g), torch.randn(2, 2, 10, 8, generator=g)
+    ref = F.scaled_dot_product_attention(q1, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    assert torch.allclose(kernels.attention(q1, k, v), ref, atol=1e-5)     # folded decode
+    q3 = torch.randn(2, 4, 3, 8, generator=g)                             # chunk after 7
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    full = F.scaled_dot_product_attention(torch.cat([torch.zeros(2, 4, 7, 8), q3], 2), kr, vr,
+                                          is_causal=True)[:, :, 7:]
+    assert torch.allclose(kernels.attention(q3, k, v), full, atol=1e-5)
+
+
+def test_rotary_matches_rotate_pairs():
+    x = torch.randn(3, 2 * 8)
+    pos = torch.tensor([0, 5, 9])
+    out = kernels.rotary(x, kernels.rotary_freqs(pos, 8))
+    inv = 10000.0 ** (-torch.arange(0, 8, 2).float() / 8)
+    ang = (pos[:, None] * inv)[:, None, :]                     # [3, 1, 4]
+    a, b = x.view(3, 2, 4, 2).unbind(-1)
+    ref = torch.stack([a * ang.cos() - b * ang.sin(), a * ang.sin() + b * ang.cos()], -1)
+    assert torch.allclose(out, ref.reshape(3, 16), atol=1e-5)
+
+
+def test_tiny_model_step_and_layer():
+    net = TinyLlama(MICRO, "fp32", torch.device("cpu"), batch=2, max_context=16)
+    ids = net.random_ids(5, torch.Generator().manual_seed(1))
+    assert tuple(net.step(ids, 0).shape) == (2, 128)
+    assert tuple(net.step(ids[:, :1], 5).shape) == (2, 128)      # decode at context 6
+    # decoding the last prompt token reproduces the prefill's last logits
+    net2 = TinyLlama(MICRO, "fp32", torch.device("cpu"), batch=2, max_context=16)
+    full = net2.step(ids, 0)
+    net2.step(ids[:, :4], 0)
+    assert torch.allclose(net2.step(ids[:, 4:], 4), full, atol=1e-4)
+
+
+SUITE = Suite("micro", tuple(TINY_ROWS + kernel_rows(MICRO, [(1, 1, 8)], "fp32")[:2]),
+              (Step("layer", MICRO, 1, 4, 4), Step("model", MICRO, 1, 1, 8)))
+
+
+def test_suite_run_and_resume(cpu, tmp_path):
+    suite = SUITE
+    kernel_log, step_log = runner.run_suite(suite, cpu, tmp_path, "test-cpu", progress=False)
+    assert len(kernel_log.rows) == 5 and len(step_log.rows) == 2
+    with (tmp_path / "measurements.csv").open() as f:
+        header = next(csv.reader(f))
+    assert header[:17] == ["device", "source", "model", "tp", "op", "dtype", "m", "n", "k",
+                           "batch", "q_len", "kv_len", "n_heads", "n_kv_heads", "head_dim",
+                           "measured_s", "measured_std_s"]
+    assert {"timing", "threads", "device_name"} <= set(header)
+    again, _ = runner.run_suite(suite, cpu, tmp_path, "test-cpu", progress=False)
+    assert len(again.rows) == 5                                   # nothing measured twice
+
+
+@pytest.mark.slow
+def test_report_with_figures(cpu, tmp_path, a100):
+    kernel_log, step_log = runner.run_suite(SUITE, cpu, tmp_path, "test-cpu", progress=False)
+    path = write_report(tmp_path, replace(a100, name="toy"), "toy.yaml", kernel_log.latest(),
+                        step_log.latest(), ["# micro"], {"micro-llama": MICRO})
+    text = path.read_text()
+    assert "## Held-out kernels (5 rows)" in text and "Whole decoder layer" in text
+    for name in ("predictions.csv", "step_predictions.csv", "predicted_vs_measured.png",
+                 "error_by_class.png", "roofline.png"):
+        assert (tmp_path / name).is_file(), name

@@ -1,0 +1,119 @@
+"""Run a suite: build each kernel or step, time it, append the row to its CSV at once.
+
+Configurations already in the CSVs are skipped, so an interrupted run resumes where it
+stopped. Rows carry the shared schema plus ``timing`` (how launch overhead is included),
+``threads`` and ``device_name``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from perfmodel.compare import row_op
+from validate import kernels
+from validate.device import DeviceInfo, wait_quiet
+from validate.records import (
+    KERNEL_COLUMNS,
+    KERNEL_KEY,
+    STEP_COLUMNS,
+    STEP_KEY,
+    MeasurementLog,
+)
+from validate.suites import Step, Suite
+from validate.timers import Timing, measure, rotation_sets
+from validate.tinymodel import TinyLlama
+
+SOURCE = "perfmodel validate (validate/kernels.py, torch {version})"
+KERNEL_BUDGET_S = 0.4     # seconds of samples per kernel configuration (after warm-up)
+STEP_BUDGET_S = 1.5       # per layer or model step
+
+
+def _stamp(dev: DeviceInfo, label: str, t: Timing, busy: float) -> dict:
+    """The measurement columns of a row (``others_busy``: share of the CPUs other processes
+    used just before it was timed)."""
+    return {"device": label, "source": SOURCE.format(version=torch.__version__),
+            "others_busy": round(busy, 3), "tp": 1, "measured_s": t.median_s,
+            "measured_std_s": t.std_s,
+            "measured_min_s": t.min_s, "measured_max_s": t.max_s, "repeats": t.repeats,
+            "inner": t.inner, "timing": dev.timing, "threads": dev.threads,
+            "device_name": dev.name}
+
+
+def measure_kernel(row: dict, dev: DeviceInfo, label: str, seed: int = 0,
+                   budget_s: float | None = None) -> dict:
+    """Time the kernel a schema row describes; the row with its measurement columns."""
+    kernel = kernels.build(row_op(row), dev, seed=seed)
+    busy = wait_quiet(dev)
+    t = measure(kernel.call, dev, budget_s=budget_s or KERNEL_BUDGET_S)
+    return dict(row) | _stamp(dev, label, t, busy)
+
+
+def _layer_bytes(step: Step) -> float:
+    """Weights and KV cache of one decoder layer of the step's model (for rotation)."""
+    m, size = step.model, kernels.TORCH_DTYPES[step.dtype].itemsize
+    weights = m.d_model * ((m.n_heads + 2 * m.n_kv_heads) * m.head_dim + m.n_heads * m.head_dim
+                           + 3 * m.intermediate_size)
+    cache = 2 * step.batch * m.n_kv_heads * step.kv_len * m.head_dim
+    return (weights + cache) * size
+
+
+def step_call(step: Step, dev: DeviceInfo, seed: int = 0):  # -> Callable[[int], object]
+    """``call(i)`` running one layer (rotating through copies of its weights so they exceed
+    the LLC) or one whole model step, on fresh random tokens."""
+    gen = torch.Generator(device=dev.torch_device).manual_seed(seed + 1)
+    start = step.kv_len - step.q_len
+    if step.scope == "model":
+        net = TinyLlama(step.model, step.dtype, dev.torch_device, step.batch, step.kv_len, seed)
+        ids = [net.random_ids(step.q_len, gen) for _ in range(4)]
+        return lambda i: net.step(ids[i % len(ids)], start)
+    copies = rotation_sets(_layer_bytes(step), dev.llc_bytes, max_sets=16)
+    net = TinyLlama(replace(step.model, n_layers=copies), step.dtype, dev.torch_device,
+                    step.batch, step.kv_len, seed)
+    rows = step.batch * step.q_len
+    xs = [torch.randn(rows, step.model.d_model, generator=gen, device=dev.torch_device)
+          .to(net.dtype) for _ in range(2)]
+    return lambda i: net.layer(net.layers[i % copies], xs[i % 2], start, step.q_len)
+
+
+def measure_step(step: Step, dev: DeviceInfo, label: str, seed: int = 0,
+                 budget_s: float | None = None) -> dict:
+    with torch.inference_mode():
+        call = step_call(step, dev, seed)
+        busy = wait_quiet(dev)
+        t = measure(call, dev, budget_s=budget_s or STEP_BUDGET_S, min_repeats=5)
+    return step.row() | _stamp(dev, label, t, busy)
+
+
+def run_kernels(rows: list[dict], dev: DeviceInfo, log: MeasurementLog, label: str,
+                progress: bool = True, desc: str = "kernels") -> int:
+    """Measure every row not yet in ``log`` (appending each at once); how many were run."""
+    from tqdm import tqdm
+
+    todo = [r for r in rows if not log.has(r | {"threads": dev.threads})]
+    with torch.inference_mode():
+        for i, row in enumerate(tqdm(todo, disable=not progress, unit="config", desc=desc)):
+            log.append(measure_kernel(row, dev, label, seed=i))
+    return len(todo)
+
+
+def run_suite(suite: Suite, dev: DeviceInfo, out: Path, label: str,
+              progress: bool = True) -> tuple[MeasurementLog, MeasurementLog]:
+    """Measure every configuration of ``suite`` not yet in ``out``'s CSVs.
+
+    Kernel rows go to ``out/measurements.csv``, layers and model steps to
+    ``out/steps.csv``; each row is written as soon as it is measured.
+    """
+    from tqdm import tqdm
+
+    kernel_log = MeasurementLog(out / "measurements.csv", KERNEL_COLUMNS, KERNEL_KEY)
+    step_log = MeasurementLog(out / "steps.csv", STEP_COLUMNS, STEP_KEY)
+    run_kernels(list(suite.kernels), dev, kernel_log, label, progress,
+                f"{suite.name} suite: kernels")
+    todo = [s for s in suite.steps if not step_log.has(s.row() | {"threads": dev.threads})]
+    for i, step in enumerate(tqdm(todo, disable=not progress, unit="step",
+                                  desc=f"{suite.name} suite: layers and steps")):
+        step_log.append(measure_step(step, dev, label, seed=i))
+    return kernel_log, step_log

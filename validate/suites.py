@@ -1,0 +1,157 @@
+"""What to measure: kernel configurations (shared-schema rows) and whole steps.
+
+Kernel rows of the validation suites come from ``perfmodel.transformer.step_ops`` of the
+small local models, so the harness times exactly the shapes the model predicts. The
+calibration suites are separate sweeps (streaming adds, square and skinny GEMMs, a tiny
+kernel for launch overhead) whose shapes do not occur in the validation suites: what is fitted
+is never what is evaluated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from perfmodel.compare import op_row, shape_key
+from perfmodel.ops import Op
+from perfmodel.specs import Model, Workload
+from perfmodel.transformer import step_ops
+
+SUITES = ("quick", "full")
+# the local models (validate.tinymodel builds them with random weights)
+TINY_LLAMA = Model(name="tiny-llama", n_layers=4, d_model=512, n_heads=8, n_kv_heads=2,
+                   head_dim=64, vocab_size=8192, intermediate_size=1536, family="llama",
+                   source="validate.tinymodel: random weights, built locally")
+SMALL_LLAMA = Model(name="small-llama", n_layers=2, d_model=1024, n_heads=16, n_kv_heads=4,
+                    head_dim=64, vocab_size=16384, intermediate_size=2816, family="llama",
+                    source="validate.tinymodel: random weights, built locally")
+MODELS = {m.name: m for m in (TINY_LLAMA, SMALL_LLAMA)}
+OUTSIDE_LAYERS = ("embed", "pos_embed_add", "final_norm", "lm_head")
+LAUNCH_ROW = {"op": "add", "dtype": "fp32", "m": 1, "n": 1, "name": "launch"}
+
+
+@dataclass(frozen=True)
+class Step:
+    """A whole decoder layer or model step: ``batch`` sequences, ``q_len`` new tokens each,
+    ``kv_len`` positions after the step (prefill: q_len = kv_len; decode: q_len = 1)."""
+
+    scope: str          # layer | model
+    model: Model
+    batch: int
+    q_len: int
+    kv_len: int
+    dtype: str = "fp32"
+
+    @property
+    def phase(self) -> str:
+        return "decode" if self.q_len == 1 else "prefill"
+
+    def row(self) -> dict:
+        return {"scope": self.scope, "phase": self.phase, "model": self.model.name,
+                "batch": self.batch, "q_len": self.q_len, "kv_len": self.kv_len,
+                "dtype": self.dtype}
+
+    def workload(self) -> Workload:
+        return Workload(batch=self.batch, prompt_len=self.kv_len, gen_len=1,
+                        weights_dtype=self.dtype, act_dtype=self.dtype, kv_dtype=self.dtype)
+
+    def ops(self) -> list[Op]:
+        """The model's operators for this step; for a layer, those of one decoder layer."""
+        if self.scope == "model":
+            return step_ops(self.model, self.workload(), self.q_len, self.kv_len)
+        one = replace(self.model, n_layers=1)
+        return [op for op in step_ops(one, self.workload(), self.q_len, self.kv_len)
+                if op.name not in OUTSIDE_LAYERS]
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    kernels: tuple[dict, ...]   # shared-schema rows (+ model, name) without measurements
+    steps: tuple[Step, ...]
+
+
+def kernel_rows(model: Model, steps: list[tuple[int, int, int]], dtype: str) -> list[dict]:
+    """Unique kernel rows of ``model`` over steps (batch, q_len, kv_len), first-seen order;
+    the ``name`` column lists every model operator sharing the shape."""
+    rows: dict[str, dict] = {}
+    for batch, q_len, kv_len in steps:
+        wl = Step("model", model, batch, q_len, kv_len, dtype).workload()
+        for op in step_ops(model, wl, q_len, kv_len):
+            if op.kind == "all_reduce":
+                continue
+            row = op_row(op) | {"model": model.name, "name": op.name}
+            key = shape_key(row)
+            if key in rows:
+                names = rows[key]["name"].split("+")
+                if op.name not in names:
+                    rows[key]["name"] = "+".join([*names, op.name])
+            else:
+                rows[key] = row
+    return list(rows.values())
+
+
+def _dedupe(rows: list[dict]) -> tuple[dict, ...]:
+    seen: dict[str, dict] = {}
+    for row in rows:
+        seen.setdefault(shape_key(row), row)
+    return tuple(seen.values())
+
+
+_QUICK_TINY = [(1, 128, 128), (1, 512, 512), (1, 1, 512), (8, 1, 1024)]
+_QUICK_SMALL = [(1, 256, 256), (4, 1, 1024)]
+_FULL_TINY = [(1, 64, 64), (1, 128, 128), (4, 128, 128), (1, 512, 512), (1, 1024, 1024),
+              (1, 1, 256), (1, 1, 1024), (4, 1, 1024), (16, 1, 512), (8, 1, 2048)]
+_FULL_SMALL = [(1, 128, 128), (1, 512, 512), (1, 1, 512), (8, 1, 2048)]
+
+
+def validation_suite(name: str) -> Suite:
+    """``quick`` (about two minutes on two CPU cores) or ``full`` (adds shapes and bf16)."""
+    if name == "quick":
+        rows = kernel_rows(TINY_LLAMA, _QUICK_TINY, "fp32") \
+            + kernel_rows(SMALL_LLAMA, _QUICK_SMALL, "fp32")
+        steps = [Step(scope, TINY_LLAMA, *s) for s in _QUICK_TINY for scope in ("layer", "model")]
+    elif name == "full":
+        rows = kernel_rows(TINY_LLAMA, _FULL_TINY, "fp32") \
+            + kernel_rows(SMALL_LLAMA, _FULL_SMALL, "fp32") \
+            + kernel_rows(TINY_LLAMA, _QUICK_TINY, "bf16")
+        steps = [Step(scope, m, *s) for m, shapes in ((TINY_LLAMA, _FULL_TINY),
+                                                      (SMALL_LLAMA, _FULL_SMALL))
+                 for s in shapes for scope in ("layer", "model")]
+    else:
+        raise ValueError(f"--suite: expected one of {', '.join(SUITES)}, got {name!r}")
+    return Suite(name, _dedupe(rows), tuple(steps))
+
+
+def _gemm(m: int, n: int, k: int, dtype: str, name: str) -> dict:
+    return {"op": "gemm", "dtype": dtype, "m": m, "n": n, "k": k, "name": name}
+
+
+def calibration_rows(device: str, name: str = "quick") -> tuple[dict, ...]:
+    """Sweeps for ``perfmodel calibrate``: streaming adds over sizes (bandwidth and its
+    ramp), square GEMMs per dtype (peak rate), skinny and shallow GEMMs (tiles, k ramp,
+    weight streaming), and a one-element add back to back (launch overhead)."""
+    if name not in SUITES:
+        raise ValueError(f"--suite: expected one of {', '.join(SUITES)}, got {name!r}")
+    full = name == "full"
+    if device == "cuda":
+        dtypes, squares = ("fp16", "bf16"), (256, 512, 1024, 2048, 4096, 8192)
+        skinny_nk, add_rows = ((4096, 4096), (8192, 8192)), (1, 16, 256, 4096, 16384, 65536)
+        width = 8192
+    else:
+        dtypes, squares = ("fp32",), (64, 128, 256, 384, 640, 768, 1024)
+        skinny_nk, add_rows = ((1024, 1024), (3072, 1024), (1024, 3072)), (1, 4, 16, 64, 256,
+                                                                          1024)
+        width = 4096
+    if full:
+        squares = (*squares, squares[-1] * 3 // 2, squares[-1] * 2)
+    rows = [_gemm(s, s, s, d, "square") for d in dtypes for s in squares]
+    if device == "cpu":
+        rows += [_gemm(s, s, s, "bf16", "square") for s in (256, 512, 1024)]
+    for n, k in skinny_nk:
+        rows += [_gemm(m, n, k, dtypes[0], "skinny") for m in (1, 8, 32, 96)]
+    depth = squares[len(squares) // 2]
+    rows += [_gemm(depth, depth, k, dtypes[0], "shallow") for k in (32, 96, 160, 4 * depth)]
+    rows += [{"op": "add", "dtype": dtypes[0], "m": m, "n": width, "name": "stream"}
+             for m in add_rows]
+    rows.append(LAUNCH_ROW | {"dtype": dtypes[0]})
+    return _dedupe(rows)
