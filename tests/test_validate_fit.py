@@ -1,0 +1,52 @@
+"""Fitting recovers a known Efficiency from times that op_time itself generated."""
+
+from dataclasses import replace
+
+import pytest
+
+from perfmodel import ops
+from perfmodel.roofline import op_time
+from validate.fit import Sample, fit_efficiency, free_parameters, stratified
+
+pytest.importorskip("scipy")
+
+TRUE = {"gemm_fraction": 0.7, "memory_fraction": 0.8, "kernel_latency_s": 4e-6,
+        "gemm_k_half": 300.0, "memory_half_bytes": 2e6}
+
+
+def synthetic(hw, timing="kernel"):
+    truth = replace(hw, efficiency=replace(hw.efficiency, **TRUE))
+    shapes = [ops.gemm("g", m, n, k, weight_bytes=2, act_bytes=2, dtype="fp16")
+              for m in (1, 16, 128, 1024, 4096) for n, k in ((4096, 4096), (1024, 8192),
+                                                              (12288, 512))]
+    shapes += [ops.elementwise(kind, kind, rows, 4096, act_bytes=2, dtype="fp16")
+               for rows in (1, 64, 1024, 16384) for kind in ("add", "rms_norm")]
+    return [Sample(op, op_time(op, truth, timing).time_s, timing) for op in shapes]
+
+
+def test_recovers_known_parameters(a100):
+    result = fit_efficiency(synthetic(a100), a100)
+    for name, value in TRUE.items():
+        assert result.fitted[name] == pytest.approx(value, rel=0.02), name
+    assert result.median_abs_error < 1e-3
+    assert "launch_overhead_s" in result.fixed      # kernel timing cannot see launches
+    assert result.hardware.peak_flops_per_s == a100.peak_flops_per_s
+
+
+def test_free_parameters_follow_the_data(a100):
+    gemm_only = [s for s in synthetic(a100, "stream") if s.op.kind == "gemm"]
+    assert {"gemm_fraction", "launch_overhead_s"} <= set(free_parameters(gemm_only))
+    host = [s for s in synthetic(a100, "host") if s.op.kind == "add"]
+    assert not {"gemm_fraction", "launch_overhead_s"} & set(free_parameters(host))
+
+
+def test_stratified_subsample_is_deterministic(a100):
+    samples = synthetic(a100) * 20
+    a, b = stratified(samples, 40), stratified(samples, 40)
+    assert a == b and len(a) <= 40
+    assert {s.op.op_class for s in a} == {"gemm", "norm", "elementwise"}
+
+
+def test_rejects_unknown_parameters(a100):
+    with pytest.raises(ValueError, match="cannot fit warp_speed"):
+        fit_efficiency(synthetic(a100), a100, params=["warp_speed"])

@@ -1,0 +1,147 @@
+"""``perfmodel calibrate``: measure a device, fit its efficiency, write a hardware YAML.
+
+1. Measure the calibration sweep (``suites.calibration_rows``): streaming adds over sizes,
+   GEMMs per dtype, a one-element add back to back.
+2. Peak FLOP/s per dtype = the best GEMM rate measured at that dtype; bandwidth = the best
+   streaming rate (for a CPU these are achieved MKL/oneDNN and STREAM-like rates, not
+   datasheet peaks). Launch overhead = the one-element add per call.
+3. Fit the efficiency (``fit.fit_efficiency``) to every calibration row.
+4. Write the YAML in the hardware/README.md schema with a ``calibration:`` block (how,
+   where, when, on which shapes) and load it back with ``perfmodel.load.load_hardware``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from pathlib import Path
+
+import yaml
+
+from perfmodel.compare import row_op, row_timing, shape_key
+from perfmodel.load import load_hardware
+from perfmodel.specs import Efficiency, Hardware, Interconnect
+from validate.device import DeviceInfo
+from validate.fit import FitResult, Sample, fit_efficiency
+
+
+def _meminfo_bytes() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 16e9
+
+
+def capacity_bytes(dev: DeviceInfo) -> float:
+    if dev.kind == "cuda":
+        import torch
+
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    return _meminfo_bytes()
+
+
+def measured_peaks(rows: list[dict]) -> dict[str, float]:
+    """Best attained FLOP/s per dtype over the GEMM rows."""
+    peaks: dict[str, float] = {}
+    for r in rows:
+        if r["op"] == "gemm":
+            op = row_op(r)
+            peaks[op.dtype] = max(peaks.get(op.dtype, 0.0), op.flops / float(r["measured_s"]))
+    return peaks
+
+
+def measured_bandwidth(rows: list[dict]) -> float:
+    """Best attained bytes/s over the streaming rows (every add except the launch probe)."""
+    rates = [row_op(r).bytes.total / float(r["measured_s"]) for r in rows
+             if r["op"] == "add" and r.get("name") == "stream"]
+    if not rates:
+        raise ValueError("calibration rows hold no streaming measurements")
+    return max(rates)
+
+
+def launch_seconds(rows: list[dict]) -> float:
+    """Seconds per call of the one-element add (the host cost of one kernel)."""
+    probes = [float(r["measured_s"]) for r in rows if r.get("name") == "launch"]
+    return min(probes) if probes else 0.0
+
+
+def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
+    """Measured roofs with neutral efficiencies, the starting point of the fit."""
+    bandwidth = measured_bandwidth(rows)
+    threads = f", {dev.threads} threads" if dev.kind == "cpu" else ""
+    return Hardware(
+        name=name, peak_flops_per_s=measured_peaks(rows), memory_bytes=capacity_bytes(dev),
+        memory_bytes_per_s=bandwidth, compute_units=dev.compute_units, l2_bytes=dev.llc_bytes,
+        interconnect=Interconnect(link_bytes_per_s=bandwidth, latency_s=0.0, topology="none",
+                                  max_devices=1),
+        efficiency=Efficiency(gemm_fraction=1.0, memory_fraction=1.0, kernel_latency_s=0.0,
+                              launch_overhead_s=launch_seconds(rows)),
+        vendor="nvidia" if dev.kind == "cuda" else "other",
+        description=f"{dev.name}{threads} (measured by perfmodel calibrate)")
+
+
+def fit_rows(rows: list[dict], hw: Hardware) -> FitResult:
+    samples = [Sample(row_op(r), float(r["measured_s"]), row_timing(r, "auto")) for r in rows]
+    return fit_efficiency(samples, hw, search_tiles=True)
+
+
+def _efficiency_block(eff: Efficiency, source: str) -> dict:
+    out = {f.name: getattr(eff, f.name) for f in fields(Efficiency)
+           if getattr(eff, f.name) is not None}
+    return out | {"source": source}
+
+
+def hardware_document(hw: Hardware, result: FitResult, rows: list[dict], dev: DeviceInfo,
+                      provenance: dict, suite: str, command: str) -> dict:
+    """The YAML mapping (hardware/README.md schema) of a calibrated device."""
+    what = "CPU: achieved MKL/oneDNN GEMM rate" if dev.kind == "cpu" else "achieved GEMM rate"
+    return {
+        "version": 1, "name": hw.name, "vendor": hw.vendor, "description": hw.description,
+        "compute": {
+            "peak_flops_per_s": {d: float(f"{v:.4g}") for d, v in
+                                 result.hardware.peak_flops_per_s.items()},
+            "compute_units": hw.compute_units,
+            "source": f"measured by perfmodel calibrate: best GEMM FLOP/s per dtype over the "
+                      f"calibration sweep ({what}, not a datasheet peak); compute_units = "
+                      f"{'torch threads' if dev.kind == 'cpu' else 'SMs'}"},
+        "memory": {
+            "capacity_bytes": hw.memory_bytes,
+            "bandwidth_bytes_per_s": float(f"{hw.memory_bytes_per_s:.4g}"),
+            "source": "measured: best streaming add (2 reads + 1 write per element) over "
+                      "sizes, inputs rotated beyond the last-level cache; capacity from "
+                      + ("/proc/meminfo" if dev.kind == "cpu" else "the CUDA device")},
+        "on_chip": {"l2_bytes": hw.l2_bytes,
+                    "source": "last-level cache: " + ("sysfs (L3)" if dev.kind == "cpu"
+                                                      else "CUDA device properties (L2)")},
+        "interconnect": {
+            "link_bytes_per_s": float(f"{hw.interconnect.link_bytes_per_s:.4g}"),
+            "latency_s": 0.0, "topology": "none", "max_devices": 1,
+            "source": "not measured: a single device; the link is a placeholder equal to "
+                      "the memory bandwidth"},
+        "efficiency": _efficiency_block(
+            result.hardware.efficiency,
+            f"fitted by perfmodel calibrate (scipy least_squares on log error, soft-L1) to "
+            f"{len(rows)} calibration rows; launch_overhead_s = one-element add per call"),
+        "calibration": provenance | {
+            "command": command, "suite": suite, "timing": dev.timing,
+            "method": "peaks and bandwidth = best measured rates; efficiency fitted with "
+                      "validate.fit.fit_efficiency (rows weighted equally per operator class)",
+            "fitted": {k: float(f"{v:.6g}") for k, v in result.fitted.items()},
+            "not_fitted": list(result.fixed),
+            "fit_median_abs_error": round(result.median_abs_error, 4),
+            "fit_shapes": sorted({shape_key(r) for r in rows}),
+        },
+    }
+
+
+def write_hardware(doc: dict, path: Path) -> Hardware:
+    """Write ``doc`` as YAML and prove it loads with the project's own loader."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
+    hw = load_hardware(path)
+    if not math.isclose(hw.memory_bytes_per_s, doc["memory"]["bandwidth_bytes_per_s"]):
+        raise ValueError(f"{path}: bandwidth did not survive the round trip")
+    return hw

@@ -1,0 +1,168 @@
+"""Fit a device's efficiency parameters to measured kernel times (no torch here).
+
+``fit_efficiency(samples, hw)`` takes (Op, measured seconds, timing) triples and a base
+``Hardware`` and returns a copy whose ``Efficiency`` minimises the robust sum of squared log
+errors log(predicted / measured), predictions coming from ``roofline.op_time`` itself (so
+the fitted numbers mean exactly what the model means by them). Operator classes are
+weighted equally, whatever their row counts. Continuous parameters are fitted in log space
+within physical bounds (scipy ``least_squares``, soft-L1 loss); integer GEMM tiles are
+chosen by a small grid search. Parameters the samples cannot determine are left as they are:
+launch overhead when every sample is kernel-timed, or when every sample is host-timed (it
+then only adds to the kernel latency); GEMM parameters without GEMM rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from perfmodel.ops import Op
+from perfmodel.roofline import op_time
+from perfmodel.specs import Efficiency, Hardware
+
+# parameter -> (lower, upper) bound; "off" refinements sit at their lower bound
+BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_fraction": (0.02, 1.0),
+    "attention_fraction": (0.02, 1.0),
+    "memory_fraction": (0.02, 1.0),
+    "kernel_latency_s": (1e-8, 1e-3),
+    "launch_overhead_s": (1e-8, 1e-3),
+    "gemm_k_half": (1e-2, 1e5),
+    "memory_half_bytes": (1.0, 1e10),
+}
+OFF_BELOW = {"gemm_k_half": 0.1, "memory_half_bytes": 10.0, "kernel_latency_s": 1e-7}
+TILE_CHOICES = (64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Sample:
+    op: Op
+    measured_s: float
+    timing: str = "kernel"
+
+
+@dataclass(frozen=True)
+class FitResult:
+    hardware: Hardware
+    fitted: dict[str, float]         # parameter -> value (tiles included when searched)
+    fixed: tuple[str, ...]           # parameters left at the base value, and why not fitted
+    n_rows: int                      # rows used (after the stratified subsample)
+    median_abs_error: float          # on those rows, after fitting
+
+
+def _field_names() -> set[str]:
+    return {f.name for f in fields(Efficiency)}
+
+
+def free_parameters(samples: Sequence[Sample]) -> list[str]:
+    """The parameters these samples can determine (see module docstring)."""
+    kinds = {s.op.kind for s in samples}
+    timings = {s.timing for s in samples}
+    out = ["memory_fraction", "kernel_latency_s", "memory_half_bytes"]
+    if "gemm" in kinds:
+        out += ["gemm_fraction", "gemm_k_half"]
+    if "attention" in kinds:
+        out.append("attention_fraction" if "attention_fraction" in _field_names()
+                   else "gemm_fraction")
+    if "stream" in timings:
+        out.append("launch_overhead_s")
+    return [p for p in dict.fromkeys(out) if p in _field_names()]
+
+
+def stratified(samples: Sequence[Sample], max_rows: int, seed: int = 0) -> list[Sample]:
+    """At most ``max_rows`` samples, shared equally among operator classes (deterministic)."""
+    if len(samples) <= max_rows:
+        return list(samples)
+    rng = np.random.default_rng(seed)
+    by_class: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_class.setdefault(s.op.op_class, []).append(s)
+    share = max(1, max_rows // len(by_class))
+    out: list[Sample] = []
+    for group in by_class.values():
+        keep = rng.choice(len(group), size=min(share, len(group)), replace=False)
+        out += [group[i] for i in sorted(keep)]
+    return out
+
+
+def _weights(samples: Sequence[Sample]) -> np.ndarray:
+    counts: dict[str, int] = {}
+    for s in samples:
+        counts[s.op.op_class] = counts.get(s.op.op_class, 0) + 1
+    return np.array([1.0 / math.sqrt(counts[s.op.op_class]) for s in samples])
+
+
+def log_errors(samples: Sequence[Sample], hw: Hardware) -> np.ndarray:
+    """log(predicted / measured) for every sample."""
+    return np.array([math.log(op_time(s.op, hw, s.timing).time_s / s.measured_s)
+                     for s in samples])
+
+
+def _with(hw: Hardware, values: dict[str, float]) -> Hardware:
+    return replace(hw, efficiency=replace(hw.efficiency, **values))
+
+
+def _start(hw: Hardware, name: str) -> float:
+    lo, hi = BOUNDS[name]
+    value = getattr(hw.efficiency, name)
+    if value is None and name == "attention_fraction":
+        value = hw.efficiency.gemm_fraction
+    return math.log(min(max(value or lo, lo), hi))
+
+
+def _fit_continuous(samples: Sequence[Sample], hw: Hardware, names: list[str],
+                    max_nfev: int) -> tuple[Hardware, float]:
+    from scipy.optimize import least_squares
+
+    w = _weights(samples)
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        trial = _with(hw, {n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
+        return w * log_errors(samples, trial)
+
+    x0 = np.array([_start(hw, n) for n in names])
+    lo = np.log([BOUNDS[n][0] for n in names])
+    hi = np.log([BOUNDS[n][1] for n in names])
+    sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
+                        diff_step=1e-3, max_nfev=max_nfev, x_scale=1.0)
+    values = {n: float(math.exp(v)) for n, v in zip(names, sol.x, strict=True)}
+    values = {n: (0.0 if v < OFF_BELOW.get(n, -1.0) else v) for n, v in values.items()}
+    return _with(hw, values), float(sol.cost)
+
+
+def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,
+                   params: Sequence[str] | None = None, search_tiles: bool = False,
+                   max_rows: int = 2000, max_nfev: int = 60) -> FitResult:
+    """Fit ``hw``'s efficiency to ``samples`` (see module docstring).
+
+    ``samples``: ``Sample`` or (op, measured_s[, timing]) tuples; ``params``: parameters to
+    fit (default: every one the samples determine); ``search_tiles``: also choose
+    gemm_tile_m/n from {64, 128, 256} (on a quarter of the rows, then refit on all).
+    """
+    rows = [s if isinstance(s, Sample) else Sample(*s) for s in samples]
+    rows = [s for s in rows if s.measured_s > 0 and math.isfinite(s.measured_s)]
+    if not rows:
+        raise ValueError("no samples with a positive measured time to fit")
+    names = list(params) if params is not None else free_parameters(rows)
+    unknown = [n for n in names if n not in BOUNDS or n not in _field_names()]
+    if unknown:
+        raise ValueError(f"cannot fit {', '.join(unknown)}: expected some of "
+                         f"{', '.join(sorted(set(BOUNDS) & _field_names()))}")
+    used = stratified(rows, max_rows)
+    base, tiles = hw, {}
+    if search_tiles and any(s.op.kind == "gemm" for s in used):
+        probe = stratified(used, max(200, len(used) // 4), seed=1)
+        best = min(((tm, tn) for tm in TILE_CHOICES for tn in TILE_CHOICES),
+                   key=lambda t: _fit_continuous(
+                       probe, _with(hw, {"gemm_tile_m": t[0], "gemm_tile_n": t[1]}), names,
+                       max(10, max_nfev // 3))[1])
+        tiles = {"gemm_tile_m": best[0], "gemm_tile_n": best[1]}
+        base = _with(hw, tiles)
+    fitted_hw, _ = _fit_continuous(used, base, names, max_nfev) if names else (base, 0.0)
+    fitted = {n: getattr(fitted_hw.efficiency, n) for n in names} | tiles
+    fixed = tuple(sorted((set(BOUNDS) & _field_names()) - set(names)))
+    err = float(np.median(np.abs(np.expm1(log_errors(used, fitted_hw)))))
+    return FitResult(fitted_hw, fitted, fixed, len(used), err)
