@@ -1,9 +1,265 @@
-"""CLI commands registered on the main typer app (module level imports: typer only)."""
+"""CLI commands of the validation harness: calibrate, validate, compare.
+
+Module-level imports: typer only. torch (through ``validate``), pandas, scipy and
+matplotlib are imported inside the command bodies, so ``perfmodel --help`` and ``estimate``
+stay fast. User mistakes print one line, ``error: <file>: <field>: <what was expected>``,
+and exit with code 2.
+"""
 
 from __future__ import annotations
+
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, NoReturn
 
 import typer
 
 
+class DeviceKind(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class SuiteName(str, Enum):
+    quick = "quick"
+    full = "full"
+
+
+class TimingChoice(str, Enum):
+    auto = "auto"
+    kernel = "kernel"
+    stream = "stream"
+    host = "host"
+
+
+DeviceOpt = Annotated[DeviceKind, typer.Option(help="where to measure")]
+SuiteOpt = Annotated[SuiteName, typer.Option(help="quick (minutes) or full")]
+ThreadsOpt = Annotated[int | None, typer.Option(min=1, help="torch threads on CPU "
+                                                "(default: all cores)")]
+ProgressOpt = Annotated[bool, typer.Option(help="show a progress bar")]
+
+
+def _fail(message: str) -> NoReturn:
+    from perfmodel.cli import fail
+
+    fail(message)
+
+
+def _harness() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        _fail("--device: the harness needs torch: pip install -e '.[harness]'")
+
+
+def calibrate(
+    device: DeviceOpt = DeviceKind.cpu,
+    out: Annotated[Path, typer.Option(help="hardware YAML to write")] = Path("hardware.yaml"),
+    suite: SuiteOpt = SuiteName.quick,
+    name: Annotated[str | None, typer.Option(help="hardware name (default: file stem)")] = None,
+    threads: ThreadsOpt = None,
+    measurements: Annotated[Path | None, typer.Option(
+        help="CSV of the calibration measurements, resumed if present "
+             "(default: OUT with suffix .calibration.csv)")] = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Measure bandwidth, GEMM rates and launch overhead; fit the efficiency; write a YAML."""
+    _harness()
+    from perfmodel.compare import shape_key
+    from perfmodel.specs import SpecError
+    from validate import calibrate as cal
+    from validate.device import open_device, provenance
+    from validate.records import KERNEL_COLUMNS, KERNEL_KEY, MeasurementLog
+    from validate.runner import run_kernels
+    from validate.suites import calibration_rows
+
+    label = name or out.stem
+    csv_path = measurements or out.with_suffix(".calibration.csv")
+    command = (f"perfmodel calibrate --device {device.value} --out {out} --suite {suite.value}"
+               + (f" --threads {threads}" if threads else ""))
+    try:
+        dev = open_device(device.value, threads)
+        wanted = calibration_rows(dev.kind, suite.value)
+        log = MeasurementLog(csv_path, KERNEL_COLUMNS, KERNEL_KEY)
+        start = time.perf_counter()
+        run_kernels(list(wanted), dev, log, label, progress, f"calibrate ({suite.value})")
+        keys = {shape_key(r) for r in wanted}
+        rows = [r for r in log.latest() if shape_key(r) in keys
+                and str(r.get("threads")) == str(dev.threads)]
+        base = cal.base_hardware(rows, dev, label)
+        result = cal.fit_rows(rows, base)
+        doc = cal.hardware_document(base, result, rows, dev, provenance(dev), suite.value,
+                                    command)
+        hw = cal.write_hardware(doc, out)
+    except (SpecError, RuntimeError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(f"measured {len(rows)} calibration rows in {time.perf_counter() - start:.0f} s "
+               f"({csv_path})")
+    for dtype, rate in hw.peak_flops_per_s.items():
+        typer.echo(f"  peak {dtype}: {rate / 1e9:.1f} GFLOP/s (best measured)")
+    typer.echo(f"  bandwidth: {hw.memory_bytes_per_s / 1e9:.1f} GB/s (best streaming add)")
+    typer.echo("  fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in result.fitted.items()))
+    typer.echo(f"  median |error| on the calibration rows: {result.median_abs_error:.1%}")
+    typer.echo(f"wrote {out} (loads with perfmodel.load.load_hardware)")
+
+
+def validate(
+    hardware: Annotated[str, typer.Option("--hardware", "-H",
+                                          help="hardware name or YAML to predict with")],
+    device: DeviceOpt = DeviceKind.cpu,
+    suite: SuiteOpt = SuiteName.quick,
+    out: Annotated[Path, typer.Option(help="report folder")] = Path("validation"),
+    threads: ThreadsOpt = None,
+    progress: ProgressOpt = True,
+    plots: Annotated[bool, typer.Option(help="write the PNG figures")] = True,
+) -> None:
+    """Measure a suite (resuming DIR/measurements.csv), predict it, write the report."""
+    from perfmodel import load
+    from perfmodel.specs import SpecError
+
+    try:
+        hw = load.hardware(hardware)
+    except SpecError as exc:
+        _fail(str(exc))
+    _harness()
+    from validate.device import open_device, provenance
+    from validate.report import write_report
+    from validate.runner import run_suite
+    from validate.suites import validation_suite
+
+    command = (f"perfmodel validate --device {device.value} --hardware {hardware} "
+               f"--suite {suite.value} --out {out}" + (f" --threads {threads}" if threads else ""))
+    try:
+        dev = open_device(device.value, threads)
+        out.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        kernels, steps = run_suite(validation_suite(suite.value), dev, out, hw.name, progress)
+        wall = time.perf_counter() - start
+        prov = provenance(dev)
+        cal_cmd = (hw.calibration or {}).get("command")
+        header = [f"# Validation: {dev.name}, {dev.threads or dev.compute_units} "
+                  f"{'threads' if dev.kind == 'cpu' else 'SMs'}", "",
+                  "Produced by:", "", "```", *([cal_cmd] if cal_cmd else []), command, "```", "",
+                  f"Host {prov['hostname']}, {prov['cpu_model']}, torch {prov['torch_version']},"
+                  f" {dev.threads} threads, timing `{dev.timing}`, {prov['measured_at']}.",
+                  f"This invocation measured for {wall:.0f} s (configurations already in "
+                  f"the CSVs are not measured again).",
+                  "Errors below are predicted / measured - 1 on the committed rows."]
+        path = write_report(out, hw, hardware, kernels.latest(), steps.latest(), header,
+                            plots=plots)
+    except (SpecError, RuntimeError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(f"measured for {wall:.0f} s; wrote {path}")
+    typer.echo(path.read_text().split("### By operator class")[0].split("## Held-out")[1]
+               .strip())
+
+
+def _print_summary(df) -> None:
+    from perfmodel.compare import summarize
+
+    table = summarize(df)
+    typer.echo(f"{'class':<12} {'regime':<8} {'size':<6} {'n':>7} {'median|e|':>10} "
+               f"{'p90|e|':>8} {'bias':>8}")
+    for _, r in table.iterrows():
+        typer.echo(f"{r['op_class']:<12} {r['regime']:<8} {r['size']:<6} {r['n']:>7} "
+                   f"{r['median_abs_error']:>10.1%} {r['p90_abs_error']:>8.1%} "
+                   f"{r['median_error']:>+8.1%}")
+    typer.echo(f"{'all':<28} {len(df):>7} {df['error'].abs().median():>10.1%} "
+               f"{df['error'].abs().quantile(0.9):>8.1%} {df['error'].median():>+8.1%}")
+
+
+def _calibrate_split(rows: list[dict], hw, timing: str, calibrate_on: float | None,
+                     split_by: str | None):
+    """(hardware fitted on the calibration part, evaluation rows, lines describing the split)."""
+    from perfmodel.compare import row_op, row_timing, shape_key, split_by_model, split_fraction
+    from perfmodel.specs import SpecError
+    from validate.fit import Sample, fit_efficiency
+
+    if split_by is not None:
+        if split_by != "model":
+            raise SpecError(f"--split-by: expected model, got {split_by!r}")
+        fit, rest, fit_models, eval_models = split_by_model(rows)
+        lines = [f"fitted on {len(fit)} rows of models: {', '.join(fit_models)}",
+                 f"evaluated on {len(rest)} rows of models: {', '.join(eval_models)}"]
+    else:
+        fit, rest = split_fraction(rows, calibrate_on)
+        lines = [f"fitted on {len(fit)} rows ({len({shape_key(r) for r in fit})} shapes, "
+                 f"CRC32 of the shape key below {calibrate_on:g} of its range); evaluated on "
+                 f"the other {len(rest)} rows"]
+    if not fit or not rest:
+        raise SpecError("the split left nothing to fit or nothing to evaluate")
+    samples = [Sample(row_op(r, "fit rows"), float(r["measured_s"]), row_timing(r, timing))
+               for r in fit]
+    result = fit_efficiency(samples, hw, search_tiles=True)
+    lines.append(f"fitted on a stratified subsample of {result.n_rows} rows: "
+                 + ", ".join(f"{k}={v:.4g}" for k, v in result.fitted.items()))
+    return result.hardware, rest, lines
+
+
+def compare(
+    measured: Annotated[Path, typer.Argument(help="measurement CSV (shared schema)")],
+    hardware: Annotated[str, typer.Option("--hardware", "-H", help="hardware name or YAML")],
+    out: Annotated[Path | None, typer.Option(help="write every row with predicted_s and "
+                                             "error")] = None,
+    plot: Annotated[Path | None, typer.Option(help="predicted-vs-measured PNG")] = None,
+    summary: Annotated[Path | None, typer.Option(help="markdown summary")] = None,
+    timing: Annotated[TimingChoice, typer.Option(
+        help="how launch overhead enters (auto: the CSV's timing column, else kernel)")
+    ] = TimingChoice.auto,
+    device_filter: Annotated[list[str] | None, typer.Option(
+        help="keep rows of this device (repeatable)")] = None,
+    calibrate_on: Annotated[float | None, typer.Option(
+        help="fit the efficiency on this fraction of shapes, report error on the rest")] = None,
+    split_by: Annotated[str | None, typer.Option(
+        help="'model': fit on half the models (sorted names alternate), report the "
+             "other half")] = None,
+) -> None:
+    """Predict every row of a measurement CSV and print the error per class and regime."""
+    from perfmodel import load
+    from perfmodel.compare import predict_rows, read_measurements
+    from perfmodel.specs import SpecError
+
+    if calibrate_on is not None and split_by is not None:
+        _fail("--calibrate-on and --split-by: choose one")
+    try:
+        hw = load.hardware(hardware)
+        rows = read_measurements(measured, device_filter)
+        lines = []
+        if calibrate_on is not None or split_by is not None:
+            hw, rows, lines = _calibrate_split(rows, hw, timing.value, calibrate_on, split_by)
+        import pandas as pd
+
+        df = pd.DataFrame(predict_rows(rows, hw, timing.value, str(measured)))
+    except (SpecError, ValueError) as exc:
+        _fail(str(exc))
+    df["measured_s"] = pd.to_numeric(df["measured_s"])
+    typer.echo(f"{measured}: {len(df)} rows predicted on {hw.name} (timing {timing.value})")
+    for line in lines:
+        typer.echo(line)
+    _print_summary(df)
+    if out is not None:
+        df.to_csv(out, index=False)
+    if plot is not None:
+        from validate.figures import predicted_vs_measured
+
+        predicted_vs_measured(df, plot, f"{measured.name} on {hw.name}")
+    if summary is not None:
+        _write_summary(summary, df, measured, hardware, timing.value, lines)
+
+
+def _write_summary(path: Path, df, measured: Path, hardware: str, timing: str,
+                   lines: list[str]) -> None:
+    from perfmodel.compare import summarize
+    from validate.report import PCT, markdown_table, target_lines
+
+    text = [f"## {measured.name} on {hardware} (timing {timing})", "", *[f"- {x}" for x in lines],
+            *target_lines(df), "", markdown_table(summarize(df), PCT), ""]
+    path.write_text("\n".join(text))
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to ``app``."""
+    app.command()(calibrate)
+    app.command()(validate)
+    app.command()(compare)

@@ -1,0 +1,146 @@
+"""Validation report: predictions for measured rows, error tables, summary.md, figures.
+
+No torch here: the report can be rebuilt from the CSVs alone (``write_report``).
+Rows measured while other processes kept the CPUs busy (``others_busy`` above
+``records.CONTENDED``) are listed but left out of the statistics; rows whose shape was used
+for fitting the hardware (its ``calibration.fit_shapes``) are not held out and are left out
+too.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from perfmodel.compare import predict_rows, shape_key, summarize
+from perfmodel.roofline import op_time
+from perfmodel.specs import Hardware, Model
+from validate import figures
+from validate.records import CONTENDED, contended
+from validate.suites import MODELS, Step
+
+FIGURES = {"predicted_vs_measured.png": "predicted against measured, held-out kernels",
+           "error_by_class.png": "signed error per operator class, held-out kernels",
+           "roofline.png": "measured kernels on the device roofline"}
+
+
+def fit_keys(hw: Hardware) -> set[str]:
+    """Shape keys the hardware's efficiency was fitted on (from its calibration block)."""
+    return set((hw.calibration or {}).get("fit_shapes", []))
+
+
+def kernel_predictions(rows: list[dict], hw: Hardware):  # -> pandas.DataFrame
+    """Predicted rows with ``heldout`` (shape not fitted) and ``contended`` flags."""
+    import pandas as pd
+
+    keys = fit_keys(hw)
+    df = pd.DataFrame(predict_rows(rows, hw, timing="auto"))
+    for column in ("measured_s", "predicted_s", "error", "flops", "bytes", "intensity"):
+        df[column] = pd.to_numeric(df[column])
+    df["heldout"] = [shape_key(r) not in keys for r in rows]
+    df["contended"] = [contended(r) for r in rows]
+    return df
+
+
+def step_prediction(row: dict, hw: Hardware, timing: str,
+                    models: dict[str, Model] = MODELS) -> float:
+    """Predicted seconds of a layer or model step row (steps.csv) from ``step_ops``."""
+    step = Step(row["scope"], models[row["model"]], int(row["batch"]), int(row["q_len"]),
+                int(row["kv_len"]), row["dtype"])
+    return sum(op_time(op, hw, timing).time_s for op in step.ops())
+
+
+def step_predictions(rows: list[dict], hw: Hardware,
+                     models: dict[str, Model] = MODELS):  # -> pandas.DataFrame
+    import pandas as pd
+
+    out = []
+    for row in rows:
+        measured = float(row["measured_s"])
+        predicted = step_prediction(row, hw, row.get("timing") or "host", models)
+        out.append(dict(row) | {"measured_s": measured, "predicted_s": predicted,
+                                "error": predicted / measured - 1.0,
+                                "contended": contended(row)})
+    return pd.DataFrame(out)
+
+
+def markdown_table(df, percent: tuple[str, ...] = ()) -> str:
+    """A DataFrame as a GitHub markdown table; ``percent`` columns as signed percentages."""
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    lines = [head, rule]
+    for _, r in df.iterrows():
+        cells = []
+        for c in df.columns:
+            v = r[c]
+            if c in percent:
+                cells.append(f"{100 * v:+.1f}%" if isinstance(v, float) and math.isfinite(v)
+                             else "")
+            elif isinstance(v, float):
+                cells.append(f"{v:.4g}")
+            else:
+                cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+PCT = ("median_abs_error", "p90_abs_error", "median_error", "error")
+
+
+def target_lines(df) -> list[str]:
+    """Median absolute error of GEMMs and of memory-bound non-GEMM ops (the issue's
+    targets), and of everything held out."""
+    gemm = df[df["op_class"] == "gemm"]
+    memory = df[(df["op_class"] != "gemm") & (df["regime"] == "memory")]
+    out = []
+    for label, part in (("GEMMs", gemm), ("memory-bound ops (non-GEMM)", memory),
+                        ("all held-out kernels", df)):
+        if len(part):
+            out.append(f"- {label}: median |error| {100 * part['error'].abs().median():.1f}%, "
+                       f"p90 {100 * part['error'].abs().quantile(0.9):.1f}% (n={len(part)})")
+    return out
+
+
+def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
+                 step_rows: list[dict], header: list[str],
+                 models: dict[str, Model] = MODELS, plots: bool = True) -> Path:
+    """Write predictions.csv, step_predictions.csv, summary.md and (``plots``) the figures
+    into ``out``."""
+    kdf = kernel_predictions(kernel_rows, hw)
+    kdf.to_csv(out / "predictions.csv", index=False)
+    held = kdf[kdf["heldout"] & ~kdf["contended"]]
+    lines = [*header, "", f"Hardware: `{hw_path}` ({hw.name}).", ""]
+    cal = hw.calibration or {}
+    if cal:
+        lines += [f"Efficiency fitted on {len(fit_keys(hw))} calibration shapes "
+                  f"(`calibration.fit_shapes` in the hardware file; suite "
+                  f"`{cal.get('suite', '?')}`): "
+                  + ", ".join(f"{k} = {v:.4g}" for k, v in cal.get("fitted", {}).items()), ""]
+    lines += [f"## Held-out kernels ({len(held)} rows)", "",
+              f"Quick-suite kernels whose shape was not used for fitting; "
+              f"{int((~kdf['heldout']).sum())} fitted shapes and "
+              f"{int((kdf['heldout'] & kdf['contended']).sum())} rows measured while other "
+              f"processes used more than {CONTENDED:.0%} of the CPUs are left out. "
+              f"Error = predicted / measured - 1.", "", *target_lines(held), "",
+              "### By operator class, regime and size", "",
+              markdown_table(summarize(held), PCT), "", "### By operator", "",
+              markdown_table(summarize(held, by=("op", "regime")), PCT), ""]
+    if step_rows:
+        sdf = step_predictions(step_rows, hw, models)
+        sdf.to_csv(out / "step_predictions.csv", index=False)
+        show = sdf[["scope", "phase", "model", "batch", "q_len", "kv_len", "measured_s",
+                    "predicted_s", "error", "contended"]]
+        lines += ["## Whole decoder layer and model steps", "",
+                  "Predicted = sum of `op_time` over `transformer.step_ops` of the same model "
+                  "record (one layer: the layer's operators of a 1-layer model).", "",
+                  markdown_table(show, ("error",)), ""]
+    if plots and len(held):
+        figures.predicted_vs_measured(held, out / "predicted_vs_measured.png",
+                                      f"held-out kernels on {hw.name}")
+        figures.error_by_class(held, out / "error_by_class.png", f"held-out kernels, {hw.name}")
+    if plots:
+        figures.roofline(kdf, hw, out / "roofline.png", f"measured kernels on {hw.name}")
+        lines += ["## Figures", ""] + [f"- `{n}`: {what}" for n, what in FIGURES.items()]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
