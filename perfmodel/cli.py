@@ -6,6 +6,7 @@ file and field and exits with code 2; never a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from typing import Annotated, NoReturn
@@ -148,9 +149,12 @@ def main() -> None:
     except SpecError as exc:   # a spec error raised outside a command's own handler
         typer.echo(f"error: {exc}", err=True)
         code = 2
-    except click.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("error: aborted", err=True)
         code = 1
+    except BrokenPipeError:   # output piped into a reader that closed early (| head)
+        sys.stderr = open(os.devnull, "w")
+        code = 0
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -3,9 +3,9 @@
 Prefill runs the prompt in one step (T = C = prompt) and emits the first token, so
 TTFT = prefill time. The other G - 1 tokens each take one decode step; the step that emits
 token i + 1 processes token i at context S + i, so decode reads contexts S+1 ... S+G-1.
-Decode time is the sum over those steps, integrated exactly for up to 64 steps and by the
-trapezoid rule on 65 evenly spaced contexts beyond (step time is piecewise linear in the
-context, so the error is confined to the few kinks).
+Decode time is the sum over those steps: exact for up to ``decode_samples`` (default 65)
+steps, beyond that the trapezoid rule on that many evenly spaced contexts (step time is
+piecewise linear in the context, so the error is confined to the few kinks).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from perfmodel.roofline import OpTime, op_time
 from perfmodel.specs import Hardware, Model, Workload
 from perfmodel.transformer import step_ops
 
-EXACT_STEPS = 64
+DECODE_SAMPLES = 65
 
 
 @dataclass(frozen=True)
@@ -125,15 +125,18 @@ def prefill_phase(model: Model, hw: Hardware, wl: Workload) -> Phase:
     return _summarize("prefill", [times], [1.0], 1, total, total)
 
 
-def decode_contexts(wl: Workload) -> tuple[list[int], list[float]]:
-    """Contexts to evaluate and their weights: weights sum to the G - 1 decode steps."""
+def decode_contexts(wl: Workload, samples: int = DECODE_SAMPLES
+                    ) -> tuple[list[int], list[float]]:
+    """Contexts to evaluate and their weights: weights sum to the G - 1 decode steps.
+    One context per step when G - 1 <= ``samples``; else ``samples`` evenly spaced ones."""
+    if samples < 2:
+        raise ValueError(f"decode_samples must be at least 2, got {samples}")
     first, steps = wl.prompt_len + 1, wl.gen_len - 1
-    if steps <= EXACT_STEPS:
+    if steps <= samples:
         n = max(steps, 1)
         return list(range(first, first + n)), [1.0 if steps else 0.0] * n
     last = first + steps - 1
-    ctx = sorted({round(first + i * (last - first) / EXACT_STEPS)
-                  for i in range(EXACT_STEPS + 1)})
+    ctx = sorted({round(first + i * (last - first) / (samples - 1)) for i in range(samples)})
     w = [0.0] * len(ctx)
     for i in range(len(ctx) - 1):         # trapezoid over [first, last]
         gap = ctx[i + 1] - ctx[i]
@@ -143,8 +146,10 @@ def decode_contexts(wl: Workload) -> tuple[list[int], list[float]]:
     return ctx, [x * scale for x in w]
 
 
-def decode_phase(model: Model, hw: Hardware, wl: Workload) -> Phase:
-    contexts, weights = decode_contexts(wl)
+def decode_phase(model: Model, hw: Hardware, wl: Workload,
+                 samples: int = DECODE_SAMPLES) -> Phase:
+    """The G - 1 decode steps, summed (see the module docstring and decode_contexts)."""
+    contexts, weights = decode_contexts(wl, samples)
     timing = "kernel" if wl.cuda_graphs else "stream"
     cache: dict = {}
     samples = [step_times(model, hw, wl, 1, c, timing, cache=cache) for c in contexts]
@@ -188,6 +193,21 @@ class Estimate:
     def decode_tokens_per_s(self) -> float:
         return self.workload.batch / self.tpot_s
 
+    @property
+    def warnings(self) -> list[str]:
+        """Things the user should know the numbers rest on (one line each)."""
+        out = []
+        limit, length = self.model.max_position_embeddings, self.workload.final_len
+        if limit and length > limit:
+            out.append(f"prompt + generated = {length} tokens exceeds {self.model.name}'s "
+                       f"context limit (max_position_embeddings = {limit})")
+        mem = self.memory
+        if not mem.fits:
+            out.append(f"does not fit: weights {mem.weights_bytes:.4g} B + workspace "
+                       f"{mem.workspace_bytes:.4g} B + KV {mem.kv_cache_bytes:.4g} B > usable "
+                       f"{mem.usable_bytes:.4g} B (max batch {mem.max_batch})")
+        return out
+
     def to_dict(self) -> dict:
         wl = self.workload
         mem = asdict(self.memory)
@@ -204,6 +224,7 @@ class Estimate:
             "throughput_tokens_per_s": self.throughput_tokens_per_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict(),
+            "warnings": self.warnings,
         }
 
     def operators(self):  # -> pandas.DataFrame (pandas imported lazily: keeps the CLI fast)
@@ -213,11 +234,14 @@ class Estimate:
         return pd.DataFrame([o.to_dict() for o in self.prefill.ops + self.decode.ops])
 
 
-def estimate(hardware: Hardware, model: Model, workload: Workload | None = None) -> Estimate:
-    """Predict one configuration. Pure: reads nothing, writes nothing."""
+def estimate(hardware: Hardware, model: Model, workload: Workload | None = None,
+             decode_samples: int = DECODE_SAMPLES) -> Estimate:
+    """Predict one configuration. Pure: reads nothing, writes nothing.
+    ``decode_samples`` trades decode-integration precision for speed (sweeps use fewer)."""
     wl = workload or Workload()
     counts = param_counts(model)
     return Estimate(
         hardware=hardware, model=model, workload=wl, params_total=counts.total,
         params_active=counts.active(model), memory=memory_estimate(model, hardware, wl),
-        prefill=prefill_phase(model, hardware, wl), decode=decode_phase(model, hardware, wl))
+        prefill=prefill_phase(model, hardware, wl),
+        decode=decode_phase(model, hardware, wl, decode_samples))

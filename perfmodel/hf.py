@@ -39,6 +39,7 @@ def model_from_hf_config(data: dict, file: str, name: str) -> Model:
         "tie_embeddings": hf.flag("tie_word_embeddings", kind == "gemma2"),
         "qkv_bias": kind == "qwen2" or hf.flag("attention_bias", False),
         "linear_bias": False,
+        "max_position_embeddings": hf.integer("max_position_embeddings", 0, minimum=0),
     }
     if hf.has("head_dim"):
         out["head_dim"] = hf.integer("head_dim")

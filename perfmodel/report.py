@@ -36,7 +36,7 @@ def _rows(e: Estimate) -> list[tuple[str, str]]:
         ("end to end", fmt_time(e.e2e_s)),
         ("throughput", f"{fmt_rate(e.throughput_tokens_per_s, 'tok/s')} overall, "
                        f"{fmt_rate(e.decode_tokens_per_s, 'tok/s')} in decode"),
-    ]
+    ] + [("warning", w) for w in e.warnings]
 
 
 def table(e: Estimate) -> str:
@@ -72,6 +72,14 @@ def breakdown(e: Estimate) -> str:
                      for row in cells)
 
 
+def breakdown_markdown(e: Estimate) -> str:
+    """The breakdown as a markdown table."""
+    rows = [_breakdown_cells(e, o) for o in e.prefill.ops + e.decode.ops]
+    head = "| " + " | ".join(_BREAKDOWN_COLS) + " |"
+    rule = "|" + "---|" * len(_BREAKDOWN_COLS)
+    return "\n".join([head, rule] + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def to_json(e: Estimate, with_ops: bool = False) -> str:
     out = e.to_dict()
     if with_ops:
@@ -82,7 +90,10 @@ def to_json(e: Estimate, with_ops: bool = False) -> str:
 def flat_record(e: Estimate) -> dict:
     """One flat row (scalars only) for CSV and sweeps."""
     d = e.to_dict()
-    row = {k: v for k, v in d.items() if not isinstance(v, dict)}
+    row = {k: v for k, v in d.items() if not isinstance(v, (dict, list))}
+    row["warnings"] = "; ".join(d["warnings"])
+    row["kv_cache_bytes_per_sequence"] = e.memory.kv_cache_bytes_per_sequence
+    row["usable_bytes"] = e.memory.usable_bytes
     row.update({f"workload_{k}": v for k, v in d["workload"].items()})
     for phase in ("prefill", "decode"):
         row.update({f"{phase}_{k}": v for k, v in d[phase].items() if not isinstance(v, dict)})

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from perfmodel import report
-from perfmodel.estimate import EXACT_STEPS, Estimate
+from perfmodel.estimate import DECODE_SAMPLES, Estimate
 from perfmodel.plots import decode_context
 from perfmodel.specs import DTYPE_BYTES, compute_dtype
 from perfmodel.units import fmt_bytes, fmt_rate, fmt_time
@@ -150,7 +150,7 @@ def definitions(decode_samples: int | None) -> list[str]:
         "**Throughput** in decode = batch / TPOT; overall = batch x G / (TTFT + decode time).",
         "Decode integration: the step that emits token i + 1 runs at context S + i, so decode "
         f"reads contexts S+1 ... S+G-1. The estimate table sums them exactly up to "
-        f"{EXACT_STEPS} steps and uses the trapezoid rule on {EXACT_STEPS + 1} evenly spaced "
+        f"{DECODE_SAMPLES} steps and uses the trapezoid rule on {DECODE_SAMPLES} evenly spaced "
         f"contexts beyond; {sampled}.",
         "Roofline points: one operator (all layers) of ONE step; prefill is the step over the "
         "whole prompt, decode one step at context prompt + gen/2. x = FLOPs / bytes moved to "

@@ -145,7 +145,7 @@ class Model:
     norms_per_layer: int = 2
     tie_embeddings: bool = False
     position: str = "rope"
-    max_position_embeddings: int = 0
+    max_position_embeddings: int = 0       # context limit (0: unknown); learned-table rows
     qkv_bias: bool = False
     linear_bias: bool = False
     parallel_block: bool = False

@@ -6,8 +6,8 @@ A point is exactly what ``perfmodel estimate`` predicts for the same flags (``ba
 sequences, a prompt of ``prompt_len`` tokens, ``gen_len`` generated tokens), with one
 difference, for speed: the decode phase is integrated over ``decode_samples`` evenly spaced
 contexts between the first (S+1) and last (S+G-1) decode step, trapezoid rule, instead of
-the core's 65. Each extra context re-evaluates only the attention ops (the others are cached
-as in the core); measured on a 2-core machine, ``estimate()`` costs ~8.5 ms a point and the
+the core's 65 (``estimate(..., decode_samples=)``). Each extra context re-evaluates
+only the attention ops (the others are cached); measured on a 2-core machine, ``estimate()`` costs ~8.5 ms a point and the
 sampled form ~1.8 ms (benchmarks/bench_figures.py: 1,000 points ~2 s). With at most
 ``decode_samples`` decode steps the sum is exact; beyond, the per-step time is piecewise
 linear in the context and 9 samples stay within 0.1% of ``estimate()``'s TPOT (measured
@@ -29,18 +29,9 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from perfmodel.estimate import (
-    Estimate,
-    Phase,
-    _summarize,  # see module docstring: a public decode_phase(samples=) would replace this
-    decode_contexts,
-    estimate,
-    prefill_phase,
-    step_times,
-)
+from perfmodel.estimate import Estimate, Phase, estimate
 from perfmodel.memory import kv_bytes_per_sequence, kv_bytes_per_token, memory_estimate
 from perfmodel.ops import OP_CLASS
-from perfmodel.params import param_counts
 from perfmodel.report import flat_record
 from perfmodel.specs import Hardware, Model, Workload
 
@@ -48,45 +39,12 @@ DEFAULT_DECODE_SAMPLES = 9
 OP_CLASSES: tuple[str, ...] = tuple(dict.fromkeys(OP_CLASS.values()))
 
 
-def sampled_decode_contexts(wl: Workload, samples: int) -> tuple[list[int], list[float]]:
-    """Decode contexts and trapezoid weights (summing to the G - 1 steps) over ``samples``
-    evenly spaced contexts from S+1 to S+G-1; exact (one per step) when G - 1 <= samples."""
-    if samples < 2:
-        raise ValueError(f"decode_samples must be >= 2 (or None for exact), got {samples}")
-    first, steps = wl.prompt_len + 1, wl.gen_len - 1
-    if steps <= samples:
-        return decode_contexts(wl)
-    last = first + steps - 1
-    ctx = sorted({round(first + i * (last - first) / (samples - 1)) for i in range(samples)})
-    w = [0.0] * len(ctx)
-    for i in range(len(ctx) - 1):
-        gap = ctx[i + 1] - ctx[i]
-        w[i] += gap / 2.0
-        w[i + 1] += gap / 2.0
-    scale = steps / sum(w)
-    return ctx, [x * scale for x in w]
-
-
-def sampled_decode_phase(model: Model, hw: Hardware, wl: Workload, samples: int) -> Phase:
-    """The decode Phase of ``estimate`` with ``samples`` contexts instead of 65."""
-    contexts, weights = sampled_decode_contexts(wl, samples)
-    timing = "kernel" if wl.cuda_graphs else "stream"
-    cache: dict = {}     # ops other than attention are the same at every context
-    per_ctx = [step_times(model, hw, wl, 1, c, timing, cache=cache) for c in contexts]
-    step = [sum(t.time_s for t in s) for s in per_ctx]
-    return _summarize("decode", per_ctx, weights, wl.gen_len - 1, step[0], step[-1])
-
-
 def point_estimate(model: Model, hw: Hardware, wl: Workload,
                    decode_samples: int | None = DEFAULT_DECODE_SAMPLES) -> Estimate:
-    """One sweep point as an Estimate (decode sampled; ``None``: the core ``estimate``)."""
+    """One sweep point as an Estimate (decode sampled; ``None``: the core default)."""
     if decode_samples is None:
         return estimate(hw, model, wl)
-    counts = param_counts(model)
-    return Estimate(hardware=hw, model=model, workload=wl, params_total=counts.total,
-                    params_active=counts.active(model), memory=memory_estimate(model, hw, wl),
-                    prefill=prefill_phase(model, hw, wl),
-                    decode=sampled_decode_phase(model, hw, wl, decode_samples))
+    return estimate(hw, model, wl, decode_samples=decode_samples)
 
 
 def class_times(phase: Phase) -> dict[str, float]:

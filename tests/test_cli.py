@@ -133,3 +133,16 @@ def test_console_script_error_is_one_line(args):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:")
+
+
+def test_markdown_breakdown_is_a_table():
+    import perfmodel as pm
+    from perfmodel import report
+
+    est = pm.estimate(pm.hardware("h100-sxm"), pm.model("llama-2-7b"))
+    lines = report.breakdown_markdown(est).splitlines()
+    assert lines[0].startswith("| phase | name")
+    assert len(lines) == 2 + len(est.prefill.ops) + len(est.decode.ops)
+    row = report.flat_record(est)
+    assert row["kv_cache_bytes_per_sequence"] == est.memory.kv_cache_bytes_per_sequence
+    assert row["warnings"] == ""

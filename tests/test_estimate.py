@@ -135,3 +135,24 @@ def test_operators_dataframe():
     df = est.operators()
     assert set(df.phase) == {"prefill", "decode"}
     assert df.loc[df.phase == "decode", "time_s"].sum() == pytest.approx(est.decode.time_s)
+
+
+def test_warnings_for_context_limit_and_fit(h100):
+    est = pm.estimate(h100, pm.model("llama-2-7b"), Workload(prompt_len=4000, gen_len=200))
+    assert any("exceeds llama-2-7b's context limit" in w for w in est.warnings)
+    ok = pm.estimate(h100, pm.model("llama-2-7b"), Workload(prompt_len=2000, gen_len=200))
+    assert ok.warnings == []
+    big = pm.estimate(h100, pm.model("llama-3.1-405b"), Workload())
+    assert any(w.startswith("does not fit") for w in big.warnings)
+    assert big.to_dict()["warnings"] == big.warnings
+
+
+def test_fewer_decode_samples_is_close_and_exact_when_few_steps(h100):
+    model = pm.model("llama-3-8b")
+    wl = Workload(batch=32, prompt_len=2000, gen_len=2000)
+    full = pm.estimate(h100, model, wl)
+    quick = pm.estimate(h100, model, wl, decode_samples=9)
+    assert quick.tpot_s == pytest.approx(full.tpot_s, rel=1e-3)
+    short = Workload(gen_len=8)
+    assert pm.estimate(h100, model, short, decode_samples=9).tpot_s == \
+        pm.estimate(h100, model, short).tpot_s

@@ -107,7 +107,7 @@ def test_missing_file(tmp_path):
 LLAMA_HF = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
             "vocab_size": 100, "hidden_act": "silu", "tie_word_embeddings": False,
-            "rope_theta": 10000.0, "torch_dtype": "bfloat16"}
+            "rope_theta": 10000.0, "torch_dtype": "bfloat16", "max_position_embeddings": 512}
 
 HF_CONFIGS = {
     "llama": LLAMA_HF,
@@ -136,6 +136,7 @@ def test_hf_config_families(tmp_path, family):
     path.write_text(json.dumps(HF_CONFIGS[family]))
     model = pm.model(str(path))
     assert model.name == f"tiny-{family}" and model.n_layers == 2 and model.d_model == 64
+    assert model.max_position_embeddings == HF_CONFIGS[family].get("max_position_embeddings", 0)
     if family == "mistral":
         assert model.sliding_window == 32 and model.layer_kinds() == ["local", "local"]
     if family == "qwen2":

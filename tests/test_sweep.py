@@ -15,7 +15,6 @@ from perfmodel.sweep import (
     max_batch_table,
     point_estimate,
     powers_of_two,
-    sampled_decode_contexts,
     series,
     sweep,
     time_split_table,
@@ -27,7 +26,7 @@ LLAMA = pm.model("llama-2-13b")
 @pytest.mark.parametrize("prompt,gen", [(512, 128), (100, 5), (3000, 3000), (64, 2)])
 def test_sampled_contexts_cover_the_decode_steps(prompt, gen):
     wl = pm.Workload(prompt_len=prompt, gen_len=gen)
-    ctx, w = sampled_decode_contexts(wl, 9)
+    ctx, w = decode_contexts(wl, 9)
     assert sum(w) == pytest.approx(gen - 1)
     assert ctx[0] == prompt + 1 and ctx[-1] == prompt + gen - 1
     assert ctx == sorted(set(ctx)) and len(ctx) <= max(9, gen - 1)
@@ -37,7 +36,7 @@ def test_sampled_contexts_cover_the_decode_steps(prompt, gen):
 
 def test_sampled_contexts_reject_one_sample():
     with pytest.raises(ValueError):
-        sampled_decode_contexts(pm.Workload(), 1)
+        decode_contexts(pm.Workload(), 1)
 
 
 @pytest.mark.parametrize("model,hw,wl", [
