@@ -7,8 +7,9 @@ sequences, a prompt of ``prompt_len`` tokens, ``gen_len`` generated tokens), wit
 difference, for speed: the decode phase is integrated over ``decode_samples`` evenly spaced
 contexts between the first (S+1) and last (S+G-1) decode step, trapezoid rule, instead of
 the core's 65 (``estimate(..., decode_samples=)``). Each extra context re-evaluates
-only the attention ops (the others are cached); measured on a 2-core machine, ``estimate()`` costs ~8.5 ms a point and the
-sampled form ~1.8 ms (benchmarks/bench_figures.py: 1,000 points ~2 s). With at most
+only the attention ops (the others are cached); measured on a 2-core machine,
+``estimate()`` costs ~8.5 ms a point and the sampled form ~1.8 ms
+(benchmarks/bench_figures.py: 1,000 points ~2 s). With at most
 ``decode_samples`` decode steps the sum is exact; beyond, the per-step time is piecewise
 linear in the context and 9 samples stay within 0.1% of ``estimate()``'s TPOT (measured
 over dense, sliding-window, hybrid and MLA/MoE models, batch 1-256, contexts 128-11k;
