@@ -70,14 +70,14 @@ def calibrate(
     from perfmodel.specs import SpecError
     from validate import calibrate as cal
     from validate.device import open_device, provenance
-    from validate.records import KERNEL_COLUMNS, KERNEL_KEY, MeasurementLog
+    from validate.records import KERNEL_COLUMNS, KERNEL_KEY, MeasurementLog, contended
     from validate.runner import run_kernels
     from validate.suites import calibration_rows
 
     label = name or out.stem
     csv_path = measurements or out.with_suffix(".calibration.csv")
     command = (f"perfmodel calibrate --device {device.value} --out {out} --suite {suite.value}"
-               + (f" --threads {threads}" if threads else ""))
+               + (f" --name {name}" if name else "") + (f" --threads {threads}" if threads else ""))
     try:
         dev = open_device(device.value, threads)
         wanted = calibration_rows(dev.kind, suite.value)
@@ -85,7 +85,7 @@ def calibrate(
         start = time.perf_counter()
         run_kernels(list(wanted), dev, log, label, progress, f"calibrate ({suite.value})")
         keys = {shape_key(r) for r in wanted}
-        rows = [r for r in log.latest() if shape_key(r) in keys
+        rows = [r for r in log.latest() if shape_key(r) in keys and not contended(r)
                 and str(r.get("threads")) == str(dev.threads)]
         base = cal.base_hardware(rows, dev, label)
         result = cal.fit_rows(rows, base)
@@ -151,8 +151,8 @@ def validate(
     except (SpecError, RuntimeError, ValueError) as exc:
         _fail(str(exc))
     typer.echo(f"measured for {wall:.0f} s; wrote {path}")
-    typer.echo(path.read_text().split("### By operator class")[0].split("## Held-out")[1]
-               .strip())
+    held = path.read_text().split("## Held-out", 1)[1].split("### By operator class")[0]
+    typer.echo("Held-out" + held.rstrip())
 
 
 def _print_summary(df) -> None:

@@ -65,7 +65,8 @@ def step_predictions(rows: list[dict], hw: Hardware,
 
 
 def markdown_table(df, percent: tuple[str, ...] = ()) -> str:
-    """A DataFrame as a GitHub markdown table; ``percent`` columns as signed percentages."""
+    """A DataFrame as a GitHub markdown table; ``percent`` columns as percentages (signed
+    for the signed errors)."""
     head = "| " + " | ".join(map(str, df.columns)) + " |"
     rule = "|" + "|".join("---" for _ in df.columns) + "|"
     lines = [head, rule]
@@ -74,8 +75,9 @@ def markdown_table(df, percent: tuple[str, ...] = ()) -> str:
         for c in df.columns:
             v = r[c]
             if c in percent:
-                cells.append(f"{100 * v:+.1f}%" if isinstance(v, float) and math.isfinite(v)
-                             else "")
+                sign = "+" if c in SIGNED else ""
+                cells.append(f"{100 * v:{sign}.1f}%" if isinstance(v, float)
+                             and math.isfinite(v) else "")
             elif isinstance(v, float):
                 cells.append(f"{v:.4g}")
             else:
@@ -85,6 +87,7 @@ def markdown_table(df, percent: tuple[str, ...] = ()) -> str:
 
 
 PCT = ("median_abs_error", "p90_abs_error", "median_error", "error")
+SIGNED = ("median_error", "error")
 
 
 def target_lines(df) -> list[str]:
