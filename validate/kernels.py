@@ -12,7 +12,6 @@ Layouts (comments give shapes): activations [rows, features]; linear weights [n,
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -179,7 +178,3 @@ def build(op: Op, dev: DeviceInfo, seed: int = 0, n_sets: int | None = None) -> 
 
     return Kernel(call, count, set_bytes)
 
-
-def flops_rate(op: Op, seconds: float) -> float:
-    """Attained FLOP/s of one instance of ``op`` taking ``seconds``."""
-    return op.flops / seconds if seconds > 0 else math.nan

@@ -32,11 +32,6 @@ class Timing:
     repeats: int
     inner: int
 
-    @property
-    def rel_spread(self) -> float:
-        """Standard deviation over median: how repeatable the number is."""
-        return self.std_s / self.median_s if self.median_s > 0 else math.nan
-
 
 def stats(samples: Sequence[float], inner: int = 1) -> Timing:
     """Median, sample standard deviation (0 for one sample), min and max of ``samples``."""
