@@ -119,8 +119,13 @@ def step_times(model: Model, hw: Hardware, wl: Workload, new_tokens: int, contex
     return out
 
 
+def launch_timing(hw: Hardware) -> str:
+    """How host launches count on this device: overlapped (GPU) or added (CPU, sync)."""
+    return "host" if hw.efficiency.launch_mode == "sync" else "stream"
+
+
 def prefill_phase(model: Model, hw: Hardware, wl: Workload) -> Phase:
-    times = step_times(model, hw, wl, wl.prompt_len, wl.prompt_len)
+    times = step_times(model, hw, wl, wl.prompt_len, wl.prompt_len, launch_timing(hw))
     total = sum(t.time_s for t in times)
     return _summarize("prefill", [times], [1.0], 1, total, total)
 
@@ -150,7 +155,7 @@ def decode_phase(model: Model, hw: Hardware, wl: Workload,
                  samples: int = DECODE_SAMPLES) -> Phase:
     """The G - 1 decode steps, summed (see the module docstring and decode_contexts)."""
     contexts, weights = decode_contexts(wl, samples)
-    timing = "kernel" if wl.cuda_graphs else "stream"
+    timing = "kernel" if wl.cuda_graphs else launch_timing(hw)
     cache: dict = {}
     samples = [step_times(model, hw, wl, 1, c, timing, cache=cache) for c in contexts]
     step = [sum(t.time_s for t in s) for s in samples]

@@ -207,8 +207,25 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         attention_fraction=(f.quantity("attention_fraction", "number", maximum=1.0)
                             if f.has("attention_fraction") else f.raw("attention_fraction", None)),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
+        kernel_memory_fraction=_kernel_fractions(f.sub("kernel_memory_fraction", required=False)),
+        launch_mode=f.text("launch_mode", "async", ("async", "sync")),
     )
     _sources(f, "efficiency", sources)
+    f.finish()
+    return out
+
+
+def _kernel_fractions(f: Fields | None) -> dict[str, float]:
+    if f is None:
+        return {}
+    from perfmodel.ops import OP_CLASS
+
+    out = {}
+    for kind in list(f.data):
+        if kind not in OP_CLASS or kind in ("gemm", "attention", "all_reduce"):
+            raise f.error(kind, "expected a memory-bound kernel kind: " + ", ".join(
+                k for k in OP_CLASS if k not in ("gemm", "attention", "all_reduce")))
+        out[kind] = f.quantity(kind, "number", maximum=1.0)
     f.finish()
     return out
 

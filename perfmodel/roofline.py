@@ -84,12 +84,16 @@ def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -
 
 def attention_efficiency(op: Op, hw: Hardware) -> float:
     """FlashAttention compute efficiency: the attention fraction x waves of query-block tiles
-    (128 queries x one head x one sequence) over the compute units x query padding."""
+    over the compute units x query padding. A tile holds 128 query rows of one KV head of one
+    sequence; the query heads sharing a KV head are packed into those rows (FlashAttention's
+    GQA packing, which decode relies on), so rows = q_len x n_heads / n_kv_heads."""
     s = op.shape
-    blocks = s["batch"] * s["n_heads"] * math.ceil(s["q_len"] / 128)
+    group = s["n_heads"] // s["n_kv_heads"]
+    rows = s["q_len"] * group
+    blocks = s["batch"] * s["n_kv_heads"] * math.ceil(rows / 128)
     units = hw.compute_units
     wave = blocks / (math.ceil(blocks / units) * units)
-    pad_q, _ = _pad(s["q_len"], 128)
+    pad_q, _ = _pad(rows, 128)
     return hw.efficiency.attention * wave * pad_q
 
 
@@ -104,11 +108,11 @@ def extra_kernels(op: Op, hw: Hardware) -> int:
     return 0
 
 
-def memory_efficiency(nbytes: float, hw: Hardware) -> float:
-    """Achievable fraction of peak bandwidth for a kernel moving ``nbytes``."""
+def memory_efficiency(nbytes: float, hw: Hardware, kind: str = "") -> float:
+    """Achievable fraction of peak bandwidth for a ``kind`` kernel moving ``nbytes``."""
     eff = hw.efficiency
     ramp = nbytes / (nbytes + eff.memory_half_bytes) if eff.memory_half_bytes else 1.0
-    return eff.memory_fraction * ramp
+    return eff.memory_fraction_for(kind) * ramp
 
 
 TIMINGS = ("kernel", "stream", "host")
@@ -127,7 +131,7 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     else:
         c_eff = eff.gemm_fraction
     nbytes = op.bytes.total
-    m_eff = memory_efficiency(nbytes, hw)
+    m_eff = memory_efficiency(nbytes, hw, op.kind)
     compute_s = op.flops / (hw.peak(op.dtype) * c_eff) if op.flops else 0.0
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
     device_s = max(compute_s, memory_s) + eff.kernel_latency_s * (1 + extra_kernels(op, hw))

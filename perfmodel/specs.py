@@ -57,6 +57,15 @@ class Efficiency:
     # None: 0.84 x gemm_fraction (FA2 73% vs cuBLAS 87% of A100 peak, Dao 2023)
     attention_fraction: float | None = None
     memory_half_bytes: float = 0.0      # bandwidth efficiency *= b / (b + memory_half_bytes)
+    # kernel kind -> streaming fraction replacing memory_fraction for that kind (calibrated:
+    # e.g. a two-pass norm or a scalar-load activation reaches less than a vector add)
+    kernel_memory_fraction: dict[str, float] = field(default_factory=dict)
+    # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
+    # time (CPU eager execution)
+    launch_mode: str = "async"
+
+    def memory_fraction_for(self, kind: str) -> float:
+        return self.kernel_memory_fraction.get(kind, self.memory_fraction)
 
     @property
     def attention(self) -> float:

@@ -156,3 +156,17 @@ def test_fewer_decode_samples_is_close_and_exact_when_few_steps(h100):
     short = Workload(gen_len=8)
     assert pm.estimate(h100, model, short, decode_samples=9).tpot_s == \
         pm.estimate(h100, model, short).tpot_s
+
+
+def test_sync_launch_mode_adds_dispatch_to_every_op():
+    from dataclasses import replace
+
+    from perfmodel.roofline import op_time
+
+    hw = pm.hardware("a100-80gb-sxm")
+    sync = replace(hw, efficiency=replace(hw.efficiency, launch_mode="sync"))
+    model, wl = pm.model("llama-2-7b"), Workload(prompt_len=64, gen_len=2)
+    est = pm.estimate(sync, model, wl)
+    expected = sum(op_time(o, sync, "host").time_s for o in step_ops(model, wl, 64, 64))
+    assert est.ttft_s == pytest.approx(expected)
+    assert est.ttft_s > pm.estimate(hw, model, wl).ttft_s

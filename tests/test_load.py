@@ -28,6 +28,16 @@ def test_shipped_models_load(name):
     assert model.name == name and model.source
 
 
+def test_kernel_fractions_and_launch_mode_load(tmp_path):
+    text = HW_YAML.replace("  kernel_latency_s:", "  kernel_memory_fraction:\n    rms_norm: 0.4\n"
+                           "  launch_mode: sync\n  kernel_latency_s:")
+    hw = load_hardware(_write(tmp_path, text))
+    assert hw.efficiency.kernel_memory_fraction == {"rms_norm": 0.4}
+    assert hw.efficiency.memory_fraction_for("rms_norm") == 0.4
+    assert hw.efficiency.memory_fraction_for("add") == hw.efficiency.memory_fraction
+    assert hw.efficiency.launch_mode == "sync"
+
+
 def test_units():
     assert units.parse_quantity("32 GiB", "bytes") == 32 * 2**30
     assert units.parse_quantity("3.35 TB/s", "bytes_per_s") == 3.35e12
@@ -57,6 +67,10 @@ BAD_HARDWARE = [
     (HW_YAML.replace("compute_units: 132", "compute_units: 13.2"), "compute.compute_units"),
     (HW_YAML.replace("gemm_fraction: 0.80", "gemm_fraction: 80"), "at most 1"),
     (HW_YAML.replace("version: 1", "version: 7"), "version"),
+    (HW_YAML.replace("  kernel_latency_s:", "  kernel_memory_fraction: {gemm: 0.5}\n"
+                     "  kernel_latency_s:"), "kernel_memory_fraction.gemm: expected a memory"),
+    (HW_YAML.replace("  kernel_latency_s:", "  launch_mode: eager\n  kernel_latency_s:"),
+     "efficiency.launch_mode: expected one of async, sync"),
     ("- just\n- a list\n", "mapping"),
 ]
 

@@ -78,3 +78,26 @@ def test_ridge_point(a100):
     assert a100.ridge_point("bf16") == pytest.approx(312e12 / 2.039e12)
     # no fp8 path on Ampere: fp8 runs at the next wider supported rate (bf16), not int8
     assert math.isclose(a100.peak("fp8"), 312e12)
+
+
+def test_kernel_memory_fraction_applies_to_its_kind_only(a100):
+    from dataclasses import replace
+
+    slow_norm = replace(a100, efficiency=replace(
+        a100.efficiency, kernel_memory_fraction={"rms_norm": 0.4}))
+    norm = ops.elementwise("n", "rms_norm", 4096, 4096, act_bytes=2, dtype="bf16")
+    add = ops.elementwise("a", "add", 4096, 4096, act_bytes=2, dtype="bf16")
+    nb = norm.bytes.total
+    assert op_time(norm, slow_norm, "kernel").time_s == \
+        pytest.approx(nb / (2.039e12 * 0.4) + LAT)
+    assert op_time(add, slow_norm, "kernel").time_s == op_time(add, a100, "kernel").time_s
+
+
+def test_decode_attention_packs_the_gqa_group_into_query_rows(a100):
+    # 32 query heads over 8 KV heads: one new token gives 4 query rows per KV head, padded
+    # to a 16-row tile; 64 sequences x 8 KV heads = 512 tiles = 5 waves of 108 (512/540)
+    op = ops.attention("a", batch=64, q_len=1, kv_len=2048, n_heads=32, n_kv_heads=8,
+                       qk_dim=128, v_dim=128, act_bytes=2, kv_bytes=2, dtype="bf16")
+    t = op_time(op, a100, "kernel")
+    assert t.compute_efficiency == pytest.approx(0.73 * 4 / 16 * 512 / 540)
+    assert t.bound == "memory"

@@ -50,3 +50,19 @@ def test_stratified_subsample_is_deterministic(a100):
 def test_rejects_unknown_parameters(a100):
     with pytest.raises(ValueError, match="cannot fit warp_speed"):
         fit_efficiency(synthetic(a100), a100, params=["warp_speed"])
+
+
+def test_recovers_a_per_kind_streaming_fraction(a100):
+    # truth differs from the base only in the two fractions being fitted
+    truth = replace(a100, efficiency=replace(a100.efficiency, memory_fraction=0.8,
+                                             kernel_memory_fraction={"rms_norm": 0.4}))
+    shapes = [ops.elementwise(kind, kind, rows, 4096, act_bytes=2, dtype="fp16")
+              for rows in (256, 1024, 4096, 16384) for kind in ("add", "rms_norm")]
+    samples = [Sample(op, op_time(op, truth).time_s, "kernel") for op in shapes]
+    names = ["memory_fraction.add", "memory_fraction.rms_norm"]
+    assert set(names) <= set(free_parameters(samples))
+    result = fit_efficiency(samples, a100, params=names)
+    assert result.fitted["memory_fraction.rms_norm"] == pytest.approx(0.4, rel=0.02)
+    assert result.fitted["memory_fraction.add"] == pytest.approx(0.8, rel=0.02)
+    assert result.hardware.efficiency.kernel_memory_fraction["rms_norm"] == \
+        pytest.approx(0.4, rel=0.02)

@@ -78,7 +78,9 @@ def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
         interconnect=Interconnect(link_bytes_per_s=bandwidth, latency_s=0.0, topology="none",
                                   max_devices=1),
         efficiency=Efficiency(gemm_fraction=1.0, memory_fraction=1.0, kernel_latency_s=0.0,
-                              launch_overhead_s=launch_seconds(rows)),
+                              launch_overhead_s=launch_seconds(rows),
+                              # a CPU runs each op to completion: dispatch adds, never overlaps
+                              launch_mode="sync" if dev.kind == "cpu" else "async"),
         vendor="nvidia" if dev.kind == "cuda" else "other",
         description=f"{dev.name}{threads} (measured by perfmodel calibrate)")
 

@@ -53,8 +53,26 @@ class FitResult:
     median_abs_error: float          # on those rows, after fitting
 
 
+KIND_PREFIX = "memory_fraction."   # memory_fraction.<kind>: Efficiency.kernel_memory_fraction
+PER_KIND = ("gemm", "attention", "all_reduce")   # kinds that keep the shared fraction
+
+
 def _field_names() -> set[str]:
     return {f.name for f in fields(Efficiency)}
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    return BOUNDS["memory_fraction"] if name.startswith(KIND_PREFIX) else BOUNDS[name]
+
+
+def _known(name: str) -> bool:
+    return name.startswith(KIND_PREFIX) or (name in BOUNDS and name in _field_names())
+
+
+def _value(hw: Hardware, name: str) -> float | None:
+    if name.startswith(KIND_PREFIX):
+        return hw.efficiency.memory_fraction_for(name[len(KIND_PREFIX):])
+    return getattr(hw.efficiency, name)
 
 
 def free_parameters(samples: Sequence[Sample]) -> list[str]:
@@ -69,7 +87,10 @@ def free_parameters(samples: Sequence[Sample]) -> list[str]:
                    else "gemm_fraction")
     if "stream" in timings:
         out.append("launch_overhead_s")
-    return [p for p in dict.fromkeys(out) if p in _field_names()]
+    # each memory-bound kernel kind gets its own streaming fraction (a two-pass norm and a
+    # vectorised add differ by 2-3x on the same device)
+    out += [KIND_PREFIX + k for k in sorted(kinds) if k not in PER_KIND]
+    return [p for p in dict.fromkeys(out) if _known(p)]
 
 
 def stratified(samples: Sequence[Sample], max_rows: int, seed: int = 0) -> list[Sample]:
@@ -102,12 +123,16 @@ def log_errors(samples: Sequence[Sample], hw: Hardware) -> np.ndarray:
 
 
 def _with(hw: Hardware, values: dict[str, float]) -> Hardware:
-    return replace(hw, efficiency=replace(hw.efficiency, **values))
+    plain = {k: v for k, v in values.items() if not k.startswith(KIND_PREFIX)}
+    kinds = {k[len(KIND_PREFIX):]: v for k, v in values.items() if k.startswith(KIND_PREFIX)}
+    if kinds:
+        plain["kernel_memory_fraction"] = hw.efficiency.kernel_memory_fraction | kinds
+    return replace(hw, efficiency=replace(hw.efficiency, **plain))
 
 
 def _start(hw: Hardware, name: str) -> float:
-    lo, hi = BOUNDS[name]
-    value = getattr(hw.efficiency, name)
+    lo, hi = _bounds(name)
+    value = _value(hw, name)
     if value is None and name == "attention_fraction":
         value = hw.efficiency.gemm_fraction
     return math.log(min(max(value or lo, lo), hi))
@@ -124,8 +149,8 @@ def _fit_continuous(samples: Sequence[Sample], hw: Hardware, names: list[str],
         return w * log_errors(samples, trial)
 
     x0 = np.array([_start(hw, n) for n in names])
-    lo = np.log([BOUNDS[n][0] for n in names])
-    hi = np.log([BOUNDS[n][1] for n in names])
+    lo = np.log([_bounds(n)[0] for n in names])
+    hi = np.log([_bounds(n)[1] for n in names])
     sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
                         diff_step=1e-3, max_nfev=max_nfev, x_scale=1.0)
     values = {n: float(math.exp(v)) for n, v in zip(names, sol.x, strict=True)}
@@ -147,7 +172,7 @@ def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,
     if not rows:
         raise ValueError("no samples with a positive measured time to fit")
     names = list(params) if params is not None else free_parameters(rows)
-    unknown = [n for n in names if n not in BOUNDS or n not in _field_names()]
+    unknown = [n for n in names if not _known(n)]
     if unknown:
         raise ValueError(f"cannot fit {', '.join(unknown)}: expected some of "
                          f"{', '.join(sorted(set(BOUNDS) & _field_names()))}")
@@ -162,7 +187,7 @@ def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,
         tiles = {"gemm_tile_m": best[0], "gemm_tile_n": best[1]}
         base = _with(hw, tiles)
     fitted_hw, _ = _fit_continuous(used, base, names, max_nfev) if names else (base, 0.0)
-    fitted = {n: getattr(fitted_hw.efficiency, n) for n in names} | tiles
+    fitted = {n: _value(fitted_hw, n) for n in names} | tiles
     fixed = tuple(sorted((set(BOUNDS) & _field_names()) - set(names)))
     err = float(np.median(np.abs(np.expm1(log_errors(used, fitted_hw)))))
     return FitResult(fitted_hw, fitted, fixed, len(used), err)

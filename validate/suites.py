@@ -25,6 +25,16 @@ SMALL_LLAMA = Model(name="small-llama", n_layers=2, d_model=1024, n_heads=16, n_
                     head_dim=64, vocab_size=16384, intermediate_size=2816, family="llama",
                     source="validate.tinymodel: random weights, built locally")
 MODELS = {m.name: m for m in (TINY_LLAMA, SMALL_LLAMA)}
+# calibration-only shapes: widths that neither validation model uses, so fitting the
+# per-kernel-kind streaming fractions and the attention fraction never sees a held-out shape
+CALIB_CPU = Model(name="calib-cpu", n_layers=1, d_model=768, n_heads=12, n_kv_heads=4,
+                  head_dim=64, vocab_size=12288, intermediate_size=2048, family="llama",
+                  source="calibration shapes only")
+CALIB_CUDA = Model(name="calib-cuda", n_layers=1, d_model=4096, n_heads=32, n_kv_heads=8,
+                   head_dim=128, vocab_size=32000, intermediate_size=11008, family="llama",
+                   source="calibration shapes only")
+_CALIB_STEPS = {"cpu": [(1, 192, 192), (2, 1, 640), (1, 1, 96)],
+                "cuda": [(1, 1024, 1024), (16, 1, 2048), (64, 1, 512), (1, 1, 256)]}
 OUTSIDE_LAYERS = ("embed", "pos_embed_add", "final_norm", "lm_head")
 LAUNCH_ROW = {"op": "add", "dtype": "fp32", "m": 1, "n": 1, "name": "launch"}
 
@@ -129,7 +139,8 @@ def _gemm(m: int, n: int, k: int, dtype: str, name: str) -> dict:
 def calibration_rows(device: str, name: str = "quick") -> tuple[dict, ...]:
     """Sweeps for ``perfmodel calibrate``: streaming adds over sizes (bandwidth and its
     ramp), square GEMMs per dtype (peak rate), skinny and shallow GEMMs (tiles, k ramp,
-    weight streaming), and a one-element add back to back (launch overhead)."""
+    weight streaming), the non-GEMM kernels of a calibration-only model shape (per-kind
+    streaming fractions, attention), and a one-element add back to back (launch overhead)."""
     if name not in SUITES:
         raise ValueError(f"--suite: expected one of {', '.join(SUITES)}, got {name!r}")
     full = name == "full"
@@ -153,5 +164,9 @@ def calibration_rows(device: str, name: str = "quick") -> tuple[dict, ...]:
     rows += [_gemm(depth, depth, k, dtypes[0], "shallow") for k in (32, 96, 160, 4 * depth)]
     rows += [{"op": "add", "dtype": dtypes[0], "m": m, "n": width, "name": "stream"}
              for m in add_rows]
+    # every other kernel kind (norms, activations, rotary, cache writes, gathers, attention)
+    calib = CALIB_CUDA if device == "cuda" else CALIB_CPU
+    rows += [r for r in kernel_rows(calib, _CALIB_STEPS["cuda" if device == "cuda" else "cpu"],
+                                    dtypes[0]) if r["op"] != "gemm"]
     rows.append(LAUNCH_ROW | {"dtype": dtypes[0]})
     return _dedupe(rows)
