@@ -7,6 +7,7 @@ stopped. Rows carry the shared schema plus ``timing`` (how launch overhead is in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -89,6 +90,18 @@ def measure_step(step: Step, dev: DeviceInfo, label: str, seed: int = 0,
     return step.row() | _stamp(dev, label, t, busy)
 
 
+def measure_quietly(measure: Callable[..., dict], item: object, dev: DeviceInfo, label: str,
+                    seed: int) -> dict:
+    """``measure(item, dev, label, seed=...)``, repeated up to RETRIES times while other
+    processes were busy during the measurement."""
+    result = measure(item, dev, label, seed=seed)
+    for _ in range(RETRIES):
+        if not contended(result):
+            break
+        result = measure(item, dev, label, seed=seed)
+    return result
+
+
 def run_kernels(rows: list[dict], dev: DeviceInfo, log: MeasurementLog, label: str,
                 progress: bool = True, desc: str = "kernels") -> int:
     """Measure every row not yet in ``log`` (appending each at once); how many were run."""
@@ -97,12 +110,7 @@ def run_kernels(rows: list[dict], dev: DeviceInfo, log: MeasurementLog, label: s
     todo = [r for r in rows if not log.has(r | {"threads": dev.threads})]
     with torch.inference_mode():
         for i, row in enumerate(tqdm(todo, disable=not progress, unit="config", desc=desc)):
-            result = measure_kernel(row, dev, label, seed=i)
-            for _ in range(RETRIES):
-                if not contended(result):
-                    break
-                result = measure_kernel(row, dev, label, seed=i)
-            log.append(result)
+            log.append(measure_quietly(measure_kernel, row, dev, label, i))
     return len(todo)
 
 
@@ -122,10 +130,5 @@ def run_suite(suite: Suite, dev: DeviceInfo, out: Path, label: str,
     todo = [s for s in suite.steps if not step_log.has(s.row() | {"threads": dev.threads})]
     for i, step in enumerate(tqdm(todo, disable=not progress, unit="step",
                                   desc=f"{suite.name} suite: layers and steps")):
-        result = measure_step(step, dev, label, seed=i)
-        for _ in range(RETRIES):
-            if not contended(result):
-                break
-            result = measure_step(step, dev, label, seed=i)
-        step_log.append(result)
+        step_log.append(measure_quietly(measure_step, step, dev, label, i))
     return kernel_log, step_log

@@ -17,22 +17,24 @@ from perfmodel.specs import Model, Workload
 from perfmodel.transformer import step_ops
 
 SUITES = ("quick", "full")
+
+
+def _llama(name: str, layers: int, d: int, heads: int, kv: int, head_dim: int, mlp: int,
+           vocab: int, source: str) -> Model:
+    return Model(name=name, n_layers=layers, d_model=d, n_heads=heads, n_kv_heads=kv,
+                 head_dim=head_dim, vocab_size=vocab, intermediate_size=mlp, family="llama",
+                 source=source)
+
+
 # the local models (validate.tinymodel builds them with random weights)
-TINY_LLAMA = Model(name="tiny-llama", n_layers=4, d_model=512, n_heads=8, n_kv_heads=2,
-                   head_dim=64, vocab_size=8192, intermediate_size=1536, family="llama",
-                   source="validate.tinymodel: random weights, built locally")
-SMALL_LLAMA = Model(name="small-llama", n_layers=2, d_model=1024, n_heads=16, n_kv_heads=4,
-                    head_dim=64, vocab_size=16384, intermediate_size=2816, family="llama",
-                    source="validate.tinymodel: random weights, built locally")
+_LOCAL = "validate.tinymodel: random weights, built locally"
+TINY_LLAMA = _llama("tiny-llama", 4, 512, 8, 2, 64, 1536, 8192, _LOCAL)
+SMALL_LLAMA = _llama("small-llama", 2, 1024, 16, 4, 64, 2816, 16384, _LOCAL)
 MODELS = {m.name: m for m in (TINY_LLAMA, SMALL_LLAMA)}
 # calibration-only shapes: widths that neither validation model uses, so fitting the
 # per-kernel-kind streaming fractions and the attention fraction never sees a held-out shape
-CALIB_CPU = Model(name="calib-cpu", n_layers=1, d_model=768, n_heads=12, n_kv_heads=4,
-                  head_dim=64, vocab_size=12288, intermediate_size=2048, family="llama",
-                  source="calibration shapes only")
-CALIB_CUDA = Model(name="calib-cuda", n_layers=1, d_model=4096, n_heads=32, n_kv_heads=8,
-                   head_dim=128, vocab_size=32000, intermediate_size=11008, family="llama",
-                   source="calibration shapes only")
+CALIB_CPU = _llama("calib-cpu", 1, 768, 12, 4, 64, 2048, 12288, "calibration shapes only")
+CALIB_CUDA = _llama("calib-cuda", 1, 4096, 32, 8, 128, 11008, 32000, "calibration shapes only")
 _CALIB_STEPS = {"cpu": [(1, 192, 192), (2, 1, 640), (1, 1, 96)],
                 "cuda": [(1, 1024, 1024), (16, 1, 2048), (64, 1, 512), (1, 1, 256)]}
 OUTSIDE_LAYERS = ("embed", "pos_embed_add", "final_norm", "lm_head")
