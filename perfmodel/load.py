@@ -207,7 +207,10 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         attention_fraction=(f.quantity("attention_fraction", "number", maximum=1.0)
                             if f.has("attention_fraction") else f.raw("attention_fraction", None)),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
-        kernel_memory_fraction=_kernel_fractions(f.sub("kernel_memory_fraction", required=False)),
+        kernel_memory_fraction=_per_kind(f.sub("kernel_memory_fraction", required=False),
+                                         "number", memory_only=True),
+        kernel_latency_by_kind=_per_kind(f.sub("kernel_latency_by_kind", required=False), "s",
+                                         memory_only=False),
         launch_mode=f.text("launch_mode", "async", ("async", "sync")),
     )
     _sources(f, "efficiency", sources)
@@ -215,17 +218,21 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
     return out
 
 
-def _kernel_fractions(f: Fields | None) -> dict[str, float]:
+def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float]:
+    """A mapping kernel kind -> value (a fraction in (0, 1], or a non-negative time)."""
     if f is None:
         return {}
     from perfmodel.ops import OP_CLASS
 
+    excluded = ("gemm", "attention", "all_reduce") if memory_only else ("all_reduce",)
+    kinds = [k for k in OP_CLASS if k not in excluded]
     out = {}
     for kind in list(f.data):
-        if kind not in OP_CLASS or kind in ("gemm", "attention", "all_reduce"):
-            raise f.error(kind, "expected a memory-bound kernel kind: " + ", ".join(
-                k for k in OP_CLASS if k not in ("gemm", "attention", "all_reduce")))
-        out[kind] = f.quantity(kind, "number", maximum=1.0)
+        if kind not in kinds:
+            what = "a memory-bound kernel kind" if memory_only else "a kernel kind"
+            raise f.error(kind, f"expected {what}: {', '.join(kinds)}")
+        out[kind] = f.quantity(kind, unit, maximum=1.0) if unit == "number" \
+            else f.quantity(kind, unit, positive=False)
     f.finish()
     return out
 

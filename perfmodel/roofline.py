@@ -134,7 +134,7 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     m_eff = memory_efficiency(nbytes, hw, op.kind)
     compute_s = op.flops / (hw.peak(op.dtype) * c_eff) if op.flops else 0.0
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
-    device_s = max(compute_s, memory_s) + eff.kernel_latency_s * (1 + extra_kernels(op, hw))
+    device_s = max(compute_s, memory_s) + eff.latency_for(op.kind) * (1 + extra_kernels(op, hw))
     if timing == "stream":
         per = max(device_s, eff.launch_overhead_s)
     elif timing == "host":

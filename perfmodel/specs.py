@@ -60,12 +60,18 @@ class Efficiency:
     # kernel kind -> streaming fraction replacing memory_fraction for that kind (calibrated:
     # e.g. a two-pass norm or a scalar-load activation reaches less than a vector add)
     kernel_memory_fraction: dict[str, float] = field(default_factory=dict)
+    # kernel kind -> fixed device time replacing kernel_latency_s for that kind (calibrated:
+    # e.g. a split-KV decode attention with its combine pass, or an op dispatched as several)
+    kernel_latency_by_kind: dict[str, float] = field(default_factory=dict)
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"
 
     def memory_fraction_for(self, kind: str) -> float:
         return self.kernel_memory_fraction.get(kind, self.memory_fraction)
+
+    def latency_for(self, kind: str) -> float:
+        return self.kernel_latency_by_kind.get(kind, self.kernel_latency_s)
 
     @property
     def attention(self) -> float:

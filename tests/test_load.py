@@ -30,12 +30,15 @@ def test_shipped_models_load(name):
 
 def test_kernel_fractions_and_launch_mode_load(tmp_path):
     text = HW_YAML.replace("  kernel_latency_s:", "  kernel_memory_fraction:\n    rms_norm: 0.4\n"
+                           "  kernel_latency_by_kind:\n    attention: 8 us\n"
                            "  launch_mode: sync\n  kernel_latency_s:")
     hw = load_hardware(_write(tmp_path, text))
     assert hw.efficiency.kernel_memory_fraction == {"rms_norm": 0.4}
     assert hw.efficiency.memory_fraction_for("rms_norm") == 0.4
     assert hw.efficiency.memory_fraction_for("add") == hw.efficiency.memory_fraction
     assert hw.efficiency.launch_mode == "sync"
+    assert hw.efficiency.latency_for("attention") == pytest.approx(8e-6)
+    assert hw.efficiency.latency_for("add") == hw.efficiency.kernel_latency_s
 
 
 def test_units():

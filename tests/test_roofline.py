@@ -101,3 +101,15 @@ def test_decode_attention_packs_the_gqa_group_into_query_rows(a100):
     t = op_time(op, a100, "kernel")
     assert t.compute_efficiency == pytest.approx(0.73 * 4 / 16 * 512 / 540)
     assert t.bound == "memory"
+
+
+def test_kernel_latency_by_kind(a100):
+    from dataclasses import replace
+
+    slow_start = replace(a100, efficiency=replace(
+        a100.efficiency, kernel_latency_by_kind={"rms_norm": 9e-6}))
+    norm = ops.elementwise("n", "rms_norm", 1, 64, act_bytes=2, dtype="bf16")
+    add = ops.elementwise("a", "add", 1, 64, act_bytes=2, dtype="bf16")
+    assert op_time(norm, slow_start, "kernel").time_s == \
+        pytest.approx(norm.bytes.total / BW + 9e-6)
+    assert op_time(add, slow_start, "kernel").time_s == op_time(add, a100, "kernel").time_s

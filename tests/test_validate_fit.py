@@ -27,6 +27,10 @@ def synthetic(hw, timing="kernel"):
 def test_recovers_known_parameters(a100):
     result = fit_efficiency(synthetic(a100), a100)
     for name, value in TRUE.items():
+        if name == "kernel_latency_s":   # fitted per kernel kind: each recovers the truth
+            for kind in ("gemm", "add", "rms_norm"):
+                assert result.fitted[f"{name}.{kind}"] == pytest.approx(value, rel=0.05), kind
+            continue
         assert result.fitted[name] == pytest.approx(value, rel=0.02), name
     assert result.median_abs_error < 1e-3
     assert "launch_overhead_s" in result.fixed      # kernel timing cannot see launches

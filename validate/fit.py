@@ -53,33 +53,45 @@ class FitResult:
     median_abs_error: float          # on those rows, after fitting
 
 
-KIND_PREFIX = "memory_fraction."   # memory_fraction.<kind>: Efficiency.kernel_memory_fraction
-PER_KIND = ("gemm", "attention", "all_reduce")   # kinds that keep the shared fraction
+# "<parameter>.<kind>" names a per-kernel-kind value: the Efficiency mapping it lives in
+PER_KIND_FIELDS = {"memory_fraction": "kernel_memory_fraction",
+                   "kernel_latency_s": "kernel_latency_by_kind"}
+SHARED_FRACTION = ("gemm", "attention", "all_reduce")   # kinds that keep memory_fraction
 
 
 def _field_names() -> set[str]:
     return {f.name for f in fields(Efficiency)}
 
 
+def _split(name: str) -> tuple[str, str | None]:
+    base, _, kind = name.partition(".")
+    return (base, kind) if kind and base in PER_KIND_FIELDS else (name, None)
+
+
 def _bounds(name: str) -> tuple[float, float]:
-    return BOUNDS["memory_fraction"] if name.startswith(KIND_PREFIX) else BOUNDS[name]
+    return BOUNDS[_split(name)[0]]
 
 
 def _known(name: str) -> bool:
-    return name.startswith(KIND_PREFIX) or (name in BOUNDS and name in _field_names())
+    _, kind = _split(name)
+    return kind is not None or (name in BOUNDS and name in _field_names())
 
 
 def _value(hw: Hardware, name: str) -> float | None:
-    if name.startswith(KIND_PREFIX):
-        return hw.efficiency.memory_fraction_for(name[len(KIND_PREFIX):])
-    return getattr(hw.efficiency, name)
+    base, kind = _split(name)
+    if kind is None:
+        return getattr(hw.efficiency, name)
+    table = getattr(hw.efficiency, PER_KIND_FIELDS[base])
+    return table.get(kind, getattr(hw.efficiency, base))
 
 
 def free_parameters(samples: Sequence[Sample]) -> list[str]:
     """The parameters these samples can determine (see module docstring)."""
     kinds = {s.op.kind for s in samples}
     timings = {s.timing for s in samples}
-    out = ["memory_fraction", "kernel_latency_s", "memory_half_bytes"]
+    # every kernel kind gets its own fixed cost (so kernel_latency_s itself is not fitted)
+    out = ["memory_fraction", "memory_half_bytes"]
+    out += [f"kernel_latency_s.{k}" for k in sorted(kinds) if k != "all_reduce"]
     if "gemm" in kinds:
         out += ["gemm_fraction", "gemm_k_half"]
     if "attention" in kinds:
@@ -89,7 +101,7 @@ def free_parameters(samples: Sequence[Sample]) -> list[str]:
         out.append("launch_overhead_s")
     # each memory-bound kernel kind gets its own streaming fraction (a two-pass norm and a
     # vectorised add differ by 2-3x on the same device)
-    out += [KIND_PREFIX + k for k in sorted(kinds) if k not in PER_KIND]
+    out += [f"memory_fraction.{k}" for k in sorted(kinds) if k not in SHARED_FRACTION]
     return [p for p in dict.fromkeys(out) if _known(p)]
 
 
@@ -123,10 +135,15 @@ def log_errors(samples: Sequence[Sample], hw: Hardware) -> np.ndarray:
 
 
 def _with(hw: Hardware, values: dict[str, float]) -> Hardware:
-    plain = {k: v for k, v in values.items() if not k.startswith(KIND_PREFIX)}
-    kinds = {k[len(KIND_PREFIX):]: v for k, v in values.items() if k.startswith(KIND_PREFIX)}
-    if kinds:
-        plain["kernel_memory_fraction"] = hw.efficiency.kernel_memory_fraction | kinds
+    plain: dict = {}
+    for name, value in values.items():
+        base, kind = _split(name)
+        if kind is None:
+            plain[name] = value
+            continue
+        field = PER_KIND_FIELDS[base]
+        table = plain.setdefault(field, dict(getattr(hw.efficiency, field)))
+        table[kind] = value
     return replace(hw, efficiency=replace(hw.efficiency, **plain))
 
 
@@ -154,7 +171,8 @@ def _fit_continuous(samples: Sequence[Sample], hw: Hardware, names: list[str],
     sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
                         diff_step=1e-3, max_nfev=max_nfev, x_scale=1.0)
     values = {n: float(math.exp(v)) for n, v in zip(names, sol.x, strict=True)}
-    values = {n: (0.0 if v < OFF_BELOW.get(n, -1.0) else v) for n, v in values.items()}
+    values = {n: (0.0 if v < OFF_BELOW.get(_split(n)[0], -1.0) else v)
+              for n, v in values.items()}
     return _with(hw, values), float(sol.cost)
 
 

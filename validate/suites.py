@@ -35,7 +35,7 @@ MODELS = {m.name: m for m in (TINY_LLAMA, SMALL_LLAMA)}
 # per-kernel-kind streaming fractions and the attention fraction never sees a held-out shape
 CALIB_CPU = _llama("calib-cpu", 1, 768, 12, 4, 64, 2048, 12288, "calibration shapes only")
 CALIB_CUDA = _llama("calib-cuda", 1, 4096, 32, 8, 128, 11008, 32000, "calibration shapes only")
-_CALIB_STEPS = {"cpu": [(1, 192, 192), (2, 1, 640), (1, 1, 96)],
+_CALIB_STEPS = {"cpu": [(1, 192, 192), (1, 1024, 1024), (2, 1, 640), (1, 1, 96)],
                 "cuda": [(1, 1024, 1024), (16, 1, 2048), (64, 1, 512), (1, 1, 256)]}
 OUTSIDE_LAYERS = ("embed", "pos_embed_add", "final_norm", "lm_head")
 LAUNCH_ROW = {"op": "add", "dtype": "fp32", "m": 1, "n": 1, "name": "launch"}
