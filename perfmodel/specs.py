@@ -213,7 +213,6 @@ class Workload:
     usable_memory_fraction: float = 0.9    # share of device memory the server may use
     kv_block_tokens: int = 16              # paged-KV block size; 1 = no paging
     cuda_graphs: bool = False              # decode launched as a graph: no per-kernel host cost
-    moe_routing_skew: float = 0.0          # 0 = uniform routing; see transformer.experts_touched
 
     def __post_init__(self) -> None:
         for name in ("batch", "prompt_len", "gen_len", "tp", "kv_block_tokens"):
@@ -226,8 +225,6 @@ class Workload:
             raise SpecError("workload: weight_group_size must be a positive integer")
         if not 0 < self.usable_memory_fraction <= 1:
             raise SpecError("workload: usable_memory_fraction must be in (0, 1]")
-        if not 0 <= self.moe_routing_skew < 1:
-            raise SpecError("workload: moe_routing_skew must be in [0, 1)")
 
     @property
     def weight_bytes_per_param(self) -> float:
