@@ -105,14 +105,20 @@ class Hardware:
     calibration: dict | None = None
 
     def peak(self, dtype: str) -> float:
-        """Dense peak FLOP/s at ``dtype``; falls back to the nearest wider supported dtype."""
+        """Dense peak FLOP/s at ``dtype``; else the other 16-bit float (fp16 <-> bf16 share a
+        datapath); else the nearest wider supported dtype (e.g. fp8 on Ampere runs as bf16)."""
         if dtype in self.peak_flops_per_s:
             return self.peak_flops_per_s[dtype]
+        twin = {"fp16": "bf16", "bf16": "fp16"}.get(dtype)
+        if twin in self.peak_flops_per_s:
+            return self.peak_flops_per_s[twin]
         wider = sorted((d for d in self.peak_flops_per_s if DTYPE_BYTES[d] > DTYPE_BYTES[dtype]),
                        key=lambda d: DTYPE_BYTES[d])
         for candidate in wider:
             return self.peak_flops_per_s[candidate]
-        raise SpecError(f"hardware {self.name}: no compute rate for dtype {dtype} or any wider")
+        raise SpecError(f"hardware {self.name}: compute.peak_flops_per_s has no rate for {dtype} "
+                        f"or any wider dtype (it lists {', '.join(self.peak_flops_per_s)}); "
+                        f"choose a narrower --weights-dtype / --act-dtype / --kv-dtype")
 
     def ridge_point(self, dtype: str = "bf16") -> float:
         """Arithmetic intensity (FLOP/byte) where the compute and memory roofs meet."""

@@ -8,7 +8,7 @@ import perfmodel as pm
 from perfmodel.estimate import step_times
 from perfmodel.load import HARDWARE_DIR, MODELS_DIR, shipped
 from perfmodel.params import param_counts
-from perfmodel.specs import Workload
+from perfmodel.specs import SpecError, Workload
 from perfmodel.transformer import experts_touched, step_ops
 
 
@@ -170,3 +170,35 @@ def test_sync_launch_mode_adds_dispatch_to_every_op():
     expected = sum(op_time(o, sync, "host").time_s for o in step_ops(model, wl, 64, 64))
     assert est.ttft_s == pytest.approx(expected)
     assert est.ttft_s > pm.estimate(hw, model, wl).ttft_s
+
+
+_MODELS = shipped(MODELS_DIR)
+_HARDWARE = shipped(HARDWARE_DIR)
+_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(_MODELS), st.sampled_from(_HARDWARE), st.integers(1, 2048),
+       st.integers(1, 200_000), st.integers(1, 5000), st.sampled_from(_DTYPES),
+       st.sampled_from(("bf16", "fp16", "fp32")), st.sampled_from(_DTYPES),
+       st.sampled_from((1, 2, 4, 8)), st.booleans())
+def test_every_configuration_gives_finite_positive_numbers(model_name, hw_name, batch, prompt,
+                                                           gen, wdt, adt, kvdt, tp, graphs):
+    import math
+
+    model = pm.model(model_name)
+    if model.n_heads % tp or (model.n_kv_heads % tp and tp % model.n_kv_heads):
+        return
+    wl = Workload(batch=batch, prompt_len=prompt, gen_len=gen, weights_dtype=wdt,
+                  act_dtype=adt, kv_dtype=kvdt, tp=tp, cuda_graphs=graphs)
+    hw = pm.hardware(hw_name)
+    try:
+        d = pm.estimate(hw, model, wl, decode_samples=5).to_dict()
+    except SpecError as exc:   # only refusal allowed: a dtype the device has no rate for
+        assert "has no rate for fp32" in str(exc) and "fp32" not in hw.peak_flops_per_s
+        assert wdt == "fp32" or adt == "fp32" or kvdt == "fp32"
+        return
+    for key in ("ttft_s", "tpot_s", "e2e_s", "throughput_tokens_per_s", "weights_bytes",
+                "kv_cache_bytes"):
+        assert math.isfinite(d[key]) and d[key] > 0, key
+    assert d["max_batch"] >= 0 and d["fits"] == (batch <= d["max_batch"])

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+import perfmodel as pm
 from perfmodel import ops
 from perfmodel.roofline import gemm_efficiency, op_time
 
@@ -78,6 +79,8 @@ def test_ridge_point(a100):
     assert a100.ridge_point("bf16") == pytest.approx(312e12 / 2.039e12)
     # no fp8 path on Ampere: fp8 runs at the next wider supported rate (bf16), not int8
     assert math.isclose(a100.peak("fp8"), 312e12)
+    tpu = pm.hardware("tpu-v5e")
+    assert tpu.peak("fp16") == tpu.peak("bf16")        # the twin 16-bit float
 
 
 def test_kernel_memory_fraction_applies_to_its_kind_only(a100):
