@@ -207,6 +207,9 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         attention_fraction=(f.quantity("attention_fraction", "number", maximum=1.0)
                             if f.has("attention_fraction") else f.raw("attention_fraction", None)),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
+        gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),
+        gemm_memory_fraction=_optional_fraction(f, "gemm_memory_fraction"),
+        gemv_memory_fraction=_optional_fraction(f, "gemv_memory_fraction"),
         kernel_memory_fraction=_per_kind(f.sub("kernel_memory_fraction", required=False),
                                          "number", memory_only=True),
         kernel_latency_by_kind=_per_kind(f.sub("kernel_latency_by_kind", required=False), "s",
@@ -216,6 +219,10 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
     _sources(f, "efficiency", sources)
     f.finish()
     return out
+
+
+def _optional_fraction(f: Fields, key: str) -> float | None:
+    return f.quantity(key, "number", maximum=1.0) if f.has(key) else f.raw(key, None)
 
 
 def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float]:

@@ -7,8 +7,9 @@
              = device_s + launch_overhead          timing="host"   (one synchronised call)
 
 ``eff_compute`` for a GEMM is the best-shape fraction times tile padding, wave quantization
-and (if calibrated) a k-depth ramp; ``eff_memory`` is the streaming fraction times (if
-calibrated) a size ramp. Collectives use the interconnect instead of memory.
+and (if calibrated) a k-depth ramp, and on a CPU BLAS a panel-packing ramp in m in place of
+row padding; ``eff_memory`` is the streaming fraction (a GEMM's or a GEMV's own when
+calibrated) times (if calibrated) a size ramp. Collectives use the interconnect instead of memory.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -
     ``compute_units``; the last partial wave idles the rest. When the tiles cannot fill one
     wave, split-K divides k to create more work. Each tile's pipeline prologue/epilogue costs
     about ``gemm_k_half`` k-elements: efficiency x k_slice / (k_slice + gemm_k_half).
+    A CPU BLAS (``gemm_m_half`` set) packs each weight panel once and reuses it for the m rows
+    instead of padding rows into tiles: m / (m + gemm_m_half) for m > 1 (m = 1 runs as GEMV).
     """
     eff = hw.efficiency
     pad_m, tm = _pad(m, eff.gemm_tile_m)
@@ -79,6 +82,8 @@ def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -
     wave = tiles / (waves * units)
     depth = k / split
     ramp = depth / (depth + eff.gemm_k_half) if eff.gemm_k_half else 1.0
+    if eff.gemm_m_half and m > 1:
+        pad_m = m / (m + eff.gemm_m_half)      # panel packing, amortised over the m rows
     return eff.gemm_fraction * pad_m * pad_n * wave * ramp
 
 
@@ -108,10 +113,14 @@ def extra_kernels(op: Op, hw: Hardware) -> int:
     return 0
 
 
-def memory_efficiency(nbytes: float, hw: Hardware, kind: str = "") -> float:
-    """Achievable fraction of peak bandwidth for a ``kind`` kernel moving ``nbytes``."""
+def memory_efficiency(nbytes: float, hw: Hardware, kind: str = "",
+                      m: float | None = None) -> float:
+    """Achievable fraction of peak bandwidth for a ``kind`` kernel moving ``nbytes``; a GEMM
+    (``m`` rows) streams at its own fraction when one is set (GEMV for m = 1)."""
     eff = hw.efficiency
     ramp = nbytes / (nbytes + eff.memory_half_bytes) if eff.memory_half_bytes else 1.0
+    if kind == "gemm" and m is not None:
+        return eff.gemm_memory_fraction_for(m) * ramp
     return eff.memory_fraction_for(kind) * ramp
 
 
@@ -131,7 +140,8 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     else:
         c_eff = eff.gemm_fraction
     nbytes = op.bytes.total
-    m_eff = memory_efficiency(nbytes, hw, op.kind)
+    m_eff = memory_efficiency(nbytes, hw, op.kind,
+                              op.shape["m"] if op.kind == "gemm" else None)
     compute_s = op.flops / (hw.peak(op.dtype) * c_eff) if op.flops else 0.0
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
     device_s = max(compute_s, memory_s) + eff.latency_for(op.kind) * (1 + extra_kernels(op, hw))

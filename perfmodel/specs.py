@@ -57,6 +57,16 @@ class Efficiency:
     # None: 0.84 x gemm_fraction (FA2 73% vs cuBLAS 87% of A100 peak, Dao 2023)
     attention_fraction: float | None = None
     memory_half_bytes: float = 0.0      # bandwidth efficiency *= b / (b + memory_half_bytes)
+    # GEMM efficiency *= m / (m + gemm_m_half) for m > 1, replacing the row padding: a CPU
+    # BLAS packs each weight panel once per call and reuses it for the m rows, so the packing
+    # (about gemm_m_half rows' worth of work) dominates skinny GEMMs. 0: off (GPU tiles)
+    gemm_m_half: float = 0.0
+    # streaming fraction of GEMM operand traffic (weights packed or re-read by a CPU BLAS stay
+    # far below a streaming add). None: memory_fraction
+    gemm_memory_fraction: float | None = None
+    # streaming fraction of a matrix-vector product (m = 1; BLAS runs a GEMV kernel, which
+    # does not pack). None: gemm_memory_fraction
+    gemv_memory_fraction: float | None = None
     # kernel kind -> streaming fraction replacing memory_fraction for that kind (calibrated:
     # e.g. a two-pass norm or a scalar-load activation reaches less than a vector add)
     kernel_memory_fraction: dict[str, float] = field(default_factory=dict)
@@ -69,6 +79,14 @@ class Efficiency:
 
     def memory_fraction_for(self, kind: str) -> float:
         return self.kernel_memory_fraction.get(kind, self.memory_fraction)
+
+    def gemm_memory_fraction_for(self, m: float) -> float:
+        """Streaming fraction of a GEMM with ``m`` rows (m = 1: a matrix-vector product)."""
+        if m <= 1 and self.gemv_memory_fraction is not None:
+            return self.gemv_memory_fraction
+        if self.gemm_memory_fraction is not None:
+            return self.gemm_memory_fraction
+        return self.memory_fraction
 
     def latency_for(self, kind: str) -> float:
         return self.kernel_latency_by_kind.get(kind, self.kernel_latency_s)

@@ -1,12 +1,14 @@
 """Roofline times, derived by hand from the A100-80GB SXM spec file."""
 
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 import perfmodel as pm
 from perfmodel import ops
-from perfmodel.roofline import gemm_efficiency, op_time
+from perfmodel.roofline import gemm_efficiency, memory_efficiency, op_time
 
 BW = 2.039e12 * 0.865          # A100 80GB: peak bandwidth x memory_fraction
 PEAK = 312e12                  # bf16 dense
@@ -116,3 +118,51 @@ def test_kernel_latency_by_kind(a100):
     assert op_time(norm, slow_start, "kernel").time_s == \
         pytest.approx(norm.bytes.total / BW + 9e-6)
     assert op_time(add, slow_start, "kernel").time_s == op_time(add, a100, "kernel").time_s
+
+
+def _cpu_blas(hw, **terms):
+    """``hw`` with one compute unit, 128x128 tiles, no k ramp, plus the CPU BLAS terms."""
+    eff = replace(hw.efficiency, gemm_fraction=0.5, gemm_tile_m=128, gemm_tile_n=128,
+                  gemm_k_half=0.0, **terms)
+    return replace(hw, compute_units=1, efficiency=eff)
+
+
+def test_panel_packing_ramp_replaces_row_padding(a100):
+    # off: m=4 pads to a 16-row tile -> 0.5 x 4/16; on (m_half 28): 0.5 x 4/(4 + 28)
+    assert gemm_efficiency(4, 128, 256, 1, _cpu_blas(a100)) == pytest.approx(0.5 * 4 / 16)
+    hw = _cpu_blas(a100, gemm_m_half=28.0)
+    assert gemm_efficiency(4, 128, 256, 1, hw) == pytest.approx(0.5 * 4 / 32)
+    assert gemm_efficiency(100, 128, 256, 1, hw) == pytest.approx(0.5 * 100 / 128)
+    # m = 1 is a GEMV: no packing, the row padding (1/16) stays
+    assert gemm_efficiency(1, 128, 256, 1, hw) == pytest.approx(0.5 / 16)
+
+
+def test_gemm_and_gemv_streaming_fractions(a100):
+    hw = _cpu_blas(a100, gemm_memory_fraction=0.4, gemv_memory_fraction=0.25)
+    gemv, skinny = _gemm(1, 4096, 4096), _gemm(8, 4096, 4096)
+    assert op_time(gemv, hw, "kernel").memory_s == pytest.approx(
+        gemv.bytes.total / (2.039e12 * 0.25))
+    assert op_time(skinny, hw, "kernel").memory_s == pytest.approx(
+        skinny.bytes.total / (2.039e12 * 0.4))
+    # other kinds keep memory_fraction; GEMV falls back to the GEMM fraction, then the shared
+    add = ops.elementwise("add", "add", 64, 4096, act_bytes=2, dtype="bf16")
+    assert op_time(add, hw, "kernel").memory_efficiency == pytest.approx(0.865)
+    only_gemm = _cpu_blas(a100, gemm_memory_fraction=0.4)
+    assert op_time(gemv, only_gemm, "kernel").memory_efficiency == pytest.approx(0.4)
+
+
+def test_cpu_blas_terms_are_off_on_shipped_hardware():
+    # defaults leave GPU predictions unchanged: no packing ramp, GEMMs stream at memory_fraction
+    shipped = sorted((Path(pm.__file__).parents[1] / "hardware").glob("*.yaml"))
+    assert shipped
+    for path in shipped:
+        hw = pm.load_hardware(path)
+        eff = hw.efficiency
+        assert eff.gemm_m_half == 0 and eff.gemm_memory_fraction is None \
+            and eff.gemv_memory_fraction is None, path.name
+        for m in (1, 8):
+            op = _gemm(m, 4096, 4096)
+            if "bf16" not in hw.peak_flops_per_s and "fp16" not in hw.peak_flops_per_s:
+                continue
+            t = op_time(op, hw, "kernel")
+            assert t.memory_efficiency == pytest.approx(memory_efficiency(op.bytes.total, hw))

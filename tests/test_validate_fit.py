@@ -70,3 +70,22 @@ def test_recovers_a_per_kind_streaming_fraction(a100):
     assert result.fitted["memory_fraction.add"] == pytest.approx(0.8, rel=0.02)
     assert result.hardware.efficiency.kernel_memory_fraction["rms_norm"] == \
         pytest.approx(0.4, rel=0.02)
+
+
+def test_cpu_blas_terms_are_fitted_for_host_devices_only(a100):
+    # a sync-launch (CPU) device: panel packing and the GEMM/GEMV streaming fractions
+    cpu = replace(a100, efficiency=replace(a100.efficiency, launch_mode="sync"))
+    truth = replace(cpu, efficiency=replace(cpu.efficiency, gemm_m_half=40.0,
+                                            gemm_memory_fraction=0.3,
+                                            gemv_memory_fraction=0.2))
+    shapes = [ops.gemm("g", m, n, k, weight_bytes=2, act_bytes=2, dtype="bf16")
+              for m in (1, 2, 8, 32, 256, 1024) for n, k in ((4096, 4096), (1024, 8192))]
+    samples = [Sample(op, op_time(op, truth, "host").time_s, "host") for op in shapes]
+    names = ["gemm_m_half", "gemm_memory_fraction", "gemv_memory_fraction"]
+    assert set(names) <= set(free_parameters(samples, cpu))
+    assert not set(names) & set(free_parameters(samples, a100))    # GPUs: tiles, as before
+    assert not set(names) & set(free_parameters(samples))
+    result = fit_efficiency(samples, cpu, params=names)
+    assert result.fitted["gemm_m_half"] == pytest.approx(40.0, rel=0.02)
+    assert result.fitted["gemm_memory_fraction"] == pytest.approx(0.3, rel=0.02)
+    assert result.fitted["gemv_memory_fraction"] == pytest.approx(0.2, rel=0.02)

@@ -32,8 +32,12 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "launch_overhead_s": (1e-8, 1e-3),
     "gemm_k_half": (1e-2, 1e5),
     "memory_half_bytes": (1.0, 1e10),
+    "gemm_m_half": (1e-2, 1e4),
+    "gemm_memory_fraction": (0.01, 1.0),
+    "gemv_memory_fraction": (0.01, 1.0),
 }
-OFF_BELOW = {"gemm_k_half": 0.1, "memory_half_bytes": 10.0, "kernel_latency_s": 1e-7}
+OFF_BELOW = {"gemm_k_half": 0.1, "gemm_m_half": 0.1, "memory_half_bytes": 10.0,
+             "kernel_latency_s": 1e-7}
 TILE_CHOICES = (64, 128, 256)
 
 
@@ -85,8 +89,11 @@ def _value(hw: Hardware, name: str) -> float | None:
     return table.get(kind, getattr(hw.efficiency, base))
 
 
-def free_parameters(samples: Sequence[Sample]) -> list[str]:
-    """The parameters these samples can determine (see module docstring)."""
+def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> list[str]:
+    """The parameters these samples can determine (see module docstring). The CPU BLAS
+    terms (panel packing ``gemm_m_half``, GEMM and GEMV streaming fractions) are fitted only
+    for a device that runs each op to completion on the host (``launch_mode: sync``); GPU
+    GEMMs keep tile padding and the shared streaming fraction."""
     kinds = {s.op.kind for s in samples}
     timings = {s.timing for s in samples}
     # every kernel kind gets its own fixed cost (so kernel_latency_s itself is not fitted)
@@ -94,6 +101,10 @@ def free_parameters(samples: Sequence[Sample]) -> list[str]:
     out += [f"kernel_latency_s.{k}" for k in sorted(kinds) if k != "all_reduce"]
     if "gemm" in kinds:
         out += ["gemm_fraction", "gemm_k_half"]
+    if hw is not None and hw.efficiency.launch_mode == "sync" and "gemm" in kinds:
+        out += ["gemm_m_half", "gemm_memory_fraction"]
+        if any(s.op.kind == "gemm" and s.op.shape["m"] <= 1 for s in samples):
+            out.append("gemv_memory_fraction")
     if "attention" in kinds:
         out.append("attention_fraction" if "attention_fraction" in _field_names()
                    else "gemm_fraction")
@@ -152,6 +163,8 @@ def _start(hw: Hardware, name: str) -> float:
     value = _value(hw, name)
     if value is None and name == "attention_fraction":
         value = hw.efficiency.gemm_fraction
+    if value is None and name in ("gemm_memory_fraction", "gemv_memory_fraction"):
+        value = hw.efficiency.memory_fraction
     return math.log(min(max(value or lo, lo), hi))
 
 
@@ -189,7 +202,7 @@ def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,
     rows = [s for s in rows if s.measured_s > 0 and math.isfinite(s.measured_s)]
     if not rows:
         raise ValueError("no samples with a positive measured time to fit")
-    names = list(params) if params is not None else free_parameters(rows)
+    names = list(params) if params is not None else free_parameters(rows, hw)
     unknown = [n for n in names if not _known(n)]
     if unknown:
         raise ValueError(f"cannot fit {', '.join(unknown)}: expected some of "

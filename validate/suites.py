@@ -162,6 +162,13 @@ def calibration_rows(device: str, name: str = "quick") -> tuple[dict, ...]:
         rows += [_gemm(s, s, s, "bf16", "square") for s in (256, 512, 1024)]
     for n, k in skinny_nk:
         rows += [_gemm(m, n, k, dtypes[0], "skinny") for m in (1, 8, 32, 96)]
+    if device == "cpu":
+        # decode-sized GEMMs (a CPU BLAS runs m = 1 as GEMV, small m as packed skinny GEMMs,
+        # both far below streaming bandwidth): weights from in-cache to beyond the LLC
+        for n, k in ((768, 2048), (2048, 768), (2048, 2048)):
+            rows += [_gemm(m, n, k, dtypes[0], "skinny") for m in (1, 2, 4, 16)]
+        rows += [_gemm(m, 6144, 2048, dtypes[0], "skinny") for m in (1, 4)]
+        rows += [_gemm(1, n, k, dtypes[0], "gemv") for n, k in ((768, 768), (384, 1024))]
     depth = squares[len(squares) // 2]
     rows += [_gemm(depth, depth, k, dtypes[0], "shallow") for k in (32, 96, 160, 4 * depth)]
     rows += [{"op": "add", "dtype": dtypes[0], "m": m, "n": width, "name": "stream"}
