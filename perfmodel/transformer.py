@@ -45,7 +45,8 @@ class _Ctx:
 
 def step_ops(model: Model, wl: Workload, new_tokens: int, context: int,
              logits_all: bool = False) -> list[Op]:
-    """All operators of one step, in execution order, with per-layer ``count``.
+    """All operators of one step, grouped by their place in a layer (embedding, attention
+    block, MLP block, head), each with ``count`` = how many times it runs in the step.
 
     Logits are computed for the last new token of each sequence (B rows), or for all
     B*T new tokens with ``logits_all`` (speculative verification).
