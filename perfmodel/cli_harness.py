@@ -9,6 +9,7 @@ and exit with code 2.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -70,9 +71,16 @@ def calibrate(
     from perfmodel.specs import SpecError
     from validate import calibrate as cal
     from validate.device import open_device, provenance
-    from validate.records import KERNEL_COLUMNS, KERNEL_KEY, MeasurementLog, contended
-    from validate.runner import run_kernels
-    from validate.suites import calibration_rows
+    from validate.records import (
+        KERNEL_COLUMNS,
+        KERNEL_KEY,
+        STEP_COLUMNS,
+        STEP_KEY,
+        MeasurementLog,
+        contended,
+    )
+    from validate.runner import run_kernels, run_steps
+    from validate.suites import calibration_rows, calibration_steps
 
     label = name or out.stem
     csv_path = measurements or out.with_suffix(".calibration.csv")
@@ -89,8 +97,24 @@ def calibrate(
                 and str(r.get("threads")) == str(dev.threads)]
         base = cal.base_hardware(rows, dev, label)
         result = cal.fit_rows(rows, base)
+        step_log = MeasurementLog(out.with_suffix(".calibration-steps.csv"), STEP_COLUMNS,
+                                  STEP_KEY)
+        wanted_steps = calibration_steps(dev.kind) if base.efficiency.launch_mode == "sync" \
+            else ()
+        run_steps(list(wanted_steps), dev, step_log, label, progress,
+                  f"calibrate ({suite.value}): layers")
+        step_keys = {tuple(str(s.row()[k]) for k in ("model", "batch", "q_len", "kv_len"))
+                     for s in wanted_steps}
+        step_rows = [r for r in step_log.latest() if not contended(r)
+                     and str(r.get("threads")) == str(dev.threads)
+                     and tuple(str(r[k]) for k in ("model", "batch", "q_len", "kv_len"))
+                     in step_keys]
+        fitted_hw, overhead = cal.fit_layer_overhead(step_rows, result.hardware)
+        if overhead:
+            result = replace(result, hardware=fitted_hw, fitted=result.fitted
+                             | {"layer_overhead_s": fitted_hw.efficiency.layer_overhead_s})
         doc = cal.hardware_document(base, result, rows, dev, provenance(dev), suite.value,
-                                    command)
+                                    command, overhead)
         hw = cal.write_hardware(doc, out)
     except (SpecError, RuntimeError, ValueError) as exc:
         _fail(str(exc))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from perfmodel import ops
 from perfmodel.memory import MemoryEstimate, memory_estimate
 from perfmodel.ops import ByteCounts, Op
 from perfmodel.params import param_counts
@@ -102,13 +103,28 @@ def _key(op: Op) -> tuple:
             tuple(sorted(op.shape.items())))
 
 
+def framework_ops(hw: Hardware, layers: float, timing: str, dtype: str) -> list[Op]:
+    """The framework glue of ``layers`` decoder layers as one op, when it costs time.
+
+    A sync device (timing="host", eager CPU) runs the host glue between kernels
+    (``Efficiency.layer_overhead_s`` per layer) in series with them, so it adds to the step.
+    On an async device the host glue overlaps device work and only matters when the host is
+    the bottleneck, which this model does not describe: nothing is added (nor under CUDA
+    graphs). Kept out of ``step_ops``, which stays device-independent."""
+    if timing != "host" or hw.efficiency.layer_overhead_s <= 0:
+        return []
+    return [ops.layer_overhead("layer_overhead", layers, dtype=dtype)]
+
+
 def step_times(model: Model, hw: Hardware, wl: Workload, new_tokens: int, context: int,
                timing: str = "stream", logits_all: bool = False,
                cache: dict | None = None) -> list[OpTime]:
-    """Roofline times of every op of one step (timing: see roofline.op_time). ``cache``
-    reuses the times of ops that do not change between steps (all but attention)."""
+    """Roofline times of every op of one step (timing: see roofline.op_time), plus the
+    per-layer framework glue on a sync device (``framework_ops``). ``cache`` reuses the
+    times of ops that do not change between steps (all but attention)."""
     out = []
-    for op in step_ops(model, wl, new_tokens, context, logits_all):
+    for op in step_ops(model, wl, new_tokens, context, logits_all) \
+            + framework_ops(hw, model.n_layers, timing, wl.act_dtype):
         if cache is None:
             out.append(op_time(op, hw, timing))
             continue

@@ -215,6 +215,7 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         kernel_latency_by_kind=_per_kind(f.sub("kernel_latency_by_kind", required=False), "s",
                                          memory_only=False),
         launch_mode=f.text("launch_mode", "async", ("async", "sync")),
+        layer_overhead_s=f.quantity("layer_overhead_s", "s", 0.0, positive=False),
     )
     _sources(f, "efficiency", sources)
     f.finish()
@@ -231,7 +232,8 @@ def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float
         return {}
     from perfmodel.ops import OP_CLASS
 
-    excluded = ("gemm", "attention", "all_reduce") if memory_only else ("all_reduce",)
+    excluded = ("gemm", "attention", "all_reduce", "layer_overhead") if memory_only \
+        else ("all_reduce", "layer_overhead")
     kinds = [k for k in OP_CLASS if k not in excluded]
     out = {}
     for kind in list(f.data):

@@ -5,7 +5,9 @@ into layers, and ``compare`` rebuilds the same records from measurement rows, so
 its validation can never drift apart.
 
 Kinds follow the measurement schema's ``op`` column: gemm, attention, rms_norm, layer_norm,
-silu_and_mul, gelu_and_mul, gelu, add, rotary, embedding, kv_cache_write, softmax, all_reduce.
+silu_and_mul, gelu_and_mul, gelu, add, rotary, embedding, kv_cache_write, softmax, all_reduce;
+and layer_overhead (host time per decoder layer outside every kernel, no FLOPs or bytes; see
+``specs.Efficiency.layer_overhead_s``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ OP_CLASS = {
     "silu_and_mul": "activation", "gelu_and_mul": "activation", "gelu": "activation",
     "softmax": "elementwise", "add": "elementwise", "rotary": "elementwise",
     "kv_cache_write": "elementwise", "embedding": "embedding", "all_reduce": "communication",
+    "layer_overhead": "framework",
 }
 
 
@@ -174,3 +177,9 @@ def all_reduce(name: str, payload_bytes: float, devices: int, *, dtype: str,
     moved = 2.0 * (devices - 1) / devices * payload_bytes
     return Op(name, "all_reduce", 0.0, ByteCounts(act_read=moved, act_write=moved), dtype,
               count, {"bytes": payload_bytes, "devices": devices})
+
+
+def layer_overhead(name: str, layers: float, *, dtype: str) -> Op:
+    """Framework glue of ``layers`` decoder layers (Python, module calls, views): no FLOPs, no
+    bytes; timed by ``roofline.op_time`` as ``Efficiency.layer_overhead_s`` per layer."""
+    return Op(name, "layer_overhead", 0.0, ByteCounts(), dtype, layers, {})

@@ -132,6 +132,8 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     eff = hw.efficiency
     if op.kind == "all_reduce":
         return _collective_time(op, hw)
+    if op.kind == "layer_overhead":
+        return _layer_overhead_time(op, hw, timing)
     if op.kind == "gemm":
         c_eff = gemm_efficiency(op.shape["m"], op.shape["n"], op.shape["k"],
                                 op.shape.get("groups", 1.0), hw)
@@ -169,3 +171,10 @@ def _collective_time(op: Op, hw: Hardware) -> OpTime:
     latency_s = 2 * (devices - 1) * link.latency_s
     per = wire_s + latency_s
     return OpTime(op, 0.0, wire_s, latency_s, per * op.count, "communication", 0.0, frac)
+
+
+def _layer_overhead_time(op: Op, hw: Hardware, timing: str) -> OpTime:
+    """Framework glue per decoder layer: ``layer_overhead_s`` per instance when host time
+    adds to the step (timing="host", a sync device); 0 when the host overlaps the device."""
+    per = hw.efficiency.layer_overhead_s if timing == "host" else 0.0
+    return OpTime(op, 0.0, 0.0, per, per * op.count, "overhead", 0.0, 0.0)

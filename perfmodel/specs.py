@@ -76,6 +76,10 @@ class Efficiency:
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"
+    # host time per decoder layer per step outside every operator (eager framework glue:
+    # Python, module calls, views and reshapes). Added once per layer on a sync device;
+    # on an async device host work overlaps device work, so it is not applied. 0: off
+    layer_overhead_s: float = 0.0
 
     def memory_fraction_for(self, kind: str) -> float:
         return self.kernel_memory_fraction.get(kind, self.memory_fraction)

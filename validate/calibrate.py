@@ -6,6 +6,9 @@
    streaming rate (for a CPU these are achieved MKL/oneDNN and STREAM-like rates, not
    datasheet peaks). Launch overhead = the one-element add per call.
 3. Fit the efficiency (``fit.fit_efficiency``) to every calibration row.
+   On a sync device (CPU), time whole decode layers of the calibration-only model
+   (``suites.calibration_steps``): ``layer_overhead_s`` = the median over them of measured
+   minus predicted (with the fitted efficiency) layer time, floored at 0.
 4. Write the YAML in the hardware/README.md schema with a ``calibration:`` block (how,
    where, when, on which shapes) and load it back with ``perfmodel.load.load_hardware``.
 """
@@ -13,7 +16,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+import statistics
+from dataclasses import fields, replace
 from pathlib import Path
 
 import yaml
@@ -90,6 +94,41 @@ def fit_rows(rows: list[dict], hw: Hardware) -> FitResult:
     return fit_efficiency(samples, hw, search_tiles=True)
 
 
+def fit_layer_overhead(step_rows: list[dict], hw: Hardware) -> tuple[Hardware, dict]:
+    """``hw`` with ``layer_overhead_s`` fitted to measured whole-layer rows (steps.csv
+    schema, calibration-only model) and the record of how: the median over the layers of
+    (measured - predicted) seconds, predicted with ``hw``'s (already fitted) efficiency and
+    no layer overhead; floored at 0. ``hw`` unchanged (and an empty record) without rows."""
+    from validate.report import step_seconds
+    from validate.suites import CALIB_CPU, CALIB_CUDA, Step
+
+    models = {m.name: m for m in (CALIB_CPU, CALIB_CUDA)}
+    base = replace(hw, efficiency=replace(hw.efficiency, layer_overhead_s=0.0))
+    gaps, steps = [], []
+    for r in step_rows:
+        if r["scope"] != "layer" or r["model"] not in models:
+            continue
+        step = Step("layer", models[r["model"]], int(r["batch"]), int(r["q_len"]),
+                    int(r["kv_len"]), r["dtype"])
+        predicted = step_seconds(step, base, r.get("timing") or "host")
+        measured = float(r["measured_s"])
+        gaps.append(measured - predicted)
+        steps.append({"model": step.model.name, "batch": step.batch, "q_len": step.q_len,
+                      "kv_len": step.kv_len, "dtype": step.dtype,
+                      "measured_s": float(f"{measured:.6g}"),
+                      "predicted_ops_s": float(f"{predicted:.6g}")})
+    if not gaps:
+        return hw, {}
+    value = max(0.0, statistics.median(gaps))
+    record = {"value_s": float(f"{value:.6g}"),
+              "method": "median over whole decode layers of the calibration-only model of "
+                        "(measured layer time - sum of predicted op times with the fitted "
+                        "efficiency), floored at 0; applied once per decoder layer per step "
+                        "on a sync device",
+              "steps": steps}
+    return replace(hw, efficiency=replace(hw.efficiency, layer_overhead_s=value)), record
+
+
 def _efficiency_block(eff: Efficiency, source: str) -> dict:
     out = {f.name: getattr(eff, f.name) for f in fields(Efficiency)
            if getattr(eff, f.name) is not None}
@@ -97,7 +136,8 @@ def _efficiency_block(eff: Efficiency, source: str) -> dict:
 
 
 def hardware_document(hw: Hardware, result: FitResult, rows: list[dict], dev: DeviceInfo,
-                      provenance: dict, suite: str, command: str) -> dict:
+                      provenance: dict, suite: str, command: str,
+                      layer_overhead: dict | None = None) -> dict:
     """The YAML mapping (hardware/README.md schema) of a calibrated device."""
     what = "CPU: achieved MKL/oneDNN GEMM rate" if dev.kind == "cpu" else "achieved GEMM rate"
     return {
@@ -135,7 +175,7 @@ def hardware_document(hw: Hardware, result: FitResult, rows: list[dict], dev: De
             "not_fitted": list(result.fixed),
             "fit_median_abs_error": round(result.median_abs_error, 4),
             "fit_shapes": sorted({shape_key(r) for r in rows}),
-        },
+        } | ({"layer_overhead": layer_overhead} if layer_overhead else {}),
     }
 
 

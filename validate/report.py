@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from perfmodel.compare import predict_rows, shape_key, summarize
+from perfmodel.estimate import framework_ops
 from perfmodel.roofline import op_time
 from perfmodel.specs import Hardware, Model
 from validate import figures
@@ -44,10 +45,18 @@ def kernel_predictions(rows: list[dict], hw: Hardware):  # -> pandas.DataFrame
 
 def step_prediction(row: dict, hw: Hardware, timing: str,
                     models: dict[str, Model] = MODELS) -> float:
-    """Predicted seconds of a layer or model step row (steps.csv) from ``step_ops``."""
+    """Predicted seconds of a layer or model step row (steps.csv) from ``step_ops``, plus
+    the per-layer framework glue (``estimate.framework_ops``) of its layers."""
     step = Step(row["scope"], models[row["model"]], int(row["batch"]), int(row["q_len"]),
                 int(row["kv_len"]), row["dtype"])
-    return sum(op_time(op, hw, timing).time_s for op in step.ops())
+    return step_seconds(step, hw, timing)
+
+
+def step_seconds(step: Step, hw: Hardware, timing: str) -> float:
+    """Predicted seconds of ``step``: its operators and the framework glue of its layers."""
+    layers = 1 if step.scope == "layer" else step.model.n_layers
+    return sum(op_time(op, hw, timing).time_s
+               for op in step.ops() + framework_ops(hw, layers, timing, step.dtype))
 
 
 def step_predictions(rows: list[dict], hw: Hardware,
@@ -135,7 +144,8 @@ def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
                     "predicted_s", "error", "contended"]]
         lines += ["## Whole decoder layer and model steps", "",
                   "Predicted = sum of `op_time` over `transformer.step_ops` of the same model "
-                  "record (one layer: the layer's operators of a 1-layer model).", "",
+                  "record (one layer: the layer's operators of a 1-layer model), plus "
+                  "`layer_overhead_s` per layer on a sync device.", "",
                   markdown_table(show, ("error",)), ""]
     if plots and len(held):
         figures.predicted_vs_measured(held, out / "predicted_vs_measured.png",

@@ -121,14 +121,21 @@ def run_suite(suite: Suite, dev: DeviceInfo, out: Path, label: str,
     Kernel rows go to ``out/measurements.csv``, layers and model steps to
     ``out/steps.csv``; each row is written as soon as it is measured.
     """
-    from tqdm import tqdm
-
     kernel_log = MeasurementLog(out / "measurements.csv", KERNEL_COLUMNS, KERNEL_KEY)
     step_log = MeasurementLog(out / "steps.csv", STEP_COLUMNS, STEP_KEY)
     run_kernels(list(suite.kernels), dev, kernel_log, label, progress,
                 f"{suite.name} suite: kernels")
-    todo = [s for s in suite.steps if not step_log.has(s.row() | {"threads": dev.threads})]
-    for i, step in enumerate(tqdm(todo, disable=not progress, unit="step",
-                                  desc=f"{suite.name} suite: layers and steps")):
-        step_log.append(measure_quietly(measure_step, step, dev, label, i))
+    run_steps(list(suite.steps), dev, step_log, label, progress,
+              f"{suite.name} suite: layers and steps")
     return kernel_log, step_log
+
+
+def run_steps(steps: list[Step], dev: DeviceInfo, log: MeasurementLog, label: str,
+              progress: bool = True, desc: str = "layers and steps") -> int:
+    """Measure every step not yet in ``log`` (appending each at once); how many were run."""
+    from tqdm import tqdm
+
+    todo = [s for s in steps if not log.has(s.row() | {"threads": dev.threads})]
+    for i, step in enumerate(tqdm(todo, disable=not progress, unit="step", desc=desc)):
+        log.append(measure_quietly(measure_step, step, dev, label, i))
+    return len(todo)

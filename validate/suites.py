@@ -134,6 +134,20 @@ def validation_suite(name: str) -> Suite:
     return Suite(name, _dedupe(rows), tuple(steps))
 
 
+# decode layers of the calibration-only model: the framework glue per layer
+# (``Efficiency.layer_overhead_s``) is what they take beyond their predicted operators
+_CALIB_LAYER_STEPS = {"cpu": [(1, 1, 640), (2, 1, 640)], "cuda": []}
+
+
+def calibration_steps(device: str) -> tuple[Step, ...]:
+    """Whole decoder layers timed by ``perfmodel calibrate`` to fit ``layer_overhead_s``:
+    decode layers of the calibration-only model (never a validation model). None on CUDA,
+    where host glue overlaps device work and the overhead is not applied."""
+    calib = CALIB_CUDA if device == "cuda" else CALIB_CPU
+    return tuple(Step("layer", calib, *s) for s in _CALIB_LAYER_STEPS[
+        "cuda" if device == "cuda" else "cpu"])
+
+
 def _gemm(m: int, n: int, k: int, dtype: str, name: str) -> dict:
     return {"op": "gemm", "dtype": dtype, "m": m, "n": n, "k": k, "name": name}
 

@@ -1,0 +1,126 @@
+"""Per-layer framework glue (Efficiency.layer_overhead_s): golden values, defaults, fitting."""
+
+from dataclasses import replace
+
+import pytest
+
+import perfmodel as pm
+from perfmodel.estimate import step_times
+from perfmodel.load import HARDWARE_DIR, load_hardware, shipped
+from perfmodel.ops import layer_overhead
+from perfmodel.roofline import op_time
+from perfmodel.specs import SpecError, Workload
+from validate.calibrate import fit_layer_overhead
+from validate.report import step_seconds
+from validate.suites import CALIB_CPU, TINY_LLAMA, Step, calibration_steps
+
+X = 3e-4   # seconds of glue per layer
+
+
+def _with(hw, **eff):
+    return replace(hw, efficiency=replace(hw.efficiency, **eff))
+
+
+def test_sync_device_adds_exactly_layers_times_overhead(h100):
+    """Hand-derived: a sync device with layer_overhead_s = X takes n_layers * X longer per
+    step, prefill and every decode step alike; the glue is its own breakdown line."""
+    model = pm.model("llama-3-8b")      # 32 layers
+    wl = Workload(batch=2, prompt_len=256, gen_len=10)
+    sync = _with(h100, launch_mode="sync")
+    off, on = pm.estimate(sync, model, wl), pm.estimate(_with(sync, layer_overhead_s=X), model, wl)
+    assert on.ttft_s - off.ttft_s == pytest.approx(32 * X, rel=1e-9)
+    assert on.decode.first_step_s - off.decode.first_step_s == pytest.approx(32 * X, rel=1e-9)
+    assert on.decode.time_s - off.decode.time_s == pytest.approx(9 * 32 * X, rel=1e-9)
+    glue = [o for o in on.prefill.ops + on.decode.ops if o.name == "layer_overhead"]
+    assert [(o.phase, o.op_class, o.count, o.flops, o.bytes.total, o.bound) for o in glue] == [
+        ("prefill", "framework", 32, 0.0, 0.0, "overhead"),
+        ("decode", "framework", 32, 0.0, 0.0, "overhead")]
+    assert glue[0].time_s == pytest.approx(32 * X) and glue[1].time_s == pytest.approx(9 * 32 * X)
+    assert not any(o.name == "layer_overhead" for o in off.prefill.ops + off.decode.ops)
+
+
+def test_async_device_and_cuda_graphs_add_nothing(h100):
+    model, wl = pm.model("llama-3-8b"), Workload(batch=2, prompt_len=256, gen_len=10)
+    base = pm.estimate(h100, model, wl)
+    est = pm.estimate(_with(h100, layer_overhead_s=X), model, wl)
+    assert (est.ttft_s, est.decode.time_s) == (base.ttft_s, base.decode.time_s)
+    assert not any(o.name == "layer_overhead" for o in est.prefill.ops + est.decode.ops)
+    graphs = Workload(batch=2, prompt_len=256, gen_len=10, cuda_graphs=True)
+    sync = _with(h100, launch_mode="sync")
+    assert pm.estimate(_with(sync, layer_overhead_s=X), model, graphs).decode.time_s \
+        == pm.estimate(sync, model, graphs).decode.time_s
+
+
+@pytest.mark.parametrize("hw_name", shipped(HARDWARE_DIR))
+def test_shipped_hardware_has_no_overhead_and_unchanged_steps(hw_name):
+    """Default 0: every shipped device's steps are exactly the sum of step_ops' times."""
+    hw = pm.hardware(hw_name)
+    assert hw.efficiency.layer_overhead_s == 0.0
+    model, wl = pm.model("llama-3-8b"), Workload(batch=4)
+    for timing in ("stream", "host", "kernel"):
+        times = step_times(model, hw, wl, 1, 600, timing)
+        assert all(t.op.kind != "layer_overhead" for t in times)
+    forced_sync = _with(hw, launch_mode="sync")
+    est = pm.estimate(forced_sync, model, Workload(batch=1, prompt_len=64, gen_len=2))
+    assert not any(o.op_class == "framework" for o in est.prefill.ops + est.decode.ops)
+
+
+def test_op_time_of_the_glue_op():
+    hw = _with(pm.hardware("h100-sxm"), layer_overhead_s=X)
+    op = layer_overhead("layer_overhead", 4, dtype="fp32")
+    assert op_time(op, hw, "host").time_s == pytest.approx(4 * X)
+    assert op_time(op, hw, "stream").time_s == 0.0 and op_time(op, hw, "kernel").time_s == 0.0
+
+
+def test_loader_reads_layer_overhead(tmp_path):
+    text = (HARDWARE_DIR / "h100-sxm.yaml").read_text().replace(
+        "  kernel_latency_s:", "  layer_overhead_s: 250 us\n  kernel_latency_s:")
+    path = tmp_path / "hw.yaml"
+    path.write_text(text)
+    assert load_hardware(path).efficiency.layer_overhead_s == pytest.approx(2.5e-4)
+    path.write_text(text.replace("250 us", "-1 us"))
+    with pytest.raises(SpecError, match="layer_overhead_s"):
+        load_hardware(path)
+    path.write_text(text.replace("  layer_overhead_s: 250 us\n", "  kernel_latency_by_kind:\n"
+                                 "    layer_overhead: 1 us\n"))
+    with pytest.raises(SpecError, match="layer_overhead"):
+        load_hardware(path)
+
+
+def _row(step, measured):
+    return step.row() | {"measured_s": measured, "timing": "host"}
+
+
+def test_fit_is_the_floored_median_gap_on_calibration_layers_only():
+    hw = _with(pm.hardware("h100-sxm"), launch_mode="sync", layer_overhead_s=1.0)
+    steps = [Step("layer", CALIB_CPU, b, 1, 640) for b in (1, 2, 4)]
+    base = _with(hw, layer_overhead_s=0.0)
+    predicted = [step_seconds(s, base, "host") for s in steps]
+    gaps = (1e-4, 3e-4, 9e-4)
+    rows = [_row(s, p + g) for s, p, g in zip(steps, predicted, gaps, strict=True)]
+    # a validation-model row with a huge gap is ignored
+    rows.append(_row(Step("layer", TINY_LLAMA, 1, 1, 512), 10.0))
+    fitted, record = fit_layer_overhead(rows, hw)
+    assert fitted.efficiency.layer_overhead_s == pytest.approx(3e-4, rel=1e-6)
+    assert record["value_s"] == pytest.approx(3e-4, rel=1e-5) and len(record["steps"]) == 3
+    slower = [_row(s, 0.5 * p) for s, p in zip(steps, predicted, strict=True)]
+    assert fit_layer_overhead(slower, hw)[0].efficiency.layer_overhead_s == 0.0
+    assert fit_layer_overhead([], hw) == (hw, {})
+
+
+def test_step_seconds_counts_one_layer_or_all_layers():
+    hw = _with(pm.hardware("h100-sxm"), launch_mode="sync")
+    glue = _with(hw, layer_overhead_s=X)
+    layer, model = Step("layer", TINY_LLAMA, 1, 1, 512), Step("model", TINY_LLAMA, 1, 1, 512)
+    assert step_seconds(layer, glue, "host") - step_seconds(layer, hw, "host") \
+        == pytest.approx(X)
+    assert step_seconds(model, glue, "host") - step_seconds(model, hw, "host") \
+        == pytest.approx(TINY_LLAMA.n_layers * X)
+
+
+def test_calibration_steps_use_only_the_calibration_model():
+    steps = calibration_steps("cpu")
+    assert steps and all(s.model is CALIB_CPU and s.scope == "layer" and s.q_len == 1
+                         for s in steps)
+    assert sorted(s.batch for s in steps) == [1, 2]
+    assert calibration_steps("cuda") == ()
