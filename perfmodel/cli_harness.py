@@ -93,8 +93,11 @@ def calibrate(
         start = time.perf_counter()
         run_kernels(list(wanted), dev, log, label, progress, f"calibrate ({suite.value})")
         keys = {shape_key(r) for r in wanted}
-        rows = [r for r in log.latest() if shape_key(r) in keys and not contended(r)
-                and str(r.get("threads")) == str(dev.threads)]
+        measured = [r for r in log.latest() if shape_key(r) in keys and not contended(r)
+                    and str(r.get("threads")) == str(dev.threads)]
+        # the efficiency is fitted to the sweep; the layer-step kernels only serve the glue
+        fit_keys = {shape_key(r) for r in calibration_rows(dev.kind, suite.value, False)}
+        rows = [r for r in measured if shape_key(r) in fit_keys]
         base = cal.base_hardware(rows, dev, label)
         result = cal.fit_rows(rows, base)
         step_log = MeasurementLog(out.with_suffix(".calibration-steps.csv"), STEP_COLUMNS,
@@ -109,7 +112,7 @@ def calibrate(
                      and str(r.get("threads")) == str(dev.threads)
                      and tuple(str(r[k]) for k in ("model", "batch", "q_len", "kv_len"))
                      in step_keys]
-        fitted_hw, overhead = cal.fit_layer_overhead(step_rows, result.hardware)
+        fitted_hw, overhead = cal.fit_layer_overhead(step_rows, result.hardware, measured)
         if overhead:
             result = replace(result, hardware=fitted_hw, fitted=result.fitted
                              | {"layer_overhead_s": fitted_hw.efficiency.layer_overhead_s})
@@ -118,7 +121,7 @@ def calibrate(
         hw = cal.write_hardware(doc, out)
     except (SpecError, RuntimeError, ValueError) as exc:
         _fail(str(exc))
-    typer.echo(f"measured {len(rows)} calibration rows in {time.perf_counter() - start:.0f} s "
+    typer.echo(f"measured {len(measured)} calibration rows in {time.perf_counter() - start:.0f} s "
                f"({csv_path})")
     for dtype, rate in hw.peak_flops_per_s.items():
         typer.echo(f"  peak {dtype}: {rate / 1e9:.1f} GFLOP/s (best measured)")

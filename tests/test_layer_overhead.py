@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 import perfmodel as pm
+from perfmodel.compare import shape_key
 from perfmodel.estimate import step_times
 from perfmodel.load import HARDWARE_DIR, load_hardware, shipped
 from perfmodel.ops import layer_overhead
@@ -12,7 +13,16 @@ from perfmodel.roofline import op_time
 from perfmodel.specs import SpecError, Workload
 from validate.calibrate import fit_layer_overhead
 from validate.report import step_seconds
-from validate.suites import CALIB_CPU, TINY_LLAMA, Step, calibration_steps
+from validate.suites import (
+    CALIB_CPU,
+    SUITES,
+    TINY_LLAMA,
+    Step,
+    calibration_rows,
+    calibration_steps,
+    layer_kernel_rows,
+    validation_suite,
+)
 
 X = 3e-4   # seconds of glue per layer
 
@@ -91,21 +101,75 @@ def _row(step, measured):
     return step.row() | {"measured_s": measured, "timing": "host"}
 
 
-def test_fit_is_the_floored_median_gap_on_calibration_layers_only():
+def _kernel_rows(step, seconds):
+    """One measured row per unique shape of ``step``'s operators, each taking ``seconds``."""
+    return [r | {"measured_s": seconds} for r in layer_kernel_rows([step])]
+
+
+def test_fit_is_the_floored_median_of_measured_layer_minus_measured_kernels():
+    """Hand-derived: calib-cpu's decode layer lists 11 operators, 12 kernel calls
+    (residual_add twice), over 10 unique shapes (both norms share one); every shape measured
+    at 100 us -> the layer's kernels take 1.2 ms. Layers measured at 1.2 ms + 0.1 / 0.3 /
+    0.9 ms -> glue = median = 0.3 ms, whatever the hardware predicts for those kernels."""
     hw = _with(pm.hardware("h100-sxm"), launch_mode="sync", layer_overhead_s=1.0)
     steps = [Step("layer", CALIB_CPU, b, 1, 640) for b in (1, 2, 4)]
-    base = _with(hw, layer_overhead_s=0.0)
-    predicted = [step_seconds(s, base, "host") for s in steps]
+    assert [len(s.ops()) for s in steps] == [11, 11, 11]
+    assert [sum(op.count for op in s.ops()) for s in steps] == [12, 12, 12]
+    kernels = [r for s in steps for r in _kernel_rows(s, 1e-4)]
     gaps = (1e-4, 3e-4, 9e-4)
-    rows = [_row(s, p + g) for s, p, g in zip(steps, predicted, gaps, strict=True)]
+    rows = [_row(s, 12e-4 + g) for s, g in zip(steps, gaps, strict=True)]
     # a validation-model row with a huge gap is ignored
     rows.append(_row(Step("layer", TINY_LLAMA, 1, 1, 512), 10.0))
-    fitted, record = fit_layer_overhead(rows, hw)
+    fitted, record = fit_layer_overhead(rows, hw, kernels)
     assert fitted.efficiency.layer_overhead_s == pytest.approx(3e-4, rel=1e-6)
     assert record["value_s"] == pytest.approx(3e-4, rel=1e-5) and len(record["steps"]) == 3
-    slower = [_row(s, 0.5 * p) for s, p in zip(steps, predicted, strict=True)]
-    assert fit_layer_overhead(slower, hw)[0].efficiency.layer_overhead_s == 0.0
-    assert fit_layer_overhead([], hw) == (hw, {})
+    assert [st["measured_kernels_s"] for st in record["steps"]] == pytest.approx([12e-4] * 3)
+    assert [st["gap_s"] for st in record["steps"]] == pytest.approx(list(gaps))
+    assert record["ops_at_predicted_time"] == 0
+    assert all(st["predicted_ops"] == [] for st in record["steps"])
+    assert len(record["kernel_shapes"]) == 3 * 10   # batch 1, 2, 4: no shape shared
+    # layers faster than their kernels: floored at 0
+    slower = [_row(s, 5e-4) for s in steps]
+    assert fit_layer_overhead(slower, hw, kernels)[0].efficiency.layer_overhead_s == 0.0
+    assert fit_layer_overhead([], hw, kernels) == (hw, {})
+
+
+def test_fit_falls_back_to_predicted_time_for_unmeasured_ops():
+    """One layer, every shape measured at 100 us except down_proj: its predicted time (with
+    the given hardware) takes its place and the record names it."""
+    hw = _with(pm.hardware("h100-sxm"), launch_mode="sync")
+    step = Step("layer", CALIB_CPU, 1, 1, 640)
+    down = next(op for op in step.ops() if op.name == "down_proj")
+    kernels = [r for r in _kernel_rows(step, 1e-4) if "down_proj" not in r["name"].split("+")]
+    assert len(kernels) == 9
+    predicted_down = op_time(down, hw, "host").time_s
+    measured = 11e-4 + predicted_down + 5e-4
+    fitted, record = fit_layer_overhead([_row(step, measured)], hw, kernels)
+    assert fitted.efficiency.layer_overhead_s == pytest.approx(5e-4, rel=1e-5)
+    assert record["ops_at_predicted_time"] == 1
+    assert record["steps"][0]["predicted_ops"] == ["down_proj"]
+    # no kernel measured at all: every op at its predicted time (the former fit)
+    base = step_seconds(step, hw, "host")
+    only_predicted = fit_layer_overhead([_row(step, base + 2e-4)], hw)[1]
+    assert only_predicted["value_s"] == pytest.approx(2e-4, rel=1e-4)
+    assert only_predicted["ops_at_predicted_time"] == 11
+
+
+def test_calibration_measures_every_layer_kernel_and_no_validation_shape():
+    """Every kernel shape of the calibration layers is in the CPU calibration sweep; the
+    GEMM and attention shapes it adds for them occur in no validation suite, and the rows
+    the efficiency is fitted to (``layers=False``) are the sweep without them."""
+    layer_keys = {shape_key(r) for r in layer_kernel_rows(calibration_steps("cpu"))}
+    validation = {shape_key(r) for name in SUITES for r in validation_suite(name).kernels}
+    for name in SUITES:
+        sweep = {shape_key(r) for r in calibration_rows("cpu", name)}
+        fit = {shape_key(r) for r in calibration_rows("cpu", name, layers=False)}
+        assert layer_keys <= sweep and fit <= sweep
+        added = sweep - fit
+        assert added and added <= layer_keys
+        assert not added & validation
+        assert not {k for k in layer_keys if k.startswith(("gemm", "attention"))} & validation
+    assert calibration_rows("cuda", "quick") == calibration_rows("cuda", "quick", False)
 
 
 def test_step_seconds_counts_one_layer_or_all_layers():

@@ -94,7 +94,8 @@ def tiny_harness(monkeypatch):
             for s in (32, 64, 128)]
     rows += [{"op": "add", "dtype": "fp32", "m": m, "n": 256, "name": "stream"} for m in (4, 64)]
     rows.append(suites.LAUNCH_ROW)
-    monkeypatch.setattr(suites, "calibration_rows", lambda device, name: tuple(rows))
+    monkeypatch.setattr(suites, "calibration_rows",
+                        lambda device, name, layers=True: tuple(rows))
     micro = suites.Suite("quick", (rows[0], {"op": "rms_norm", "dtype": "fp32", "m": 8,
                                              "n": 256}), ())
     monkeypatch.setattr(suites, "validation_suite", lambda name: micro)
@@ -111,6 +112,10 @@ def test_calibrate_then_validate(tmp_path, tiny_harness):
     assert cal["threads"] == 1 and cal["torch_version"] and cal["hostname"]
     assert "gemm fp32 m=64 n=64 k=64" in cal["fit_shapes"]
     assert (tmp_path / "cpu-test.calibration.csv").is_file()
+    # no kernel of the calibration layers in this sweep: each op counts at its predicted time
+    glue = cal["layer_overhead"]
+    assert glue["ops_at_predicted_time"] == sum(len(s["predicted_ops"]) for s in glue["steps"])
+    assert glue["kernel_shapes"] == [] and glue["ops_at_predicted_time"] > 0
     out = tmp_path / "report"
     result = runner.invoke(app, ["validate", "-H", str(yaml_path), "--out", str(out),
                                  "--threads", "1", "--no-progress", "--no-plots"])

@@ -7,8 +7,9 @@
    datasheet peaks). Launch overhead = the one-element add per call.
 3. Fit the efficiency (``fit.fit_efficiency``) to every calibration row.
    On a sync device (CPU), time whole decode layers of the calibration-only model
-   (``suites.calibration_steps``): ``layer_overhead_s`` = the median over them of measured
-   minus predicted (with the fitted efficiency) layer time, floored at 0.
+   (``suites.calibration_steps``; every kernel shape of those layers is in the sweep):
+   ``layer_overhead_s`` = the median over them of measured layer time minus the sum of the
+   layer's measured kernel times, floored at 0.
 4. Write the YAML in the hardware/README.md schema with a ``calibration:`` block (how,
    where, when, on which shapes) and load it back with ``perfmodel.load.load_hardware``.
 """
@@ -22,8 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from perfmodel.compare import row_op, row_timing, shape_key
+from perfmodel.compare import op_row, row_op, row_timing, shape_key
 from perfmodel.load import load_hardware
+from perfmodel.roofline import op_time
 from perfmodel.specs import Efficiency, Hardware, Interconnect
 from validate.device import DeviceInfo
 from validate.fit import FitResult, Sample, fit_efficiency
@@ -94,37 +96,65 @@ def fit_rows(rows: list[dict], hw: Hardware) -> FitResult:
     return fit_efficiency(samples, hw, search_tiles=True)
 
 
-def fit_layer_overhead(step_rows: list[dict], hw: Hardware) -> tuple[Hardware, dict]:
+def fit_layer_overhead(step_rows: list[dict], hw: Hardware,
+                       kernel_rows: list[dict] | tuple[dict, ...] = ()) -> tuple[Hardware, dict]:
     """``hw`` with ``layer_overhead_s`` fitted to measured whole-layer rows (steps.csv
-    schema, calibration-only model) and the record of how: the median over the layers of
-    (measured - predicted) seconds, predicted with ``hw``'s (already fitted) efficiency and
-    no layer overhead; floored at 0. ``hw`` unchanged (and an empty record) without rows."""
+    schema, calibration-only model) and the record of how.
+
+    Per layer: glue = measured layer time - sum over the layer's operators of their measured
+    kernel time (``kernel_rows``, matched by ``shape_key``, times ``op.count``), so kernel
+    prediction error does not leak into the glue. An operator without a measured row counts
+    at its predicted time (``hw``'s fitted efficiency, no layer overhead) and is listed under
+    ``predicted_ops`` of its step. Value = the median over the layers, floored at 0. ``hw``
+    unchanged (and an empty record) without layer rows."""
     from validate.report import step_seconds
     from validate.suites import CALIB_CPU, CALIB_CUDA, Step
 
     models = {m.name: m for m in (CALIB_CPU, CALIB_CUDA)}
+    measured_kernels = {shape_key(r): float(r["measured_s"]) for r in kernel_rows}
     base = replace(hw, efficiency=replace(hw.efficiency, layer_overhead_s=0.0))
-    gaps, steps = [], []
+    gaps, steps, fallbacks, used = [], [], 0, set()
     for r in step_rows:
         if r["scope"] != "layer" or r["model"] not in models:
             continue
         step = Step("layer", models[r["model"]], int(r["batch"]), int(r["q_len"]),
                     int(r["kv_len"]), r["dtype"])
-        predicted = step_seconds(step, base, r.get("timing") or "host")
+        timing = r.get("timing") or "host"
+        kernels, predicted_ops = 0.0, []
+        for op in step.ops():
+            try:
+                key = shape_key(op_row(op))
+            except ValueError:
+                key = None
+            if key in measured_kernels:
+                kernels += measured_kernels[key] * op.count
+                used.add(key)
+            else:
+                kernels += op_time(op, base, timing).time_s
+                predicted_ops.append(op.name)
         measured = float(r["measured_s"])
-        gaps.append(measured - predicted)
+        gaps.append(measured - kernels)
+        fallbacks += len(predicted_ops)
         steps.append({"model": step.model.name, "batch": step.batch, "q_len": step.q_len,
                       "kv_len": step.kv_len, "dtype": step.dtype,
                       "measured_s": float(f"{measured:.6g}"),
-                      "predicted_ops_s": float(f"{predicted:.6g}")})
+                      "measured_kernels_s": float(f"{kernels:.6g}"),
+                      "gap_s": float(f"{measured - kernels:.6g}"),
+                      "predicted_ops_s": float(f"{step_seconds(step, base, timing):.6g}"),
+                      "predicted_ops": predicted_ops})
     if not gaps:
         return hw, {}
     value = max(0.0, statistics.median(gaps))
     record = {"value_s": float(f"{value:.6g}"),
               "method": "median over whole decode layers of the calibration-only model of "
-                        "(measured layer time - sum of predicted op times with the fitted "
-                        "efficiency), floored at 0; applied once per decoder layer per step "
-                        "on a sync device",
+                        "(measured layer time - sum of the MEASURED kernel times of the "
+                        "layer's operators, same shapes in this calibration's sweep, times "
+                        "each operator's count), floored at 0; an operator without a measured "
+                        "kernel counts at its predicted time and is listed under predicted_ops "
+                        "(predicted_ops_s: the layer's predicted operator time, for "
+                        "reference); applied once per decoder layer per step on a sync device",
+              "ops_at_predicted_time": fallbacks,
+              "kernel_shapes": sorted(used),
               "steps": steps}
     return replace(hw, efficiency=replace(hw.efficiency, layer_overhead_s=value)), record
 

@@ -26,8 +26,11 @@ FIGURES = {"predicted_vs_measured.png": "predicted against measured, held-out ke
 
 
 def fit_keys(hw: Hardware) -> set[str]:
-    """Shape keys the hardware's efficiency was fitted on (from its calibration block)."""
-    return set((hw.calibration or {}).get("fit_shapes", []))
+    """Shape keys the hardware was fitted on (from its calibration block): the efficiency's
+    ``fit_shapes`` and the kernels the layer glue subtracts (``layer_overhead.kernel_shapes``)."""
+    cal = hw.calibration or {}
+    return set(cal.get("fit_shapes", [])) \
+        | set((cal.get("layer_overhead") or {}).get("kernel_shapes", []))
 
 
 def kernel_predictions(rows: list[dict], hw: Hardware):  # -> pandas.DataFrame
@@ -124,9 +127,14 @@ def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
     lines = [*header, "", f"Hardware: `{hw_path}` ({hw.name}).", ""]
     cal = hw.calibration or {}
     if cal:
-        lines += [f"Efficiency fitted on {len(fit_keys(hw))} calibration shapes "
+        glue = set((cal.get("layer_overhead") or {}).get("kernel_shapes", []))
+        extra = glue - set(cal.get("fit_shapes", []))
+        lines += [f"Efficiency fitted on {len(cal.get('fit_shapes', []))} calibration shapes "
                   f"(`calibration.fit_shapes` in the hardware file; suite "
-                  f"`{cal.get('suite', '?')}`): "
+                  f"`{cal.get('suite', '?')}`)"
+                  + (f"; `layer_overhead_s` from {len(glue)} measured kernel shapes of the "
+                     f"calibration layers ({len(extra)} of them measured for it alone; "
+                     f"`calibration.layer_overhead.kernel_shapes`)" if glue else "") + ": "
                   + ", ".join(f"{k} = {v:.4g}" for k, v in cal.get("fitted", {}).items()), ""]
     lines += [f"## Held-out kernels ({len(held)} rows)", "",
               f"Quick-suite kernels whose shape was not used for fitting; "

@@ -148,15 +148,35 @@ def calibration_steps(device: str) -> tuple[Step, ...]:
         "cuda" if device == "cuda" else "cpu"])
 
 
+def layer_kernel_rows(steps: tuple[Step, ...] | list[Step]) -> list[dict]:
+    """Unique kernel rows (first-seen order) of the operators of ``steps``; ``name`` lists
+    every operator sharing the shape."""
+    rows: dict[str, dict] = {}
+    for step in steps:
+        for op in step.ops():
+            row = op_row(op) | {"model": step.model.name, "name": op.name}
+            key = shape_key(row)
+            if key in rows:
+                names = rows[key]["name"].split("+")
+                if op.name not in names:
+                    rows[key]["name"] = "+".join([*names, op.name])
+            else:
+                rows[key] = row
+    return list(rows.values())
+
+
 def _gemm(m: int, n: int, k: int, dtype: str, name: str) -> dict:
     return {"op": "gemm", "dtype": dtype, "m": m, "n": n, "k": k, "name": name}
 
 
-def calibration_rows(device: str, name: str = "quick") -> tuple[dict, ...]:
+def calibration_rows(device: str, name: str = "quick",
+                     layers: bool = True) -> tuple[dict, ...]:
     """Sweeps for ``perfmodel calibrate``: streaming adds over sizes (bandwidth and its
     ramp), square GEMMs per dtype (peak rate), skinny and shallow GEMMs (tiles, k ramp,
     weight streaming), the non-GEMM kernels of a calibration-only model shape (per-kind
-    streaming fractions, attention), and a one-element add back to back (launch overhead)."""
+    streaming fractions, attention), a one-element add back to back (launch overhead), and
+    (``layers``) every kernel of the calibration layer steps (``calibration_steps``): the
+    glue fit subtracts their measured times; the efficiency is fitted without them."""
     if name not in SUITES:
         raise ValueError(f"--suite: expected one of {', '.join(SUITES)}, got {name!r}")
     full = name == "full"
@@ -191,5 +211,10 @@ def calibration_rows(device: str, name: str = "quick") -> tuple[dict, ...]:
     calib = CALIB_CUDA if device == "cuda" else CALIB_CPU
     rows += [r for r in kernel_rows(calib, _CALIB_STEPS["cuda" if device == "cuda" else "cpu"],
                                     dtypes[0]) if r["op"] != "gemm"]
+    # every kernel (GEMMs included) of the calibration layer steps: the glue fit subtracts
+    # their measured times from the measured layers (layers=False: the sweep without them,
+    # the rows the efficiency is fitted to)
+    if layers:
+        rows += layer_kernel_rows(calibration_steps(device))
     rows.append(LAUNCH_ROW | {"dtype": dtypes[0]})
     return _dedupe(rows)
