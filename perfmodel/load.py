@@ -188,6 +188,7 @@ def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
         latency_s=f.quantity("latency_s", "s", positive=False),
         topology=f.text("topology", "switch", ("switch", "ring", "torus", "pcie", "none")),
         max_devices=f.integer("max_devices", 8),
+        collective_latency_s=f.quantity("collective_latency_s", "s", 0.0, positive=False),
     )
     _sources(f, "interconnect", sources)
     f.finish()

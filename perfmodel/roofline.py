@@ -163,12 +163,13 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
 
 def _collective_time(op: Op, hw: Hardware) -> OpTime:
     """Ring all-reduce: 2(n-1)/n * S over the per-direction link at the collective fraction,
-    plus one link latency per ring step (2(n-1) steps)."""
+    plus latency = collective_latency + 2(n-1) hops x latency_s (NCCL's own cost model:
+    a base per collective plus a per-hop hardware latency)."""
     link = hw.interconnect
     devices = op.shape["devices"]
     frac = hw.efficiency.collective_fraction
     wire_s = op.bytes.act_read / (link.link_bytes_per_s * frac)
-    latency_s = 2 * (devices - 1) * link.latency_s
+    latency_s = link.collective_latency_s + 2 * (devices - 1) * link.latency_s
     per = wire_s + latency_s
     return OpTime(op, 0.0, wire_s, latency_s, per * op.count, "communication", 0.0, frac)
 

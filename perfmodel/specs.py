@@ -104,9 +104,10 @@ class Efficiency:
 @dataclass(frozen=True)
 class Interconnect:
     link_bytes_per_s: float             # per device, per direction
-    latency_s: float
+    latency_s: float                    # per hop (one ring step)
     topology: str = "switch"
     max_devices: int = 8
+    collective_latency_s: float = 0.0   # fixed cost of one collective (launch, handshakes)
 
 
 @dataclass(frozen=True)
