@@ -197,8 +197,10 @@ def _print_summary(df) -> None:
 
 
 def _calibrate_split(rows: list[dict], hw, timing: str, calibrate_on: float | None,
-                     split_by: str | None):
-    """(hardware fitted on the calibration part, evaluation rows, lines describing the split)."""
+                     split_by: str | None, exclude_fitted_shapes: bool = False):
+    """(hardware fitted on the calibration part, evaluation rows, lines describing the split).
+    ``exclude_fitted_shapes`` also drops evaluation rows whose shape occurs among the fitted
+    rows (different models can share a projection shape)."""
     from perfmodel.compare import row_op, row_timing, shape_key, split_by_model, split_fraction
     from perfmodel.specs import SpecError
     from validate.fit import Sample, fit_efficiency
@@ -214,6 +216,12 @@ def _calibrate_split(rows: list[dict], hw, timing: str, calibrate_on: float | No
         lines = [f"fitted on {len(fit)} rows ({len({shape_key(r) for r in fit})} shapes, "
                  f"CRC32 of the shape key below {calibrate_on:g} of its range); evaluated on "
                  f"the other {len(rest)} rows"]
+    if exclude_fitted_shapes:
+        fitted = {shape_key(r) for r in fit}
+        kept = [r for r in rest if shape_key(r) not in fitted]
+        lines.append(f"evaluating only the {len(kept)} of {len(rest)} rows whose shape was not "
+                     "fitted")
+        rest = kept
     if not fit or not rest:
         raise SpecError("the split left nothing to fit or nothing to evaluate")
     samples = [Sample(row_op(r, "fit rows"), float(r["measured_s"]), row_timing(r, timing))
@@ -241,6 +249,9 @@ def compare(
     split_by: Annotated[str | None, typer.Option(
         help="'model': fit on half the models (sorted names alternate), report the "
              "other half")] = None,
+    exclude_fitted_shapes: Annotated[bool, typer.Option(
+        help="with a split: evaluate only rows whose shape was not among the fitted rows")
+    ] = False,
 ) -> None:
     """Predict every row of a measurement CSV and print the error per class and regime."""
     from perfmodel import load
@@ -254,7 +265,8 @@ def compare(
         rows = read_measurements(measured, device_filter)
         lines = []
         if calibrate_on is not None or split_by is not None:
-            hw, rows, lines = _calibrate_split(rows, hw, timing.value, calibrate_on, split_by)
+            hw, rows, lines = _calibrate_split(rows, hw, timing.value, calibrate_on, split_by,
+                                               exclude_fitted_shapes)
         import pandas as pd
 
         df = pd.DataFrame(predict_rows(rows, hw, timing.value, str(measured)))

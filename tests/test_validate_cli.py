@@ -76,6 +76,19 @@ def test_compare_split_by_model(tmp_path):
     assert "evaluated on 4 rows of models: m-b" in result.stdout
 
 
+def test_compare_split_can_drop_fitted_shapes(tmp_path):
+    # m-b shares shapes 64 and 4096 with the fitted models and has two of its own
+    rows = [f"a100,t,{m},1,gemm,fp16,{s},4096,4096,,,,,,,{s * 1.6e-7 + 5e-6},"
+            for m in ("m-a", "m-c") for s in (64, 256, 1024, 4096)]
+    rows += [f"a100,t,m-b,1,gemm,fp16,{s},4096,4096,,,,,,,{s * 1.6e-7 + 5e-6},"
+             for s in (64, 128, 2048, 4096)]
+    result = runner.invoke(app, ["compare", csv_file(tmp_path, rows), "-H", "a100-80gb-sxm",
+                                 "--split-by", "model", "--exclude-fitted-shapes"])
+    assert result.exit_code == 0, result.output
+    assert "evaluating only the 2 of 4 rows whose shape was not fitted" in result.stdout
+    assert "2 rows predicted" in result.stdout
+
+
 def test_validate_bad_hardware_is_one_line(tmp_path):
     one_line_error(runner.invoke(app, ["validate", "-H", str(tmp_path / "x.yaml"), "--out",
                                        str(tmp_path)]), "x.yaml", "no such file")
