@@ -83,23 +83,9 @@ class Suite:
 
 
 def kernel_rows(model: Model, steps: list[tuple[int, int, int]], dtype: str) -> list[dict]:
-    """Unique kernel rows of ``model`` over steps (batch, q_len, kv_len), first-seen order;
-    the ``name`` column lists every model operator sharing the shape."""
-    rows: dict[str, dict] = {}
-    for batch, q_len, kv_len in steps:
-        wl = Step("model", model, batch, q_len, kv_len, dtype).workload()
-        for op in step_ops(model, wl, q_len, kv_len):
-            if op.kind == "all_reduce":
-                continue
-            row = op_row(op) | {"model": model.name, "name": op.name}
-            key = shape_key(row)
-            if key in rows:
-                names = rows[key]["name"].split("+")
-                if op.name not in names:
-                    rows[key]["name"] = "+".join([*names, op.name])
-            else:
-                rows[key] = row
-    return list(rows.values())
+    """Unique kernel rows of ``model`` over whole-model steps (batch, q_len, kv_len)."""
+    return layer_kernel_rows([Step("model", model, batch, q_len, kv_len, dtype)
+                              for batch, q_len, kv_len in steps])
 
 
 def _dedupe(rows: list[dict]) -> tuple[dict, ...]:
@@ -149,11 +135,13 @@ def calibration_steps(device: str) -> tuple[Step, ...]:
 
 
 def layer_kernel_rows(steps: tuple[Step, ...] | list[Step]) -> list[dict]:
-    """Unique kernel rows (first-seen order) of the operators of ``steps``; ``name`` lists
-    every operator sharing the shape."""
+    """Unique kernel rows (first-seen order) of the operators of ``steps`` (collectives,
+    which have no kernel row, left out); ``name`` lists every operator sharing the shape."""
     rows: dict[str, dict] = {}
     for step in steps:
         for op in step.ops():
+            if op.kind == "all_reduce":
+                continue
             row = op_row(op) | {"model": step.model.name, "name": op.name}
             key = shape_key(row)
             if key in rows:
