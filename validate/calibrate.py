@@ -117,8 +117,7 @@ def fit_layer_overhead(step_rows: list[dict], hw: Hardware,
     for r in step_rows:
         if r["scope"] != "layer" or r["model"] not in models:
             continue
-        step = Step("layer", models[r["model"]], int(r["batch"]), int(r["q_len"]),
-                    int(r["kv_len"]), r["dtype"])
+        step = Step.from_row(r, models)       # scope is "layer" (checked above)
         timing = r.get("timing") or "host"
         kernels, predicted_ops = 0.0, []
         for op in step.ops():

@@ -50,9 +50,7 @@ def step_prediction(row: dict, hw: Hardware, timing: str,
                     models: dict[str, Model] = MODELS) -> float:
     """Predicted seconds of a layer or model step row (steps.csv) from ``step_ops``, plus
     the per-layer framework glue (``estimate.framework_ops``) of its layers."""
-    step = Step(row["scope"], models[row["model"]], int(row["batch"]), int(row["q_len"]),
-                int(row["kv_len"]), row["dtype"])
-    return step_seconds(step, hw, timing)
+    return step_seconds(Step.from_row(row, models), hw, timing)
 
 
 def step_seconds(step: Step, hw: Hardware, timing: str) -> float:

@@ -57,6 +57,12 @@ class Step:
     def phase(self) -> str:
         return "decode" if self.q_len == 1 else "prefill"
 
+    @classmethod
+    def from_row(cls, row: dict, models: dict[str, Model]) -> Step:
+        """The step a steps.csv row describes (``models``: name -> Model)."""
+        return cls(row["scope"], models[row["model"]], int(row["batch"]), int(row["q_len"]),
+                   int(row["kv_len"]), row["dtype"])
+
     def row(self) -> dict:
         return {"scope": self.scope, "phase": self.phase, "model": self.model.name,
                 "batch": self.batch, "q_len": self.q_len, "kv_len": self.kv_len,
