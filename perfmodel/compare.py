@@ -22,15 +22,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from perfmodel import ops
-from perfmodel.ops import Op
+from perfmodel.ops import ELEMENTWISE_KINDS, Op
 from perfmodel.roofline import TIMINGS, op_time
 from perfmodel.specs import DTYPE_BYTES, Hardware, SpecError
 
 SCHEMA = ("device", "source", "model", "tp", "op", "dtype", "m", "n", "k", "batch", "q_len",
           "kv_len", "n_heads", "n_kv_heads", "head_dim", "measured_s", "measured_std_s")
 SMALL_IDEAL_S = 20e-6
-ELEMENTWISE_KINDS = ("rms_norm", "layer_norm", "add", "softmax", "silu_and_mul",
-                     "gelu_and_mul", "gelu", "rotary")
 # the columns that identify a kernel configuration (resume keys, fit/held-out bookkeeping)
 SHAPE_COLUMNS = ("op", "dtype", "m", "n", "k", "batch", "q_len", "kv_len", "n_heads",
                  "n_kv_heads", "head_dim")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from perfmodel.params import LINEAR_CLASSES, ParamCounts, kv_heads_per_device, param_counts
+from perfmodel.params import LINEAR_CLASSES, kv_heads_per_device, param_counts
 from perfmodel.specs import DTYPE_BYTES, Hardware, Model, Workload
 
 
@@ -35,10 +35,10 @@ class MemoryEstimate:
         return self.usable_bytes - self.weights_bytes - self.workspace_bytes - self.kv_cache_bytes
 
 
-def weights_bytes(model: Model, wl: Workload, counts: ParamCounts | None = None) -> float:
+def weights_bytes(model: Model, wl: Workload) -> float:
     """Bytes of weights on one device: matmul weights at the weight dtype (with group scales),
     embedding, LM head and norms at the activation dtype."""
-    counts = counts or param_counts(model, wl.tp)
+    counts = param_counts(model, wl.tp)
     linear = sum(getattr(counts, c) for c in LINEAR_CLASSES)
     other = counts.embedding + counts.lm_head + counts.norms
     return linear * wl.weight_bytes_per_param + other * DTYPE_BYTES[wl.act_dtype]

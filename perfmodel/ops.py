@@ -141,6 +141,7 @@ _ELEMENTWISE = {
     "silu_and_mul": (2, 1, 5), "gelu_and_mul": (2, 1, 9), "gelu": (1, 1, 8),
     "rotary": (1, 1, 3),
 }
+ELEMENTWISE_KINDS = tuple(_ELEMENTWISE)
 
 
 def elementwise(name: str, kind: str, rows: float, n: int, *, act_bytes: float, dtype: str,
