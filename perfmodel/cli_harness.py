@@ -39,6 +39,9 @@ SuiteOpt = Annotated[SuiteName, typer.Option(help="quick (minutes) or full")]
 ThreadsOpt = Annotated[int | None, typer.Option(min=1, help="torch threads on CPU "
                                                 "(default: all cores)")]
 ProgressOpt = Annotated[bool, typer.Option(help="show a progress bar")]
+PassesOpt = Annotated[int | None, typer.Option(
+    min=1, help="passes over the suite; each configuration keeps its fastest pass "
+                "(default 3 on CPU, 2 on CUDA)")]
 
 
 def _fail(message: str) -> NoReturn:
@@ -60,6 +63,7 @@ def calibrate(
     suite: SuiteOpt = SuiteName.quick,
     name: Annotated[str | None, typer.Option(help="hardware name (default: file stem)")] = None,
     threads: ThreadsOpt = None,
+    passes: PassesOpt = None,
     measurements: Annotated[Path | None, typer.Option(
         help="CSV of the calibration measurements, resumed if present "
              "(default: OUT with suffix .calibration.csv)")] = None,
@@ -79,19 +83,22 @@ def calibrate(
         MeasurementLog,
         contended,
     )
-    from validate.runner import run_kernels, run_steps
+    from validate.runner import default_passes, run_kernels, run_steps
     from validate.suites import calibration_rows, calibration_steps
 
     label = name or out.stem
     csv_path = measurements or out.with_suffix(".calibration.csv")
     command = (f"perfmodel calibrate --device {device.value} --out {out} --suite {suite.value}"
-               + (f" --name {name}" if name else "") + (f" --threads {threads}" if threads else ""))
+               + (f" --name {name}" if name else "") + (f" --threads {threads}" if threads else "")
+               + (f" --passes {passes}" if passes else ""))
     try:
         dev = open_device(device.value, threads)
+        passes = passes or default_passes(dev)
         wanted = calibration_rows(dev.kind, suite.value)
         log = MeasurementLog(csv_path, KERNEL_COLUMNS, KERNEL_KEY)
         start = time.perf_counter()
-        run_kernels(list(wanted), dev, log, label, progress, f"calibrate ({suite.value})")
+        run_kernels(list(wanted), dev, log, label, progress, f"calibrate ({suite.value})",
+                    passes)
         keys = {shape_key(r) for r in wanted}
         measured = [r for r in log.latest() if shape_key(r) in keys and not contended(r)
                     and str(r.get("threads")) == str(dev.threads)]
@@ -105,7 +112,7 @@ def calibrate(
         wanted_steps = calibration_steps(dev.kind) if base.efficiency.launch_mode == "sync" \
             else ()
         run_steps(list(wanted_steps), dev, step_log, label, progress,
-                  f"calibrate ({suite.value}): layers")
+                  f"calibrate ({suite.value}): layers", passes)
         step_keys = {tuple(str(s.row()[k]) for k in ("model", "batch", "q_len", "kv_len"))
                      for s in wanted_steps}
         step_rows = [r for r in step_log.latest() if not contended(r)
@@ -138,6 +145,7 @@ def validate(
     suite: SuiteOpt = SuiteName.quick,
     out: Annotated[Path, typer.Option(help="report folder")] = Path("validation"),
     threads: ThreadsOpt = None,
+    passes: PassesOpt = None,
     progress: ProgressOpt = True,
     plots: Annotated[bool, typer.Option(help="write the PNG figures")] = True,
 ) -> None:
@@ -152,16 +160,19 @@ def validate(
     _harness()
     from validate.device import open_device, provenance
     from validate.report import write_report
-    from validate.runner import run_suite
+    from validate.runner import default_passes, run_suite
     from validate.suites import validation_suite
 
     command = (f"perfmodel validate --device {device.value} --hardware {hardware} "
-               f"--suite {suite.value} --out {out}" + (f" --threads {threads}" if threads else ""))
+               f"--suite {suite.value} --out {out}" + (f" --threads {threads}" if threads else "")
+               + (f" --passes {passes}" if passes else ""))
     try:
         dev = open_device(device.value, threads)
         out.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
-        kernels, steps = run_suite(validation_suite(suite.value), dev, out, hw.name, progress)
+        passes = passes or default_passes(dev)
+        kernels, steps = run_suite(validation_suite(suite.value), dev, out, hw.name, progress,
+                                   passes)
         wall = time.perf_counter() - start
         prov = provenance(dev)
         cal_cmd = (hw.calibration or {}).get("command")
@@ -171,7 +182,9 @@ def validate(
                   f"Host {prov['hostname']}, {prov['cpu_model']}, torch {prov['torch_version']},"
                   f" {dev.threads} threads, timing `{dev.timing}`, {prov['measured_at']}.",
                   f"This invocation measured for {wall:.0f} s (configurations already in "
-                  f"the CSVs are not measured again).",
+                  f"the CSVs are not measured again); each configuration is the fastest "
+                  f"of {passes} passes over the suite (a pass's time is the median of its "
+                  f"samples).",
                   "Errors below are predicted / measured - 1 on the committed rows."]
         path = write_report(out, hw, hardware, kernels.latest(), steps.latest(), header,
                             plots=plots)

@@ -14,6 +14,7 @@ F = torch.nn.functional
 
 from validate import kernels, runner  # noqa: E402
 from validate.device import open_device  # noqa: E402
+from validate.records import KERNEL_COLUMNS, KERNEL_KEY, MeasurementLog  # noqa: E402
 from validate.report import write_report  # noqa: E402
 from validate.suites import Step, Suite, kernel_rows  # noqa: E402
 from validate.tinymodel import TinyLlama  # noqa: E402
@@ -101,6 +102,43 @@ def test_suite_run_and_resume(cpu, tmp_path):
     assert {"timing", "threads", "device_name"} <= set(header)
     again, _ = runner.run_suite(suite, cpu, tmp_path, "test-cpu", progress=False)
     assert len(again.rows) == 5                                   # nothing measured twice
+
+
+def test_passes_keep_the_fastest_and_resume(cpu, tmp_path):
+    """Each configuration is measured once per pass, pass after pass, into the raw CSV; the
+    log keeps the fastest pass; an interrupted run measures only the passes it lacks."""
+    rows = [dict(TINY_ROWS[0]), dict(TINY_ROWS[2])]
+    names = [r["op"] + str(r["m"]) + str(r["n"]) for r in rows]
+    seconds = {names[0]: [3.0, 1.0, 2.0], names[1]: [5.0, 6.0, 7.0]}   # by pass
+    calls: list[tuple[str, int]] = []
+
+    def fake(row, dev, label, seed=0):
+        name = row["op"] + str(row["m"]) + str(row["n"])
+        p = sum(1 for c in calls if c[0] == name)
+        calls.append((name, p))
+        return dict(row) | {"measured_s": seconds[name][p], "device": label, "threads": dev.threads,
+                            "others_busy": 0.0}
+
+    def run(passes: int) -> MeasurementLog:
+        log = MeasurementLog(tmp_path / "m.csv", KERNEL_COLUMNS, KERNEL_KEY)
+        runner._run(rows, dict, fake, cpu, log, "t", False, "k", "config", passes)
+        return log
+
+    log = run(3)
+    assert [p for _, p in calls] == [0, 0, 1, 1, 2, 2]      # pass after pass
+    best = {r["op"] + r["m"] + r["n"]: (float(r["measured_s"]), r["passes"]) for r in log.rows}
+    assert best == {names[0]: (1.0, "3"), names[1]: (5.0, "3")}
+    raw = tmp_path / "m.passes.csv"
+    lines = raw.read_text().splitlines(keepends=True)
+    assert len(lines) == 7                                  # header and 2 configs x 3 passes
+    # interrupted during the last pass: the log and that pass are lost
+    raw.write_text("".join(lines[:5]))
+    (tmp_path / "m.csv").unlink()
+    calls[:] = [c for c in calls if c[1] < 2]
+    log = run(3)
+    assert [p for _, p in calls[4:]] == [2, 2]              # only the missing pass
+    assert len(log.rows) == 2
+    assert run(3).rows == log.rows and len(calls) == 6      # nothing left to measure
 
 
 @pytest.mark.slow

@@ -18,12 +18,12 @@ from perfmodel.specs import SpecError
 
 # kernel rows: the shared schema, then how they were measured
 KERNEL_COLUMNS = (*SCHEMA, "timing", "threads", "device_name", "name", "repeats", "inner",
-                  "measured_min_s", "measured_max_s", "others_busy")
+                  "measured_min_s", "measured_max_s", "others_busy", "passes")
 KERNEL_KEY = (*SHAPE_COLUMNS, "threads")
 # whole layers and model steps (validate/README.md)
 STEP_COLUMNS = ("device", "source", "model", "scope", "phase", "dtype", "batch", "q_len",
                 "kv_len", "measured_s", "measured_std_s", "timing", "threads", "device_name",
-                "repeats", "inner", "others_busy")
+                "repeats", "inner", "others_busy", "passes")
 STEP_KEY = ("scope", "model", "dtype", "batch", "q_len", "kv_len", "threads")
 # a row measured while other processes kept more than this share of the CPUs busy is
 # contended: it is measured again on resume and left out of error statistics
