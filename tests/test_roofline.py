@@ -90,7 +90,7 @@ def test_kernel_memory_fraction_applies_to_its_kind_only(a100):
     from dataclasses import replace
 
     slow_norm = replace(a100, efficiency=replace(
-        a100.efficiency, kernel_memory_fraction={"rms_norm": 0.4}))
+        a100.efficiency, kernel_memory_fraction={"rms_norm": 0.4}, kernel_latency_by_kind={}))
     norm = ops.elementwise("n", "rms_norm", 4096, 4096, act_bytes=2, dtype="bf16")
     add = ops.elementwise("a", "add", 4096, 4096, act_bytes=2, dtype="bf16")
     nb = norm.bytes.total
@@ -113,7 +113,7 @@ def test_kernel_latency_by_kind(a100):
     from dataclasses import replace
 
     slow_start = replace(a100, efficiency=replace(
-        a100.efficiency, kernel_latency_by_kind={"rms_norm": 9e-6}))
+        a100.efficiency, kernel_latency_by_kind={"rms_norm": 9e-6}, kernel_memory_fraction={}))
     norm = ops.elementwise("n", "rms_norm", 1, 64, act_bytes=2, dtype="bf16")
     add = ops.elementwise("a", "add", 1, 64, act_bytes=2, dtype="bf16")
     assert op_time(norm, slow_start, "kernel").time_s == \

@@ -15,7 +15,8 @@ TRUE = {"gemm_fraction": 0.7, "memory_fraction": 0.8, "kernel_latency_s": 4e-6,
 
 
 def synthetic(hw, timing="kernel"):
-    truth = replace(hw, efficiency=replace(hw.efficiency, **TRUE))
+    truth = replace(hw, efficiency=replace(hw.efficiency, **TRUE, kernel_memory_fraction={},
+                                           kernel_latency_by_kind={}))
     shapes = [ops.gemm("g", m, n, k, weight_bytes=2, act_bytes=2, dtype="fp16")
               for m in (1, 16, 128, 1024, 4096) for n, k in ((4096, 4096), (1024, 8192),
                                                               (12288, 512))]
