@@ -211,6 +211,7 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),
         gemm_memory_fraction=_optional_fraction(f, "gemm_memory_fraction"),
         gemv_memory_fraction=_optional_fraction(f, "gemv_memory_fraction"),
+        gemv_k_half=f.quantity("gemv_k_half", "number", 0.0, positive=False),
         kernel_memory_fraction=_per_kind(f.sub("kernel_memory_fraction", required=False),
                                          "number", memory_only=True),
         kernel_latency_by_kind=_per_kind(f.sub("kernel_latency_by_kind", required=False), "s",

@@ -114,12 +114,15 @@ def extra_kernels(op: Op, hw: Hardware) -> int:
 
 
 def memory_efficiency(nbytes: float, hw: Hardware, kind: str = "",
-                      m: float | None = None) -> float:
+                      m: float | None = None, k: float | None = None) -> float:
     """Achievable fraction of peak bandwidth for a ``kind`` kernel moving ``nbytes``; a GEMM
-    (``m`` rows) streams at its own fraction when one is set (GEMV for m = 1)."""
+    (``m`` rows) streams at its own fraction when one is set (GEMV for m = 1, slowed for a
+    short ``k`` by ``gemv_k_half``)."""
     eff = hw.efficiency
     ramp = nbytes / (nbytes + eff.memory_half_bytes) if eff.memory_half_bytes else 1.0
     if kind == "gemm" and m is not None:
+        if m <= 1 and k and eff.gemv_k_half:
+            ramp *= k / (k + eff.gemv_k_half)
         return eff.gemm_memory_fraction_for(m) * ramp
     return eff.memory_fraction_for(kind) * ramp
 
@@ -142,8 +145,9 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     else:
         c_eff = eff.gemm_fraction
     nbytes = op.bytes.total
-    m_eff = memory_efficiency(nbytes, hw, op.kind,
-                              op.shape["m"] if op.kind == "gemm" else None)
+    is_gemm = op.kind == "gemm"
+    m_eff = memory_efficiency(nbytes, hw, op.kind, op.shape["m"] if is_gemm else None,
+                              op.shape["k"] if is_gemm else None)
     compute_s = op.flops / (hw.peak(op.dtype) * c_eff) if op.flops else 0.0
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
     device_s = max(compute_s, memory_s) + eff.latency_for(op.kind) * (1 + extra_kernels(op, hw))

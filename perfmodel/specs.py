@@ -67,6 +67,10 @@ class Efficiency:
     # streaming fraction of a matrix-vector product (m = 1; BLAS runs a GEMV kernel, which
     # does not pack). None: gemm_memory_fraction
     gemv_memory_fraction: float | None = None
+    # GEMV streaming *= k / (k + gemv_k_half): each output element's dot product ends in a
+    # fixed cost (horizontal reduction, store, loop set-up) worth gemv_k_half streamed
+    # elements, so short-k GEMVs stream slower (CPU BLAS; fitted on sync devices). 0: off
+    gemv_k_half: float = 0.0
     # kernel kind -> streaming fraction replacing memory_fraction for that kind (calibrated:
     # e.g. a two-pass norm or a scalar-load activation reaches less than a vector add)
     kernel_memory_fraction: dict[str, float] = field(default_factory=dict)

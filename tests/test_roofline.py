@@ -152,6 +152,23 @@ def test_gemm_and_gemv_streaming_fractions(a100):
     assert op_time(gemv, only_gemm, "kernel").memory_efficiency == pytest.approx(0.4)
 
 
+def test_gemv_depth_ramp(a100):
+    # k/(k + k_half) on the GEMV streaming rate only: k = k_half halves it; m > 1 untouched
+    hw = _cpu_blas(a100, gemv_memory_fraction=0.25, gemv_k_half=512.0)
+    for k in (256, 512, 4096):
+        gemv = _gemm(1, 4096, k)
+        assert op_time(gemv, hw, "kernel").memory_efficiency == pytest.approx(
+            0.25 * k / (k + 512))
+    skinny = _gemm(8, 4096, 512)
+    assert op_time(skinny, hw, "kernel").memory_efficiency == pytest.approx(
+        op_time(skinny, _cpu_blas(a100, gemv_memory_fraction=0.25), "kernel")
+        .memory_efficiency)
+    # deeper GEMVs stream faster, never past the fraction itself
+    effs = [op_time(_gemm(1, 4096, k), hw, "kernel").memory_efficiency
+            for k in (64, 512, 4096, 65536)]
+    assert effs == sorted(effs) and effs[-1] < 0.25
+
+
 def test_cpu_blas_terms_are_off_on_shipped_hardware():
     # defaults leave GPU predictions unchanged: no packing ramp, GEMMs stream at memory_fraction
     shipped = sorted((Path(pm.__file__).parents[1] / "hardware").glob("*.yaml"))
@@ -160,7 +177,7 @@ def test_cpu_blas_terms_are_off_on_shipped_hardware():
         hw = pm.load_hardware(path)
         eff = hw.efficiency
         assert eff.gemm_m_half == 0 and eff.gemm_memory_fraction is None \
-            and eff.gemv_memory_fraction is None, path.name
+            and eff.gemv_memory_fraction is None and eff.gemv_k_half == 0, path.name
         for m in (1, 8):
             op = _gemm(m, 4096, 4096)
             if "bf16" not in hw.peak_flops_per_s and "fp16" not in hw.peak_flops_per_s:

@@ -78,11 +78,13 @@ def test_cpu_blas_terms_are_fitted_for_host_devices_only(a100):
     cpu = replace(a100, efficiency=replace(a100.efficiency, launch_mode="sync"))
     truth = replace(cpu, efficiency=replace(cpu.efficiency, gemm_m_half=40.0,
                                             gemm_memory_fraction=0.3,
-                                            gemv_memory_fraction=0.2))
+                                            gemv_memory_fraction=0.2,
+                                            gemv_k_half=600.0))
     shapes = [ops.gemm("g", m, n, k, weight_bytes=2, act_bytes=2, dtype="bf16")
-              for m in (1, 2, 8, 32, 256, 1024) for n, k in ((4096, 4096), (1024, 8192))]
+              for m in (1, 2, 8, 32, 256, 1024)
+              for n, k in ((4096, 4096), (1024, 8192), (4096, 512))]
     samples = [Sample(op, op_time(op, truth, "host").time_s, "host") for op in shapes]
-    names = ["gemm_m_half", "gemm_memory_fraction", "gemv_memory_fraction"]
+    names = ["gemm_m_half", "gemm_memory_fraction", "gemv_memory_fraction", "gemv_k_half"]
     assert set(names) <= set(free_parameters(samples, cpu))
     assert not set(names) & set(free_parameters(samples, a100))    # GPUs: tiles, as before
     assert not set(names) & set(free_parameters(samples))
@@ -90,3 +92,4 @@ def test_cpu_blas_terms_are_fitted_for_host_devices_only(a100):
     assert result.fitted["gemm_m_half"] == pytest.approx(40.0, rel=0.02)
     assert result.fitted["gemm_memory_fraction"] == pytest.approx(0.3, rel=0.02)
     assert result.fitted["gemv_memory_fraction"] == pytest.approx(0.2, rel=0.02)
+    assert result.fitted["gemv_k_half"] == pytest.approx(600.0, rel=0.05)

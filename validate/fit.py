@@ -35,8 +35,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_m_half": (1e-2, 1e4),
     "gemm_memory_fraction": (0.01, 1.0),
     "gemv_memory_fraction": (0.01, 1.0),
+    "gemv_k_half": (1e-2, 1e5),
 }
-OFF_BELOW = {"gemm_k_half": 0.1, "gemm_m_half": 0.1, "memory_half_bytes": 10.0,
+OFF_BELOW = {"gemm_k_half": 0.1, "gemm_m_half": 0.1, "gemv_k_half": 0.1,
+             "memory_half_bytes": 10.0,
              "kernel_latency_s": 1e-7}
 TILE_CHOICES = (64, 128, 256)
 
@@ -91,7 +93,8 @@ def _value(hw: Hardware, name: str) -> float | None:
 
 def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> list[str]:
     """The parameters these samples can determine (see module docstring). The CPU BLAS
-    terms (panel packing ``gemm_m_half``, GEMM and GEMV streaming fractions) are fitted only
+    terms (panel packing ``gemm_m_half``, GEMM and GEMV streaming fractions, the GEMV
+    depth ramp ``gemv_k_half``) are fitted only
     for a device that runs each op to completion on the host (``launch_mode: sync``); GPU
     GEMMs keep tile padding and the shared streaming fraction."""
     kinds = {s.op.kind for s in samples}
@@ -103,8 +106,12 @@ def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> li
         out += ["gemm_fraction", "gemm_k_half"]
     if hw is not None and hw.efficiency.launch_mode == "sync" and "gemm" in kinds:
         out += ["gemm_m_half", "gemm_memory_fraction"]
-        if any(s.op.kind == "gemm" and s.op.shape["m"] <= 1 for s in samples):
+        gemv_k = {s.op.shape["k"] for s in samples if s.op.kind == "gemm"
+                  and s.op.shape["m"] <= 1}
+        if gemv_k:
             out.append("gemv_memory_fraction")
+        if len(gemv_k) > 1:                 # a k-trend needs GEMVs of more than one depth
+            out.append("gemv_k_half")
     if "attention" in kinds:
         out.append("attention_fraction" if "attention_fraction" in _field_names()
                    else "gemm_fraction")
