@@ -186,5 +186,5 @@ def test_calibration_steps_use_only_the_calibration_model():
     steps = calibration_steps("cpu")
     assert steps and all(s.model is CALIB_CPU and s.scope == "layer" and s.q_len == 1
                          for s in steps)
-    assert sorted(s.batch for s in steps) == [1, 2]
+    assert sorted(s.batch for s in steps) == [1, 1, 1, 2, 3]
     assert calibration_steps("cuda") == ()

@@ -104,6 +104,23 @@ def test_suite_run_and_resume(cpu, tmp_path):
     assert len(again.rows) == 5                                   # nothing measured twice
 
 
+def test_suite_passes_interleave_kernels_and_steps(cpu, tmp_path):
+    kernel_log, step_log = runner.run_suite(SUITE, cpu, tmp_path, "test-cpu", progress=False,
+                                            passes=2)
+    assert len(kernel_log.rows) == 5 and len(step_log.rows) == 2
+    assert {r["passes"] for r in kernel_log.rows + step_log.rows} == {"2"}
+    for name, n in (("measurements.passes.csv", 5), ("steps.passes.csv", 2)):
+        with (tmp_path / name).open() as f:
+            rows = list(csv.DictReader(f))
+        assert sorted(r["pass"] for r in rows) == ["0"] * n + ["1"] * n
+    # each kept row is its configuration's fastest pass
+    with (tmp_path / "measurements.passes.csv").open() as f:
+        raw = list(csv.DictReader(f))
+    for row in kernel_log.rows:
+        same = [float(r["measured_s"]) for r in raw if kernel_log.key(r) == kernel_log.key(row)]
+        assert float(row["measured_s"]) == min(same)
+
+
 def test_passes_keep_the_fastest_and_resume(cpu, tmp_path):
     """Each configuration is measured once per pass, pass after pass, into the raw CSV; the
     log keeps the fastest pass; an interrupted run measures only the passes it lacks."""

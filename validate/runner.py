@@ -8,7 +8,7 @@ stopped. Rows carry the shared schema plus ``timing`` (how launch overhead is in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -114,40 +114,65 @@ def _passes_log(log: MeasurementLog) -> MeasurementLog:
     return MeasurementLog(path, (*log.columns, "pass"), (*log.key_columns, "pass"))
 
 
-def _run(items: list, row_of: Callable[[object], dict], measure: Callable[..., dict],
-         dev: DeviceInfo, log: MeasurementLog, label: str, progress: bool, desc: str,
-         unit: str, passes: int) -> int:
-    """Measure every item whose row is not yet in ``log``; how many were run.
+@dataclass(frozen=True)
+class _Job:
+    """One list of configurations to measure into ``log``."""
 
-    With ``passes`` > 1 the missing items are measured once per pass, pass after pass (so
-    that a slow spell of the host falls on one pass of a configuration, not on all), into
-    the raw per-pass CSV; ``log`` then gets, per configuration, the pass with the lowest
-    median (interference only ever adds time), with ``passes`` saying of how many.
+    items: list
+    row_of: Callable[[object], dict]
+    measure: Callable[..., dict]
+    log: MeasurementLog
+    desc: str
+    unit: str
+
+
+def _run_jobs(jobs: list[_Job], dev: DeviceInfo, label: str, progress: bool,
+              passes: int) -> int:
+    """Measure every item whose row is not yet in its job's log; how many were run.
+
+    With ``passes`` > 1 the missing items are measured once per pass, pass after pass and
+    job after job within a pass (so that a slow spell of the host falls on one pass of a
+    configuration, not on all), into each log's raw per-pass CSV; the log then gets, per
+    configuration, the pass with the lowest median (interference only ever adds time), with
+    ``passes`` saying of how many.
     """
     from tqdm import tqdm
 
     threads = {"threads": dev.threads}
-    todo = [it for it in items if not log.has(row_of(it) | threads)]
+    todo = [[it for it in j.items if not j.log.has(j.row_of(it) | threads)] for j in jobs]
     if passes <= 1:
-        for i, item in enumerate(tqdm(todo, disable=not progress, unit=unit, desc=desc)):
-            log.append(measure_quietly(measure, item, dev, label, i) | {"passes": 1})
-        return len(todo)
-    raw = _passes_log(log)
+        for job, items in zip(jobs, todo, strict=True):
+            for i, item in enumerate(tqdm(items, disable=not progress, unit=job.unit,
+                                          desc=job.desc)):
+                job.log.append(measure_quietly(job.measure, item, dev, label, i)
+                               | {"passes": 1})
+        return sum(map(len, todo))
+    raws = [_passes_log(j.log) for j in jobs]
     for p in range(passes):
-        left = [it for it in todo if not raw.has(row_of(it) | threads | {"pass": p})]
-        for i, item in enumerate(tqdm(left, disable=not progress, unit=unit,
-                                      desc=f"{desc} (pass {p + 1}/{passes})")):
-            raw.append(measure_quietly(measure, item, dev, label, i) | {"pass": p})
-    by_config: dict[tuple, list[dict]] = {}
-    for r in raw.rows:
-        if not contended(r):
-            by_config.setdefault(log.key(r), []).append(r)
-    for item in todo:
-        runs = by_config.get(log.key(row_of(item) | threads), [])
-        if runs:
-            best = min(runs, key=lambda r: float(r["measured_s"]))
-            log.append(best | {"passes": len(runs)})
-    return len(todo)
+        for job, items, raw in zip(jobs, todo, raws, strict=True):
+            left = [it for it in items if not raw.has(job.row_of(it) | threads | {"pass": p})]
+            for i, item in enumerate(tqdm(left, disable=not progress, unit=job.unit,
+                                          desc=f"{job.desc} (pass {p + 1}/{passes})")):
+                raw.append(measure_quietly(job.measure, item, dev, label, i) | {"pass": p})
+    for job, items, raw in zip(jobs, todo, raws, strict=True):
+        by_config: dict[tuple, list[dict]] = {}
+        for r in raw.rows:
+            if not contended(r):
+                by_config.setdefault(job.log.key(r), []).append(r)
+        for item in items:
+            runs = by_config.get(job.log.key(job.row_of(item) | threads), [])
+            if runs:
+                best = min(runs, key=lambda r: float(r["measured_s"]))
+                job.log.append(best | {"passes": len(runs)})
+    return sum(map(len, todo))
+
+
+def _run(items: list, row_of: Callable[[object], dict], measure: Callable[..., dict],
+         dev: DeviceInfo, log: MeasurementLog, label: str, progress: bool, desc: str,
+         unit: str, passes: int) -> int:
+    """``_run_jobs`` for one list."""
+    return _run_jobs([_Job(items, row_of, measure, log, desc, unit)], dev, label, progress,
+                     passes)
 
 
 def run_kernels(rows: list[dict], dev: DeviceInfo, log: MeasurementLog, label: str,
@@ -165,14 +190,16 @@ def run_suite(suite: Suite, dev: DeviceInfo, out: Path, label: str,
 
     Kernel rows go to ``out/measurements.csv``, layers and model steps to
     ``out/steps.csv``; each row is written as soon as it is measured (with ``passes`` > 1,
-    into the per-pass CSVs beside them, see ``_run``).
+    into the per-pass CSVs beside them: each pass measures the kernels, then the steps).
     """
     kernel_log = MeasurementLog(out / "measurements.csv", KERNEL_COLUMNS, KERNEL_KEY)
     step_log = MeasurementLog(out / "steps.csv", STEP_COLUMNS, STEP_KEY)
-    run_kernels(list(suite.kernels), dev, kernel_log, label, progress,
-                f"{suite.name} suite: kernels", passes)
-    run_steps(list(suite.steps), dev, step_log, label, progress,
-              f"{suite.name} suite: layers and steps", passes)
+    with torch.inference_mode():
+        _run_jobs([_Job(list(suite.kernels), dict, measure_kernel, kernel_log,
+                        f"{suite.name} suite: kernels", "config"),
+                   _Job(list(suite.steps), Step.row, measure_step, step_log,
+                        f"{suite.name} suite: layers and steps", "step")],
+                  dev, label, progress, passes)
     return kernel_log, step_log
 
 
