@@ -140,20 +140,18 @@ def _run_jobs(jobs: list[_Job], dev: DeviceInfo, label: str, progress: bool,
 
     threads = {"threads": dev.threads}
     todo = [[it for it in j.items if not j.log.has(j.row_of(it) | threads)] for j in jobs]
-    if passes <= 1:
-        for job, items in zip(jobs, todo, strict=True):
-            for i, item in enumerate(tqdm(items, disable=not progress, unit=job.unit,
-                                          desc=job.desc)):
-                job.log.append(measure_quietly(job.measure, item, dev, label, i)
-                               | {"passes": 1})
-        return sum(map(len, todo))
-    raws = [_passes_log(j.log) for j in jobs]
+    # one pass writes straight to the logs; more go to the raw CSVs, merged below
+    raws = [j.log for j in jobs] if passes <= 1 else [_passes_log(j.log) for j in jobs]
     for p in range(passes):
+        tag = {"passes": 1} if passes <= 1 else {"pass": p}
         for job, items, raw in zip(jobs, todo, raws, strict=True):
-            left = [it for it in items if not raw.has(job.row_of(it) | threads | {"pass": p})]
+            left = [it for it in items if not raw.has(job.row_of(it) | threads | tag)]
+            desc = job.desc if passes <= 1 else f"{job.desc} (pass {p + 1}/{passes})"
             for i, item in enumerate(tqdm(left, disable=not progress, unit=job.unit,
-                                          desc=f"{job.desc} (pass {p + 1}/{passes})")):
-                raw.append(measure_quietly(job.measure, item, dev, label, i) | {"pass": p})
+                                          desc=desc)):
+                raw.append(measure_quietly(job.measure, item, dev, label, i) | tag)
+    if passes <= 1:
+        return sum(map(len, todo))
     for job, items, raw in zip(jobs, todo, raws, strict=True):
         by_config: dict[tuple, list[dict]] = {}
         for r in raw.rows:
