@@ -207,6 +207,8 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         gemm_k_half=f.quantity("gemm_k_half", "number", 128.0, positive=False),
         attention_fraction=(f.quantity("attention_fraction", "number", maximum=1.0)
                             if f.has("attention_fraction") else f.raw("attention_fraction", None)),
+        attention_tile_q=_tile_steps(f, "attention_tile_q", 128),
+        attention_tile_kv=f.integer("attention_tile_kv", 64),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
         gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),
         gemm_memory_fraction=_optional_fraction(f, "gemm_memory_fraction"),
@@ -222,6 +224,24 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
     _sources(f, "efficiency", sources)
     f.finish()
     return out
+
+
+def _tile_steps(f: Fields, key: str, default: int) -> tuple[tuple[int, int], ...]:
+    """A tile size, or a mapping {min q_len: tile} for a kernel that picks it by length."""
+    value = f.raw(key, default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise f.error(key, f"expected an integer >= 1, got {value}")
+        return ((1, value),)
+    if isinstance(value, dict) and value:
+        steps = []
+        for k, v in value.items():
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1 or \
+                    isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise f.error(key, f"expected integer q_len: tile pairs >= 1, got {k!r}: {v!r}")
+            steps.append((k, v))
+        return tuple(sorted(steps))
+    raise f.error(key, f"expected an integer or a mapping {{min q_len: tile}}, got {value!r}")
 
 
 def _optional_fraction(f: Fields, key: str) -> float | None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from perfmodel.ops import Op
+import numpy as np
+
+from perfmodel.ops import Op, attended_positions
 from perfmodel.specs import Hardware
 
 _SPLIT_K_MIN_DEPTH = 256   # split-K slices are at least this deep (k elements)
@@ -88,18 +90,53 @@ def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -
 
 
 def attention_efficiency(op: Op, hw: Hardware) -> float:
-    """FlashAttention compute efficiency: the attention fraction x waves of query-block tiles
-    over the compute units x query padding. A tile holds 128 query rows of one KV head of one
-    sequence; the query heads sharing a KV head are packed into those rows (FlashAttention's
-    GQA packing, which decode relies on), so rows = q_len x n_heads / n_kv_heads."""
+    """FlashAttention compute efficiency: the attention fraction x how much of the device's
+    tile time does useful work.
+
+    Decode (q_len = 1): a program holds 128 query rows of one KV head of one sequence; the
+    query heads sharing a KV head are packed into those rows (FlashAttention's GQA packing),
+    so rows = n_heads / n_kv_heads, padded to a tile, in waves over the compute units.
+    Prefill: see ``prefill_tile_fraction``.
+    """
     s = op.shape
-    group = s["n_heads"] // s["n_kv_heads"]
-    rows = s["q_len"] * group
+    if s["q_len"] > 1:
+        return hw.efficiency.attention * prefill_tile_fraction(op, hw)
+    rows = s["n_heads"] // s["n_kv_heads"]
     blocks = s["batch"] * s["n_kv_heads"] * math.ceil(rows / 128)
     units = hw.compute_units
     wave = blocks / (math.ceil(blocks / units) * units)
     pad_q, _ = _pad(rows, 128)
     return hw.efficiency.attention * wave * pad_q
+
+
+def prefill_tile_fraction(op: Op, hw: Hardware) -> float:
+    """Useful share of the tile time of a prefill attention.
+
+    One program per (sequence, query head, block of ``bq`` query rows) steps over key tiles of
+    ``bk``: block i needs the tiles from the first key its first row sees (a sliding window
+    drops earlier ones) to the last key its last row sees (causal), diagonal tiles in full.
+    Programs run on ``compute_units``; with unequal programs (causal) the busiest unit
+    finishes last: T = max(longest program, total / units + the idle share of the last
+    wave x the shortest program), the longest-first schedule FlashAttention uses for causal
+    prefill. Fraction = attended positions / (units x T x tile area).
+    """
+    s = op.shape
+    eff = hw.efficiency
+    q, kv = int(s["q_len"]), int(s["kv_len"])
+    window = int(s.get("window") or 0)
+    bq, bk = eff.attention_q_tile(q), eff.attention_tile_kv
+    prior = kv - q
+    first_row = prior + np.arange(0, q, bq)                 # 0-based position of each block
+    last_key = np.minimum(first_row + bq, kv)               # keys seen by its last row
+    first_key = np.maximum(first_row + 1 - window, 0) if window else np.zeros_like(first_row)
+    tiles = np.ceil(last_key / bk) - np.floor(first_key / bk)
+    programs = s["batch"] * s["n_heads"]
+    units = hw.compute_units
+    n = programs * len(tiles)
+    busy = max(float(tiles.max()), programs * float(tiles.sum()) / units
+               + (math.ceil(n / units) - n / units) * float(tiles.min()))
+    useful = programs * attended_positions(q, kv, window or None) / (bq * bk)
+    return min(1.0, useful / (units * busy))
 
 
 def extra_kernels(op: Op, hw: Hardware) -> int:

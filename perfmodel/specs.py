@@ -56,6 +56,13 @@ class Efficiency:
     # FlashAttention's MMA rate: softmax and rescaling share the SMs with the tensor cores.
     # None: 0.84 x gemm_fraction (FA2 73% vs cuBLAS 87% of A100 peak, Dao 2023)
     attention_fraction: float | None = None
+    # FlashAttention prefill tiles: a program holds attention_tile_q query rows of one head
+    # and steps over the keys attention_tile_kv at a time; a causal mask skips the key tiles
+    # past the diagonal but computes the diagonal ones in full. The query tile is given as
+    # (min q_len, tile) steps, since a kernel may pick it by sequence length (PyTorch's CPU
+    # flash attention does). Default: FlashAttention-2 for head_dim 128 on sm80 (128 x 64).
+    attention_tile_q: tuple[tuple[int, int], ...] = ((1, 128),)
+    attention_tile_kv: int = 64
     memory_half_bytes: float = 0.0      # bandwidth efficiency *= b / (b + memory_half_bytes)
     # GEMM efficiency *= m / (m + gemm_m_half) for m > 1, replacing the row padding: a CPU
     # BLAS packs each weight panel once per call and reuses it for the m rows, so the packing
@@ -95,6 +102,14 @@ class Efficiency:
         if self.gemm_memory_fraction is not None:
             return self.gemm_memory_fraction
         return self.memory_fraction
+
+    def attention_q_tile(self, q_len: float) -> int:
+        """Query rows per attention program for a prefill of ``q_len`` new tokens."""
+        tile = self.attention_tile_q[0][1]
+        for min_q, step in self.attention_tile_q:
+            if q_len >= min_q:
+                tile = step
+        return tile
 
     def latency_for(self, kind: str) -> float:
         return self.kernel_latency_by_kind.get(kind, self.kernel_latency_s)

@@ -74,8 +74,21 @@ BAD_HARDWARE = [
                      "  kernel_latency_s:"), "kernel_memory_fraction.gemm: expected a memory"),
     (HW_YAML.replace("  kernel_latency_s:", "  launch_mode: eager\n  kernel_latency_s:"),
      "efficiency.launch_mode: expected one of async, sync"),
+    (HW_YAML.replace("  kernel_latency_s:", "  attention_tile_q: {1: 32, 768: big}\n"
+                     "  kernel_latency_s:"), "efficiency.attention_tile_q: expected integer"),
+    (HW_YAML.replace("  kernel_latency_s:", "  attention_tile_q: 0\n  kernel_latency_s:"),
+     "efficiency.attention_tile_q: expected an integer >= 1"),
     ("- just\n- a list\n", "mapping"),
 ]
+
+
+def test_attention_query_tile_steps_load(tmp_path):
+    text = HW_YAML.replace("  kernel_latency_s:", "  attention_tile_q: {768: 256, 1: 32, 192: 64}"
+                           "\n  attention_tile_kv: 512\n  kernel_latency_s:")
+    eff = load_hardware(_write(tmp_path, text)).efficiency
+    assert eff.attention_tile_q == ((1, 32), (192, 64), (768, 256))
+    assert eff.attention_tile_kv == 512
+    assert load_hardware(_write(tmp_path, HW_YAML)).efficiency.attention_tile_q == ((1, 128),)
 
 
 @pytest.mark.parametrize(("text", "message"), BAD_HARDWARE)

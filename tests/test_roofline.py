@@ -8,7 +8,7 @@ import pytest
 
 import perfmodel as pm
 from perfmodel import ops
-from perfmodel.roofline import gemm_efficiency, memory_efficiency, op_time
+from perfmodel.roofline import gemm_efficiency, memory_efficiency, op_time, prefill_tile_fraction
 
 BW = 2.039e12 * 0.865          # A100 80GB: peak bandwidth x memory_fraction
 PEAK = 312e12                  # bf16 dense
@@ -49,12 +49,70 @@ def test_shallow_k_is_less_efficient(a100):
 
 
 def test_attention_fraction(a100, h100):
-    # A100 file: FlashAttention-2 forward 73% of peak; 32 heads x 32 q-blocks fill 1024/1080
+    # A100 file: FlashAttention-2 forward 73% of peak, 128 x 64 tiles. Block i of 128 rows
+    # needs 2(i+1) key tiles (causal): 1056 per head, 32 heads = 1024 programs, 33,792 tiles
+    # on 108 SMs = 312.89 each, + the idle 0.5185 of the 10th wave x the shortest (2 tiles).
+    # Useful: 32 heads x 4096 x 4097 / 2 positions / 8192 per tile = 32,776 tiles.
     op = ops.attention("a", batch=1, q_len=4096, kv_len=4096, n_heads=32, n_kv_heads=8,
                        qk_dim=128, v_dim=128, act_bytes=2, kv_bytes=2, dtype="bf16")
     t = op_time(op, a100, "kernel")
-    assert t.compute_efficiency == pytest.approx(a100.efficiency.attention * 1024 / 1080)
+    busy = 32 * 1056 / 108 + (10 - 1024 / 108) * 2
+    assert t.compute_efficiency == pytest.approx(0.73 * 32776 / (108 * busy))
     assert t.bound == "compute"
+
+
+def _one_unit(hw, **eff):
+    return replace(hw, compute_units=1, efficiency=replace(hw.efficiency, **eff))
+
+
+def _prefill(q, kv, heads=1, window=None):
+    return ops.attention("a", batch=1, q_len=q, kv_len=kv, n_heads=heads, n_kv_heads=1,
+                         qk_dim=128, v_dim=128, act_bytes=2, kv_bytes=2, dtype="bf16",
+                         window=window)
+
+
+def test_causal_prefill_computes_diagonal_tiles_in_full(a100):
+    hw = _one_unit(a100)
+    # 128 new tokens, no prior context: 2 key tiles of 64 = 16,384 scores, 8,256 attended
+    assert prefill_tile_fraction(_prefill(128, 128), hw) == pytest.approx(8256 / 16384)
+    # after 1024 cached tokens: 18 key tiles, 128 x 1024 + 8,256 attended
+    assert prefill_tile_fraction(_prefill(128, 1152), hw) == \
+        pytest.approx((128 * 1024 + 8256) / (18 * 8192))
+    # a longer prompt wastes a smaller share on the diagonal
+    assert prefill_tile_fraction(_prefill(2048, 2048), hw) > \
+        prefill_tile_fraction(_prefill(256, 256), hw)
+
+
+def test_sliding_window_prefill_skips_tiles_before_the_window(a100):
+    # 512 tokens, window 128: blocks of 128 rows need key tiles [0,2), [0,4), [2,6), [4,8) =
+    # 14 tiles; attended: positions 1..128 see p (8,256), the other 384 see 128 (49,152)
+    frac = prefill_tile_fraction(_prefill(512, 512, window=128), _one_unit(a100))
+    assert frac == pytest.approx((8256 + 384 * 128) / (14 * 8192))
+
+
+def test_few_programs_wait_for_the_longest(a100):
+    # one head, 4096 tokens: 32 programs on 108 SMs, so the last block's 64 tiles set the time
+    frac = prefill_tile_fraction(_prefill(4096, 4096), a100)
+    assert frac == pytest.approx(4096 * 4097 / 2 / 8192 / (108 * 64))
+
+
+def test_query_tile_steps_by_length(a100):
+    hw = _one_unit(a100, attention_tile_q=((1, 32), (192, 64), (768, 256)), attention_tile_kv=1)
+    eff = hw.efficiency
+    assert [eff.attention_q_tile(q) for q in (2, 191, 192, 767, 768, 5000)] == \
+        [32, 32, 64, 64, 256, 256]
+    # key tiles of 1: only the masked half of each diagonal block is wasted
+    # 256 tokens in 64-row blocks: block i computes 64 x 64(i+1) scores
+    scores = sum(64 * 64 * (i + 1) for i in range(4))
+    assert prefill_tile_fraction(_prefill(256, 256), hw) == pytest.approx(256 * 257 / 2 / scores)
+
+
+@pytest.mark.parametrize("q,kv,heads", [(7, 7, 3), (100, 900, 5), (3000, 3000, 40),
+                                        (129, 129, 1), (64, 8192, 64)])
+def test_prefill_tile_fraction_is_a_fraction(a100, h100, q, kv, heads):
+    for hw in (a100, h100, _one_unit(a100)):
+        frac = prefill_tile_fraction(_prefill(q, kv, heads), hw)
+        assert 0 < frac <= 1
 
 
 def test_timing_modes(a100):

@@ -74,6 +74,15 @@ def launch_seconds(rows: list[dict]) -> float:
     return min(probes) if probes else 0.0
 
 
+# PyTorch's CPU flash attention (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) takes
+# 32 query rows per block below q_len 192, 64 below 768, then 256, and walks the keys in
+# 512-key splits whose last split stops at the block's last causal key: in key terms every
+# key up to the block's last row is computed, which is a key tile of 1. (CUDA: torch's SDPA
+# runs FlashAttention-2, whose 128 x 64 tiles are the Efficiency default.)
+CPU_ATTENTION_TILES = {"attention_tile_q": ((1, 32), (192, 64), (768, 256)),
+                       "attention_tile_kv": 1}
+
+
 def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
     """Measured roofs with neutral efficiencies, the starting point of the fit."""
     bandwidth = measured_bandwidth(rows)
@@ -86,7 +95,8 @@ def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
         efficiency=Efficiency(gemm_fraction=1.0, memory_fraction=1.0, kernel_latency_s=0.0,
                               launch_overhead_s=launch_seconds(rows),
                               # a CPU runs each op to completion: dispatch adds, never overlaps
-                              launch_mode="sync" if dev.kind == "cpu" else "async"),
+                              launch_mode="sync" if dev.kind == "cpu" else "async",
+                              **(CPU_ATTENTION_TILES if dev.kind == "cpu" else {})),
         vendor="nvidia" if dev.kind == "cuda" else "other",
         description=f"{dev.name}{threads} (measured by perfmodel calibrate)")
 
@@ -161,6 +171,8 @@ def fit_layer_overhead(step_rows: list[dict], hw: Hardware,
 def _efficiency_block(eff: Efficiency, source: str) -> dict:
     out = {f.name: getattr(eff, f.name) for f in fields(Efficiency)
            if getattr(eff, f.name) is not None}
+    steps = eff.attention_tile_q
+    out["attention_tile_q"] = steps[0][1] if len(steps) == 1 else dict(steps)
     return out | {"source": source}
 
 
