@@ -1,0 +1,58 @@
+"""Split Vidur's A100 prefill attention into the chunk's own causal triangle and the prior context.
+
+For each chunk length q, the time of a chunk after kv_len - q cached tokens grows linearly
+in kv_len; the slope (seconds per cached key) gives the rate at which the kernel attends to
+prior context, and the kv_len = q row gives the rate of the chunk's own causal triangle.
+The same split is printed for perfmodel's prediction with the shipped A100 file, so the two
+parts can be compared separately. Nothing is fitted.
+
+    python reports/a100/attention_increment.py [../shared/measurements/vidur-a100-attention.csv]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import perfmodel as pm
+from perfmodel import ops
+from perfmodel.roofline import op_time
+
+DEFAULT = Path(__file__).resolve().parents[3] / "shared/measurements/vidur-a100-attention.csv"
+
+
+def predicted(hw: pm.Hardware, row: pd.Series) -> float:
+    op = ops.attention("a", batch=int(row.batch), q_len=int(row.q_len), kv_len=int(row.kv_len),
+                       n_heads=int(row.n_heads), n_kv_heads=int(row.n_kv_heads),
+                       qk_dim=int(row.head_dim), v_dim=int(row.head_dim), act_bytes=2,
+                       kv_bytes=2, dtype="fp16")
+    return op_time(op, hw, "kernel").time_s
+
+
+def main(path: Path) -> None:
+    hw = pm.hardware("a100-80gb-sxm")
+    data = pd.read_csv(path)
+    prefill = data[(data.q_len > 1) & (data.batch == 1)].copy()
+    prefill["predicted_s"] = [predicted(hw, r) for r in prefill.itertuples()]
+    print(f"{path.name}: batch-1 prefill rows, TFLOP/s (4 x q x heads x head_dim per key)")
+    print(f"{'q_len':>6} {'prior ctx: measured':>20} {'predicted':>10} "
+          f"{'own triangle: measured':>23} {'predicted':>10}")
+    for q, g in prefill.groupby("q_len"):
+        later = g[g.kv_len >= q + 256]
+        first = g[g.kv_len == q]
+        if len(later) < 4 or first.empty or q % 384:
+            continue
+        per_key = 4 * q * g.n_heads.iloc[0] * g.head_dim.iloc[0]
+        tri = per_key * (q + 1) / 2
+        slope_m = np.polyfit(later.kv_len, later.measured_s, 1)[0]
+        slope_p = np.polyfit(later.kv_len, later.predicted_s, 1)[0]
+        print(f"{q:>6} {per_key / slope_m / 1e12:>20.0f} {per_key / slope_p / 1e12:>10.0f} "
+              f"{tri / first.measured_s.median() / 1e12:>23.0f} "
+              f"{tri / first.predicted_s.median() / 1e12:>10.0f}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT)
