@@ -14,7 +14,7 @@ F = torch.nn.functional
 
 from validate import kernels, runner  # noqa: E402
 from validate.device import open_device  # noqa: E402
-from validate.records import KERNEL_COLUMNS, KERNEL_KEY, MeasurementLog  # noqa: E402
+from validate.records import KERNEL_COLUMNS, KERNEL_KEY, MeasurementLog, contended  # noqa: E402
 from validate.report import write_report  # noqa: E402
 from validate.suites import Step, Suite, kernel_rows  # noqa: E402
 from validate.tinymodel import TinyLlama  # noqa: E402
@@ -156,6 +156,31 @@ def test_passes_keep_the_fastest_and_resume(cpu, tmp_path):
     assert [p for _, p in calls[4:]] == [2, 2]              # only the missing pass
     assert len(log.rows) == 2
     assert run(3).rows == log.rows and len(calls) == 6      # nothing left to measure
+
+
+def test_passes_prefer_quiet_runs_and_keep_contended_only_as_a_last_resort(cpu, tmp_path,
+                                                                          monkeypatch):
+    """A contended pass loses to any quiet one even when faster; a configuration contended on
+    every pass still gets its fastest row, flagged by others_busy (as with one pass)."""
+    rows = [dict(TINY_ROWS[0]), dict(TINY_ROWS[2])]
+    names = [r["op"] + str(r["m"]) + str(r["n"]) for r in rows]
+    runs = {names[0]: [(2.0, 0.0), (1.0, 0.9)], names[1]: [(4.0, 0.9), (3.0, 0.8)]}
+    seen: dict[str, int] = {}
+
+    def fake(row, dev, label, seed=0):
+        name = row["op"] + str(row["m"]) + str(row["n"])
+        p = seen.get(name, 0)
+        seen[name] = p + 1
+        t, busy = runs[name][min(p, 1)]
+        return dict(row) | {"measured_s": t, "device": label, "threads": dev.threads,
+                            "others_busy": busy}
+
+    monkeypatch.setattr(runner, "RETRIES", 0)           # no re-measuring a contended pass
+    log = MeasurementLog(tmp_path / "m.csv", KERNEL_COLUMNS, KERNEL_KEY)
+    runner._run(rows, dict, fake, cpu, log, "t", False, "k", "config", 2)
+    got = {r["op"] + r["m"] + r["n"]: (float(r["measured_s"]), r["passes"], contended(r))
+           for r in log.rows}
+    assert got == {names[0]: (2.0, "1", False), names[1]: (3.0, "2", True)}
 
 
 @pytest.mark.slow

@@ -133,8 +133,9 @@ def _run_jobs(jobs: list[_Job], dev: DeviceInfo, label: str, progress: bool,
     With ``passes`` > 1 the missing items are measured once per pass, pass after pass and
     job after job within a pass (so that a slow spell of the host falls on one pass of a
     configuration, not on all), into each log's raw per-pass CSV; the log then gets, per
-    configuration, the pass with the lowest median (interference only ever adds time), with
-    ``passes`` saying of how many.
+    configuration, the uncontended pass with the lowest median (interference only ever adds
+    time), with ``passes`` saying of how many; when every pass was contended, the fastest of
+    them, flagged by its ``others_busy`` like a single contended pass.
     """
     from tqdm import tqdm
 
@@ -155,10 +156,12 @@ def _run_jobs(jobs: list[_Job], dev: DeviceInfo, label: str, progress: bool,
     for job, items, raw in zip(jobs, todo, raws, strict=True):
         by_config: dict[tuple, list[dict]] = {}
         for r in raw.rows:
-            if not contended(r):
-                by_config.setdefault(job.log.key(r), []).append(r)
+            by_config.setdefault(job.log.key(r), []).append(r)
         for item in items:
             runs = by_config.get(job.log.key(job.row_of(item) | threads), [])
+            # contended passes count only when every pass was (the row then says so, as a
+            # single pass's would, and reports leave it out)
+            runs = [r for r in runs if not contended(r)] or runs
             if runs:
                 best = min(runs, key=lambda r: float(r["measured_s"]))
                 job.log.append(best | {"passes": len(runs)})
