@@ -209,6 +209,7 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
                             if f.has("attention_fraction") else f.raw("attention_fraction", None)),
         attention_tile_q=_tile_steps(f, "attention_tile_q", 128),
         attention_tile_kv=f.integer("attention_tile_kv", 64),
+        attention_pack_gqa=f.flag("attention_pack_gqa", True),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
         gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),
         gemm_memory_fraction=_optional_fraction(f, "gemm_memory_fraction"),

@@ -118,24 +118,38 @@ def prefill_tile_fraction(op: Op, hw: Hardware) -> float:
     Programs run on ``compute_units``; with unequal programs (causal) the busiest unit
     finishes last: T = max(longest program, total / units + the idle share of the last
     wave x the shortest program), the longest-first schedule FlashAttention uses for causal
-    prefill. Fraction = attended positions / (units x T x tile area).
+    prefill. Fraction = attended positions / (units x T x tile area). With
+    ``attention_pack_gqa`` the query heads of a KV group may instead share a block's rows
+    (bq / group positions per block, one program per KV head): the better of the two counts.
     """
+    s = op.shape
+    eff = hw.efficiency
+    group = s["n_heads"] // s["n_kv_heads"]
+    frac = _tile_fraction(op, hw, 1)
+    if eff.attention_pack_gqa and group > 1:
+        frac = max(frac, _tile_fraction(op, hw, group))
+    return frac
+
+
+def _tile_fraction(op: Op, hw: Hardware, packed: int) -> float:
+    """``prefill_tile_fraction`` with ``packed`` query heads per block row set (1: none)."""
     s = op.shape
     eff = hw.efficiency
     q, kv = int(s["q_len"]), int(s["kv_len"])
     window = int(s.get("window") or 0)
     bq, bk = eff.attention_q_tile(q), eff.attention_tile_kv
+    span = max(1, bq // packed)                             # positions per block
     prior = kv - q
-    first_row = prior + np.arange(0, q, bq)                 # 0-based position of each block
-    last_key = np.minimum(first_row + bq, kv)               # keys seen by its last row
+    first_row = prior + np.arange(0, q, span)               # 0-based position of each block
+    last_key = np.minimum(first_row + span, kv)             # keys seen by its last row
     first_key = np.maximum(first_row + 1 - window, 0) if window else np.zeros_like(first_row)
     tiles = np.ceil(last_key / bk) - np.floor(first_key / bk)
-    programs = s["batch"] * s["n_heads"]
+    programs = s["batch"] * s["n_heads"] // packed
     units = hw.compute_units
     n = programs * len(tiles)
     busy = max(float(tiles.max()), programs * float(tiles.sum()) / units
                + (math.ceil(n / units) - n / units) * float(tiles.min()))
-    useful = programs * attended_positions(q, kv, window or None) / (bq * bk)
+    useful = s["batch"] * s["n_heads"] * attended_positions(q, kv, window or None) / (bq * bk)
     return min(1.0, useful / (units * busy))
 
 

@@ -63,6 +63,11 @@ class Efficiency:
     # flash attention does). Default: FlashAttention-2 for head_dim 128 on sm80 (128 x 64).
     attention_tile_q: tuple[tuple[int, int], ...] = ((1, 128),)
     attention_tile_kv: int = 64
+    # the query heads sharing a KV head may share a tile's rows (FlashAttention-3's PackGQA,
+    # FlashInfer): a short chunk (speculative verification, small chunked prefill) then fills
+    # the rows with heads instead of padding. Decode (q_len = 1) always packs. The model takes
+    # the better of packed and unpacked when true; false: prefill never packs (FA2, CPU)
+    attention_pack_gqa: bool = True
     memory_half_bytes: float = 0.0      # bandwidth efficiency *= b / (b + memory_half_bytes)
     # GEMM efficiency *= m / (m + gemm_m_half) for m > 1, replacing the row padding: a CPU
     # BLAS packs each weight panel once per call and reuses it for the m rows, so the packing

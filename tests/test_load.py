@@ -78,6 +78,8 @@ BAD_HARDWARE = [
                      "  kernel_latency_s:"), "efficiency.attention_tile_q: expected integer"),
     (HW_YAML.replace("  kernel_latency_s:", "  attention_tile_q: 0\n  kernel_latency_s:"),
      "efficiency.attention_tile_q: expected an integer >= 1"),
+    (HW_YAML.replace("  kernel_latency_s:", "  attention_pack_gqa: maybe\n  kernel_latency_s:"),
+     "efficiency.attention_pack_gqa: expected true or false"),
     ("- just\n- a list\n", "mapping"),
 ]
 

@@ -107,6 +107,22 @@ def test_query_tile_steps_by_length(a100):
     assert prefill_tile_fraction(_prefill(256, 256), hw) == pytest.approx(256 * 257 / 2 / scores)
 
 
+def test_short_chunks_pack_the_kv_group_into_rows(a100, h100):
+    # 4 new tokens after 4092 cached, 8 query heads on one KV head (speculative verification).
+    # attended: 4 x 4092 + 10 = 16,378 positions per head
+    op = ops.attention("a", batch=1, q_len=4, kv_len=4096, n_heads=8, n_kv_heads=1,
+                       qk_dim=128, v_dim=128, act_bytes=2, kv_bytes=2, dtype="bf16")
+    useful = 8 * 16378
+    # H100 file (FlashAttention-3, 128 x 128, PackGQA): one block holds 16 positions x 8 heads,
+    # so one program walks 32 key tiles
+    assert prefill_tile_fraction(op, _one_unit(h100)) == pytest.approx(useful / (32 * 128 * 128))
+    # A100 file (FlashAttention-2, 128 x 64, no packing): 8 programs of 64 key tiles, 4 of
+    # each 128 rows used
+    assert not a100.efficiency.attention_pack_gqa
+    assert prefill_tile_fraction(op, _one_unit(a100)) == \
+        pytest.approx(useful / (8 * 64 * 128 * 64))
+
+
 @pytest.mark.parametrize("q,kv,heads", [(7, 7, 3), (100, 900, 5), (3000, 3000, 40),
                                         (129, 129, 1), (64, 8192, 64)])
 def test_prefill_tile_fraction_is_a_fraction(a100, h100, q, kv, heads):

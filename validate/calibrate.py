@@ -78,7 +78,8 @@ def launch_seconds(rows: list[dict]) -> float:
 # 32 query rows per block below q_len 192, 64 below 768, then 256, and walks the keys in
 # 512-key splits whose last split stops at the block's last causal key: in key terms every
 # key up to the block's last row is computed, which is a key tile of 1. (CUDA: torch's SDPA
-# runs FlashAttention-2, whose 128 x 64 tiles are the Efficiency default.)
+# runs FlashAttention-2, whose 128 x 64 tiles are the Efficiency default.) Neither packs the
+# query heads of a KV group into one block for prefill, so no calibrated file does.
 CPU_ATTENTION_TILES = {"attention_tile_q": ((1, 32), (192, 64), (768, 256)),
                        "attention_tile_kv": 1}
 
@@ -96,6 +97,7 @@ def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
                               launch_overhead_s=launch_seconds(rows),
                               # a CPU runs each op to completion: dispatch adds, never overlaps
                               launch_mode="sync" if dev.kind == "cpu" else "async",
+                              attention_pack_gqa=False,
                               **(CPU_ATTENTION_TILES if dev.kind == "cpu" else {})),
         vendor="nvidia" if dev.kind == "cuda" else "other",
         description=f"{dev.name}{threads} (measured by perfmodel calibrate)")
