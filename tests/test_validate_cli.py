@@ -124,6 +124,10 @@ def test_calibrate_then_validate(tmp_path, tiny_harness):
     cal = hw.calibration
     assert cal["threads"] == 1 and cal["torch_version"] and cal["hostname"]
     assert "gemm fp32 m=64 n=64 k=64" in cal["fit_shapes"]
+    # PyTorch's CPU flash attention: query blocks by length, exact keys, no GQA packing
+    eff = hw.efficiency
+    assert eff.attention_tile_q == ((1, 32), (192, 64), (768, 256))
+    assert eff.attention_tile_kv == 1 and not eff.attention_pack_gqa
     assert (tmp_path / "cpu-test.calibration.csv").is_file()
     # no kernel of the calibration layers in this sweep: each op counts at its predicted time
     glue = cal["layer_overhead"]
