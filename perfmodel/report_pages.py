@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from perfmodel import report
 from perfmodel.estimate import DECODE_SAMPLES, Estimate
 from perfmodel.plots import decode_context
-from perfmodel.specs import DTYPE_BYTES, compute_dtype
+from perfmodel.specs import DTYPE_BYTES, Efficiency, compute_dtype
 from perfmodel.units import fmt_bytes, fmt_rate, fmt_time
 
 
@@ -192,6 +192,8 @@ def assumptions(e: Estimate, decode_samples: int | None) -> list[Block]:
                 ["memory_fraction (streaming / peak bandwidth)", f"{eff.memory_fraction:g}"],
                 ["collective_fraction", f"{eff.collective_fraction:g}"],
                 ["GEMM tile (wave quantization)", f"{eff.gemm_tile_m} x {eff.gemm_tile_n}"],
+                ["attention_fraction (FlashAttention MMA / peak)", f"{eff.attention:g}"],
+                ["attention prefill tile (query rows x keys)", _attention_tile(eff)],
                 ["kernel_latency (per kernel, device)", fmt_time(eff.kernel_latency_s)],
                 ["launch_overhead (per kernel, host)", fmt_time(eff.launch_overhead_s)],
                 ["gemm_k_half (k-depth ramp, 0 = off)", f"{eff.gemm_k_half:g}"],
@@ -359,3 +361,12 @@ def comparison_report(estimates: Sequence[Estimate], whole: dict[str, float], co
     blocks += [h2("Model shapes"), bullets([f"{e.model.name}: {e.model.source or 'model file'}"
                                             for e in estimates])]
     return blocks + assumptions(estimates[0], decode_samples)
+
+
+def _attention_tile(eff: Efficiency) -> str:
+    """``128 x 64``, the query steps spelt out when the kernel picks rows by length, and
+    whether a KV group's heads share a block's rows."""
+    steps = eff.attention_tile_q
+    rows = str(steps[0][1]) if len(steps) == 1 else \
+        "/".join(f"{t} (q_len >= {q})" for q, t in steps)
+    return f"{rows} x {eff.attention_tile_kv}" + (", GQA packed" if eff.attention_pack_gqa else "")

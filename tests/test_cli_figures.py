@@ -89,7 +89,8 @@ def test_report_single_model(tmp_path):
     html = (tmp_path / "report.html").read_text()
     for text in ("| TTFT (prefill) |", "gemm_fraction", "launch_overhead", "TPOT",
                  "NVIDIA H100 datasheet", "Decode integration", "perfmodel report --model "
-                 "llama-2-13b", "roofline.png", "qkv_proj"):
+                 "llama-2-13b", "roofline.png", "qkv_proj",
+                 "| attention prefill tile (query rows x keys) | 128 x 128, GQA packed |"):
         assert text in md, text
     assert html.count("data:image/png;base64,") == 5
     assert "src='roofline.png'" not in html and "<table>" in html
