@@ -81,7 +81,6 @@ def calibrate(
         STEP_COLUMNS,
         STEP_KEY,
         MeasurementLog,
-        contended,
     )
     from validate.runner import default_passes, run_kernels, run_steps
     from validate.suites import calibration_rows, calibration_steps
@@ -99,9 +98,8 @@ def calibrate(
         start = time.perf_counter()
         run_kernels(list(wanted), dev, log, label, progress, f"calibrate ({suite.value})",
                     passes)
-        keys = {shape_key(r) for r in wanted}
-        measured = [r for r in log.latest() if shape_key(r) in keys and not contended(r)
-                    and str(r.get("threads")) == str(dev.threads)]
+        this = {"threads": dev.threads}
+        measured = log.latest_quiet(r | this for r in wanted)
         # the efficiency is fitted to the sweep; the layer-step kernels only serve the glue
         fit_keys = {shape_key(r) for r in calibration_rows(dev.kind, suite.value, False)}
         rows = [r for r in measured if shape_key(r) in fit_keys]
@@ -113,12 +111,7 @@ def calibrate(
             else ()
         run_steps(list(wanted_steps), dev, step_log, label, progress,
                   f"calibrate ({suite.value}): layers", passes)
-        step_keys = {tuple(str(s.row()[k]) for k in ("model", "batch", "q_len", "kv_len"))
-                     for s in wanted_steps}
-        step_rows = [r for r in step_log.latest() if not contended(r)
-                     and str(r.get("threads")) == str(dev.threads)
-                     and tuple(str(r[k]) for k in ("model", "batch", "q_len", "kv_len"))
-                     in step_keys]
+        step_rows = step_log.latest_quiet(s.row() | this for s in wanted_steps)
         fitted_hw, overhead = cal.fit_layer_overhead(step_rows, result.hardware, measured)
         if overhead:
             result = replace(result, hardware=fitted_hw, fitted=result.fitted

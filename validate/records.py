@@ -76,6 +76,12 @@ class MeasurementLog:
         """One row per configuration: the last one written."""
         return list({self.key(r): r for r in self.rows}.values())
 
+    def latest_quiet(self, wanted: Iterable[dict]) -> list[dict]:
+        """The latest row of each configuration of ``wanted`` (rows naming every key
+        column), unless that row was contended."""
+        keys = {self.key(r) for r in wanted}
+        return [r for r in self.latest() if self.key(r) in keys and not contended(r)]
+
     def append(self, row: dict) -> None:
         """Write one row now (header first if the file is new) and flush it to disk."""
         new = not self.path.is_file() or self.path.stat().st_size == 0
