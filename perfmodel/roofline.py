@@ -51,16 +51,24 @@ def _pad(size: float, tile: int) -> tuple[float, int]:
     return size / (math.ceil(size / used) * used), used
 
 
-def gemm_split_k(m: float, n: float, k: float, groups: float, hw: Hardware) -> int:
-    """Split-K factor: when the output tiles cannot fill one wave, k is divided (slices at
-    least 256 deep) so more units work; the partial sums then need a reduction pass."""
+def _gemm_tiles(m: float, n: float, groups: float, hw: Hardware) -> tuple[float, float, float]:
+    """(useful share of the padded rows, of the padded columns, output tiles of all groups)."""
     eff = hw.efficiency
-    tm = min(eff.gemm_tile_m, _pad(m, eff.gemm_tile_m)[1])
-    tn = min(eff.gemm_tile_n, _pad(n, eff.gemm_tile_n)[1])
-    tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(1.0, math.ceil(groups))
+    pad_m, tm = _pad(m, eff.gemm_tile_m)
+    pad_n, tn = _pad(n, eff.gemm_tile_n)
+    return pad_m, pad_n, math.ceil(m / tm) * math.ceil(n / tn) * max(1.0, math.ceil(groups))
+
+
+def _split_k(tiles: float, k: float, hw: Hardware) -> int:
     if tiles >= hw.compute_units:
         return 1
     return int(max(1, min(hw.compute_units // tiles, k // _SPLIT_K_MIN_DEPTH)))
+
+
+def gemm_split_k(m: float, n: float, k: float, groups: float, hw: Hardware) -> int:
+    """Split-K factor: when the output tiles cannot fill one wave, k is divided (slices at
+    least 256 deep) so more units work; the partial sums then need a reduction pass."""
+    return _split_k(_gemm_tiles(m, n, groups, hw)[2], k, hw)
 
 
 def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -> float:
@@ -75,10 +83,9 @@ def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -
     instead of padding rows into tiles: m / (m + gemm_m_half) for m > 1 (m = 1 runs as GEMV).
     """
     eff = hw.efficiency
-    pad_m, tm = _pad(m, eff.gemm_tile_m)
-    pad_n, tn = _pad(n, eff.gemm_tile_n)
-    split = gemm_split_k(m, n, k, groups, hw)
-    tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(1.0, math.ceil(groups)) * split
+    pad_m, pad_n, tiles = _gemm_tiles(m, n, groups, hw)
+    split = _split_k(tiles, k, hw)
+    tiles *= split
     units = hw.compute_units
     waves = math.ceil(tiles / units)
     wave = tiles / (waves * units)
