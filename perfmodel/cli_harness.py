@@ -75,6 +75,7 @@ def calibrate(
     from perfmodel.specs import SpecError
     from validate import calibrate as cal
     from validate.device import open_device, provenance
+    from validate.fit import fit_rows
     from validate.records import (
         KERNEL_COLUMNS,
         KERNEL_KEY,
@@ -104,7 +105,7 @@ def calibrate(
         fit_keys = {shape_key(r) for r in calibration_rows(dev.kind, suite.value, False)}
         rows = [r for r in measured if shape_key(r) in fit_keys]
         base = cal.base_hardware(rows, dev, label)
-        result = cal.fit_rows(rows, base)
+        result = fit_rows(rows, base)
         step_log = MeasurementLog(out.with_suffix(".calibration-steps.csv"), STEP_COLUMNS,
                                   STEP_KEY)
         wanted_steps = calibration_steps(dev.kind) if base.efficiency.launch_mode == "sync" \
@@ -207,9 +208,9 @@ def _calibrate_split(rows: list[dict], hw, timing: str, calibrate_on: float | No
     """(hardware fitted on the calibration part, evaluation rows, lines describing the split).
     ``exclude_fitted_shapes`` also drops evaluation rows whose shape occurs among the fitted
     rows (different models can share a projection shape)."""
-    from perfmodel.compare import row_op, row_timing, shape_key, split_by_model, split_fraction
+    from perfmodel.compare import shape_key, split_by_model, split_fraction
     from perfmodel.specs import SpecError
-    from validate.fit import Sample, fit_efficiency
+    from validate.fit import fit_rows
 
     if split_by is not None:
         if split_by != "model":
@@ -230,9 +231,7 @@ def _calibrate_split(rows: list[dict], hw, timing: str, calibrate_on: float | No
         rest = kept
     if not fit or not rest:
         raise SpecError("the split left nothing to fit or nothing to evaluate")
-    samples = [Sample(row_op(r, "fit rows"), float(r["measured_s"]), row_timing(r, timing))
-               for r in fit]
-    result = fit_efficiency(samples, hw, search_tiles=True)
+    result = fit_rows(fit, hw, timing, "fit rows")
     lines.append(f"fitted on a stratified subsample of {result.n_rows} rows: "
                  + ", ".join(f"{k}={v:.4g}" for k, v in result.fitted.items()))
     return result.hardware, rest, lines

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import yaml
 
-from perfmodel.compare import op_row, row_op, row_timing, shape_key
+from perfmodel.compare import op_row, row_op, shape_key
 from perfmodel.load import load_hardware
 from perfmodel.roofline import op_time
 from perfmodel.specs import Efficiency, Hardware, Interconnect
 from validate.device import DeviceInfo
-from validate.fit import FitResult, Sample, fit_efficiency
+from validate.fit import FitResult
 
 
 def _meminfo_bytes() -> float:
@@ -101,11 +101,6 @@ def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
                               **(CPU_ATTENTION_TILES if dev.kind == "cpu" else {})),
         vendor="nvidia" if dev.kind == "cuda" else "other",
         description=f"{dev.name}{threads} (measured by perfmodel calibrate)")
-
-
-def fit_rows(rows: list[dict], hw: Hardware) -> FitResult:
-    samples = [Sample(row_op(r), float(r["measured_s"]), row_timing(r, "auto")) for r in rows]
-    return fit_efficiency(samples, hw, search_tiles=True)
 
 
 def fit_layer_overhead(step_rows: list[dict], hw: Hardware,

@@ -229,3 +229,14 @@ def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,
     fixed = tuple(sorted((set(BOUNDS) & _field_names()) - set(names)))
     err = float(np.median(np.abs(np.expm1(log_errors(used, fitted_hw)))))
     return FitResult(fitted_hw, fitted, fixed, len(used), err)
+
+
+def fit_rows(rows: list[dict], hw: Hardware, timing: str = "auto",
+             where: str = "row") -> FitResult:
+    """``fit_efficiency`` (tiles searched) on measurement rows, each predicted with its own
+    timing under ``auto`` (``compare.row_timing``)."""
+    from perfmodel.compare import row_op, row_timing
+
+    samples = [Sample(row_op(r, where), float(r["measured_s"]), row_timing(r, timing))
+               for r in rows]
+    return fit_efficiency(samples, hw, search_tiles=True)
