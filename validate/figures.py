@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.plots import roof_lines
 from perfmodel.specs import Hardware
 
 BAND = 0.2   # the +-20% band drawn around y = x
@@ -68,12 +69,10 @@ def roofline(df, hw: Hardware, path: str | Path, title: str = "") -> None:
     plt = _pyplot()
     pts = df[(df["flops"] > 0) & (df["bytes"] > 0)]
     fig, ax = plt.subplots(figsize=(6.5, 5), dpi=110)
-    intensity = np.geomspace(max(1e-2, float(pts["intensity"].min()) / 2),
-                             float(pts["intensity"].max()) * 2, 100)
-    dtypes = sorted(set(pts["dtype"]))
-    for dtype in dtypes:
-        roof = np.minimum(hw.peak(dtype), hw.memory_bytes_per_s * intensity)
-        ax.plot(intensity, roof, lw=1.2, label=f"roof {dtype}")
+    lo = max(1e-2, float(pts["intensity"].min()) / 2)
+    for roof in roof_lines(hw, sorted(set(pts["dtype"])), lo, float(pts["intensity"].max()) * 2):
+        if roof["kind"] == "peak":
+            ax.plot(roof["x"], roof["y"], lw=1.2, label=f"roof {roof['dtype']}")
     for name, group in pts.groupby("op_class"):
         ax.scatter(group["intensity"], group["flops"] / group["measured_s"], s=10, alpha=0.7,
                    label=name)
