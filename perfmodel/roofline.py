@@ -102,18 +102,61 @@ def attention_efficiency(op: Op, hw: Hardware) -> float:
 
     Decode (q_len = 1): a program holds 128 query rows of one KV head of one sequence; the
     query heads sharing a KV head are packed into those rows (FlashAttention's GQA packing),
-    so rows = n_heads / n_kv_heads, padded to a tile, in waves over the compute units.
-    Prefill: see ``prefill_tile_fraction``.
+    so rows = n_heads / n_kv_heads, padded to a tile. Each program's keys are split over
+    ``decode_kv_splits`` programs (flash-decoding), and all of them run in waves over the
+    compute units. Prefill: see ``prefill_tile_fraction``.
     """
     s = op.shape
     if s["q_len"] > 1:
         return hw.efficiency.attention * prefill_tile_fraction(op, hw)
-    rows = s["n_heads"] // s["n_kv_heads"]
-    blocks = s["batch"] * s["n_kv_heads"] * math.ceil(rows / 128)
     units = hw.compute_units
+    programs = _decode_programs(op)
+    blocks = programs * decode_kv_splits(programs, _decode_keys(op), s["head_dim"], units)
     wave = blocks / (math.ceil(blocks / units) * units)
-    pad_q, _ = _pad(rows, 128)
+    pad_q, _ = _pad(s["n_heads"] // s["n_kv_heads"], 128)
     return hw.efficiency.attention * wave * pad_q
+
+
+def _decode_programs(op: Op) -> int:
+    """Decode programs before any KV split: one per (sequence, KV head, 128 packed rows)."""
+    s = op.shape
+    return s["batch"] * s["n_kv_heads"] * math.ceil(s["n_heads"] // s["n_kv_heads"] / 128)
+
+
+def _decode_keys(op: Op) -> int:
+    """Key positions one decode query reads (the window, if any, bounds them)."""
+    s = op.shape
+    window = int(s.get("window") or 0)
+    return max(1, min(int(s["kv_len"]), window) if window else int(s["kv_len"]))
+
+
+def decode_kv_tile(head_dim: int) -> int:
+    """Keys per tile of FlashAttention-2's split-KV (decode) kernel: 256 up to head_dim 64,
+    128 up to 128, 64 above (``run_mha_fwd_splitkv_dispatch``)."""
+    return 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
+
+
+_SPLIT_FULL = 0.8      # programs filling this share of the units are not split
+_SPLIT_NEAR_BEST = 0.85
+_SPLIT_MAX = 128
+
+
+def decode_kv_splits(programs: int, keys: int, head_dim: int, units: int) -> int:
+    """How many programs share one (sequence, KV head)'s keys in decode: FlashAttention-2's
+    rule (``num_splits_heuristic``). None when the programs already fill 80% of the units;
+    otherwise the fewest splits whose last wave is within 85% of the best wave fill, counting
+    only split counts that shorten each split (fewer key tiles per split than one split
+    fewer). At most min(128, units, key tiles) splits."""
+    if programs >= _SPLIT_FULL * units:
+        return 1
+    tiles = math.ceil(keys / decode_kv_tile(head_dim))
+    most = max(1, min(_SPLIT_MAX, units, tiles))
+    counts = [n for n in range(1, most + 1)
+              if n == 1 or math.ceil(tiles / n) != math.ceil(tiles / (n - 1))]
+    waves = {n: programs * n / units for n in counts}
+    fill = {n: w / math.ceil(w) for n, w in waves.items()}
+    best = max(fill.values())
+    return min(n for n in counts if fill[n] >= _SPLIT_NEAR_BEST * best)
 
 
 def prefill_tile_fraction(op: Op, hw: Hardware) -> float:
@@ -167,7 +210,8 @@ def extra_kernels(op: Op, hw: Hardware) -> int:
     if op.kind == "gemm":
         return int(gemm_split_k(s["m"], s["n"], s["k"], s.get("groups", 1.0), hw) > 1)
     if op.kind == "attention" and s["q_len"] == 1:
-        return int(s["batch"] * s["n_kv_heads"] < hw.compute_units and s["kv_len"] > 256)
+        return int(decode_kv_splits(_decode_programs(op), _decode_keys(op), s["head_dim"],
+                                    hw.compute_units) > 1)
     return 0
 
 

@@ -8,7 +8,13 @@ import pytest
 
 import perfmodel as pm
 from perfmodel import ops
-from perfmodel.roofline import gemm_efficiency, memory_efficiency, op_time, prefill_tile_fraction
+from perfmodel.roofline import (
+    decode_kv_splits,
+    gemm_efficiency,
+    memory_efficiency,
+    op_time,
+    prefill_tile_fraction,
+)
 
 BW = 2.039e12 * 0.865          # A100 80GB: peak bandwidth x memory_fraction
 PEAK = 312e12                  # bf16 dense
@@ -181,6 +187,51 @@ def test_decode_attention_packs_the_gqa_group_into_query_rows(a100):
     t = op_time(op, a100, "kernel")
     assert t.compute_efficiency == pytest.approx(0.73 * 4 / 16 * 512 / 540)
     assert t.bound == "memory"
+
+
+@pytest.mark.parametrize("programs, splits", [(4, 16), (52, 2), (56, 5), (84, 5), (88, 1)])
+def test_decode_kv_splits_follow_the_flash_decoding_rule(programs, splits):
+    # 4096 keys in 128-key tiles = 32 tiles; the split counts that shorten a split are
+    # 1 2 3 4 5 6 7 8 11 16 32. Wave fill f(n) = w / ceil(w), w = programs * n / 108; the
+    # fewest splits with f >= 0.85 x the best f win.
+    #  4: f = 4n/108 up to n = 27, best 64/108 (n = 16; n = 32 fills 128/216 alike),
+    #     n = 11 gives 44/108 < 0.85 x 64/108                                     -> 16
+    # 52: n = 2 fills 104/108, which no count beats                              -> 2
+    # 56: best n = 32 (1792/108 = 16.6 of 17 waves, 0.976); n = 3, 4 fill 0.778, 0.691;
+    #     n = 5 fills 2.59/3 = 0.864 >= 0.83                                       -> 5
+    # 84: n = 1..4 fill 0.778 < 0.85 x 0.996 (n = 32); n = 5 fills 3.89/4 = 0.972   -> 5
+    # 88 >= 0.8 x 108 = 86.4 programs: no split                                   -> 1
+    assert decode_kv_splits(programs, 4096, 128, 108) == splits
+
+
+def _wave_fill(programs: int, units: int) -> float:
+    w = programs / units
+    return w / math.ceil(w)
+
+
+def test_decode_kv_splits_never_fill_worse_than_one_split():
+    for units in (2, 108, 132):
+        for programs in range(1, 2 * units):
+            for keys in (1, 100, 4096, 50000):
+                n = decode_kv_splits(programs, keys, 128, units)
+                assert 1 <= n <= max(1, min(units, math.ceil(keys / 128)))
+                assert _wave_fill(programs * n, units) >= _wave_fill(programs, units)
+
+
+def test_long_context_decode_at_batch_1_is_split_to_stream_at_full_bandwidth(a100):
+    # one sequence x 8 KV heads = 8 programs would leave 100 of 108 SMs idle; split over
+    # the keys (and combined by a second kernel) the read of 134 MB streams at the
+    # device's bandwidth: bytes / BW + two kernel latencies
+    op = ops.attention("a", batch=1, q_len=1, kv_len=32768, n_heads=32, n_kv_heads=8,
+                       qk_dim=128, v_dim=128, act_bytes=2, kv_bytes=2, dtype="bf16")
+    t = op_time(op, a100, "kernel")
+    assert t.bound == "memory"
+    assert t.time_s == pytest.approx(op.bytes.total / BW + 2 * LAT, rel=1e-9)
+    # the same read by 64 sequences fills the SMs without a split: one kernel
+    wide = ops.attention("a", batch=64, q_len=1, kv_len=512, n_heads=32, n_kv_heads=8,
+                         qk_dim=128, v_dim=128, act_bytes=2, kv_bytes=2, dtype="bf16")
+    assert op_time(wide, a100, "kernel").time_s == \
+        pytest.approx(wide.bytes.total / BW + LAT, rel=1e-9)
 
 
 def test_kernel_latency_by_kind(a100):
