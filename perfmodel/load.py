@@ -211,6 +211,7 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         attention_tile_kv=f.integer("attention_tile_kv", 64),
         attention_pack_gqa=f.flag("attention_pack_gqa", True),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
+        gemm_overlap=f.flag("gemm_overlap", True),
         gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),
         gemm_memory_fraction=_optional_fraction(f, "gemm_memory_fraction"),
         gemv_memory_fraction=_optional_fraction(f, "gemv_memory_fraction"),

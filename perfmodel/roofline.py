@@ -252,14 +252,16 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
                               op.shape["k"] if is_gemm else None)
     compute_s = op.flops / (hw.peak(op.dtype) * c_eff) if op.flops else 0.0
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
-    device_s = max(compute_s, memory_s) + eff.latency_for(op.kind) * (1 + extra_kernels(op, hw))
+    body_s = compute_s + memory_s if is_gemm and not eff.gemm_overlap \
+        else max(compute_s, memory_s)
+    device_s = body_s + eff.latency_for(op.kind) * (1 + extra_kernels(op, hw))
     if timing == "stream":
         per = max(device_s, eff.launch_overhead_s)
     elif timing == "host":
         per = device_s + eff.launch_overhead_s
     else:
         per = device_s
-    overhead = per - max(compute_s, memory_s)
+    overhead = per - body_s
     if overhead > max(compute_s, memory_s):
         bound = "overhead"
     else:

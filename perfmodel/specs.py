@@ -69,12 +69,16 @@ class Efficiency:
     # the better of packed and unpacked when true; false: prefill never packs (FA2, CPU)
     attention_pack_gqa: bool = True
     memory_half_bytes: float = 0.0      # bandwidth efficiency *= b / (b + memory_half_bytes)
+    # a GEMM's operand streaming overlaps its multiply-adds (GPU: asynchronous copies feed
+    # the tensor cores, time = max of the two); false: they add (a CPU BLAS core packs a
+    # weight panel, then multiplies it: time = compute + streaming). calibrate on CPU: false
+    gemm_overlap: bool = True
     # GEMM efficiency *= m / (m + gemm_m_half) for m > 1, replacing the row padding: a CPU
     # BLAS packs each weight panel once per call and reuses it for the m rows, so the packing
     # (about gemm_m_half rows' worth of work) dominates skinny GEMMs. 0: off (GPU tiles)
     gemm_m_half: float = 0.0
-    # streaming fraction of GEMM operand traffic (weights packed or re-read by a CPU BLAS stay
-    # far below a streaming add). None: memory_fraction
+    # streaming fraction of GEMM operand traffic (a CPU BLAS packing its weight panels; with
+    # gemm_overlap false this time adds to the multiply-adds). None: memory_fraction
     gemm_memory_fraction: float | None = None
     # streaming fraction of a matrix-vector product (m = 1; BLAS runs a GEMV kernel, which
     # does not pack). None: gemm_memory_fraction

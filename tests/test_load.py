@@ -80,6 +80,8 @@ BAD_HARDWARE = [
      "efficiency.attention_tile_q: expected an integer >= 1"),
     (HW_YAML.replace("  kernel_latency_s:", "  attention_pack_gqa: maybe\n  kernel_latency_s:"),
      "efficiency.attention_pack_gqa: expected true or false"),
+    (HW_YAML.replace("  kernel_latency_s:", "  gemm_overlap: 2\n  kernel_latency_s:"),
+     "efficiency.gemm_overlap: expected true or false"),
     ("- just\n- a list\n", "mapping"),
 ]
 

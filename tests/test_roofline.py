@@ -234,6 +234,19 @@ def test_long_context_decode_at_batch_1_is_split_to_stream_at_full_bandwidth(a10
         pytest.approx(wide.bytes.total / BW + LAT, rel=1e-9)
 
 
+def test_gemm_streaming_adds_to_compute_when_it_cannot_overlap(a100):
+    # GPU: copies feed the tensor cores while they work, time = max(compute, memory);
+    # a CPU BLAS core packs a panel, then multiplies it: the two add
+    serial = replace(a100, efficiency=replace(a100.efficiency, gemm_overlap=False))
+    for m in (1, 64, 4096):
+        op = _gemm(m, 4096, 4096)
+        both, one = op_time(op, serial, "kernel"), op_time(op, a100, "kernel")
+        assert (both.compute_s, both.memory_s) == (one.compute_s, one.memory_s)
+        latency = one.time_s - max(one.compute_s, one.memory_s)
+        assert latency >= LAT
+        assert both.time_s == pytest.approx(one.compute_s + one.memory_s + latency, rel=1e-12)
+
+
 def test_kernel_latency_by_kind(a100):
     from dataclasses import replace
 

@@ -97,6 +97,7 @@ def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
                               launch_overhead_s=launch_seconds(rows),
                               # a CPU runs each op to completion: dispatch adds, never overlaps
                               launch_mode="sync" if dev.kind == "cpu" else "async",
+                              gemm_overlap=dev.kind != "cpu",
                               attention_pack_gqa=False,
                               **(CPU_ATTENTION_TILES if dev.kind == "cpu" else {})),
         vendor="nvidia" if dev.kind == "cuda" else "other",
