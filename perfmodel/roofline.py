@@ -14,6 +14,7 @@ calibrated) times (if calibrated) a size ramp. Collectives use the interconnect 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -59,6 +60,12 @@ def _gemm_tiles(m: float, n: float, groups: float, hw: Hardware) -> tuple[float,
     return pad_m, pad_n, math.ceil(m / tm) * math.ceil(n / tn) * max(1.0, math.ceil(groups))
 
 
+def _wave_fill(programs: float, units: int) -> float:
+    """Busy share of the units while ``programs`` equal programs run in waves of ``units``
+    (the last, partial wave idles the rest)."""
+    return programs / (math.ceil(programs / units) * units)
+
+
 def _split_k(tiles: float, k: float, hw: Hardware) -> int:
     if tiles >= hw.compute_units:
         return 1
@@ -85,10 +92,7 @@ def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -
     eff = hw.efficiency
     pad_m, pad_n, tiles = _gemm_tiles(m, n, groups, hw)
     split = _split_k(tiles, k, hw)
-    tiles *= split
-    units = hw.compute_units
-    waves = math.ceil(tiles / units)
-    wave = tiles / (waves * units)
+    wave = _wave_fill(tiles * split, hw.compute_units)
     depth = k / split
     ramp = depth / (depth + eff.gemm_k_half) if eff.gemm_k_half else 1.0
     if eff.gemm_m_half and m > 1:
@@ -109,18 +113,21 @@ def attention_efficiency(op: Op, hw: Hardware) -> float:
     s = op.shape
     if s["q_len"] > 1:
         return hw.efficiency.attention * prefill_tile_fraction(op, hw)
-    units = hw.compute_units
-    programs = _decode_programs(op)
-    blocks = programs * decode_kv_splits(programs, _decode_keys(op), s["head_dim"], units)
-    wave = blocks / (math.ceil(blocks / units) * units)
+    blocks = _decode_programs(op) * _decode_splits(op, hw)
     pad_q, _ = _pad(s["n_heads"] // s["n_kv_heads"], 128)
-    return hw.efficiency.attention * wave * pad_q
+    return hw.efficiency.attention * _wave_fill(blocks, hw.compute_units) * pad_q
 
 
 def _decode_programs(op: Op) -> int:
     """Decode programs before any KV split: one per (sequence, KV head, 128 packed rows)."""
     s = op.shape
     return s["batch"] * s["n_kv_heads"] * math.ceil(s["n_heads"] // s["n_kv_heads"] / 128)
+
+
+def _decode_splits(op: Op, hw: Hardware) -> int:
+    """``decode_kv_splits`` of a decode attention op on ``hw``."""
+    return decode_kv_splits(_decode_programs(op), _decode_keys(op), op.shape["head_dim"],
+                            hw.compute_units)
 
 
 def _decode_keys(op: Op) -> int:
@@ -141,6 +148,7 @@ _SPLIT_NEAR_BEST = 0.85
 _SPLIT_MAX = 128
 
 
+@functools.lru_cache(maxsize=4096)
 def decode_kv_splits(programs: int, keys: int, head_dim: int, units: int) -> int:
     """How many programs share one (sequence, KV head)'s keys in decode: FlashAttention-2's
     rule (``num_splits_heuristic``). None when the programs already fill 80% of the units;
@@ -153,8 +161,7 @@ def decode_kv_splits(programs: int, keys: int, head_dim: int, units: int) -> int
     most = max(1, min(_SPLIT_MAX, units, tiles))
     counts = [n for n in range(1, most + 1)
               if n == 1 or math.ceil(tiles / n) != math.ceil(tiles / (n - 1))]
-    waves = {n: programs * n / units for n in counts}
-    fill = {n: w / math.ceil(w) for n, w in waves.items()}
+    fill = {n: _wave_fill(programs * n, units) for n in counts}
     best = max(fill.values())
     return min(n for n in counts if fill[n] >= _SPLIT_NEAR_BEST * best)
 
@@ -210,8 +217,7 @@ def extra_kernels(op: Op, hw: Hardware) -> int:
     if op.kind == "gemm":
         return int(gemm_split_k(s["m"], s["n"], s["k"], s.get("groups", 1.0), hw) > 1)
     if op.kind == "attention" and s["q_len"] == 1:
-        return int(decode_kv_splits(_decode_programs(op), _decode_keys(op), s["head_dim"],
-                                    hw.compute_units) > 1)
+        return int(_decode_splits(op, hw) > 1)
     return 0
 
 
