@@ -108,8 +108,7 @@ def calibrate(
         result = fit_rows(rows, base)
         step_log = MeasurementLog(out.with_suffix(".calibration-steps.csv"), STEP_COLUMNS,
                                   STEP_KEY)
-        wanted_steps = calibration_steps(dev.kind) if base.efficiency.launch_mode == "sync" \
-            else ()
+        wanted_steps = calibration_steps(dev.kind)   # none on CUDA (no glue applied)
         run_steps(list(wanted_steps), dev, step_log, label, progress,
                   f"calibrate ({suite.value}): layers", passes)
         step_rows = step_log.latest_quiet(s.row() | this for s in wanted_steps)

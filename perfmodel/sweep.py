@@ -30,7 +30,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from perfmodel.estimate import Estimate, Phase, estimate
+from perfmodel.estimate import DECODE_SAMPLES, Estimate, Phase, estimate
 from perfmodel.memory import kv_bytes_per_sequence, kv_bytes_per_token, memory_estimate
 from perfmodel.ops import OP_CLASS
 from perfmodel.report import flat_record
@@ -43,9 +43,8 @@ OP_CLASSES: tuple[str, ...] = tuple(dict.fromkeys(OP_CLASS.values()))
 def point_estimate(model: Model, hw: Hardware, wl: Workload,
                    decode_samples: int | None = DEFAULT_DECODE_SAMPLES) -> Estimate:
     """One sweep point as an Estimate (decode sampled; ``None``: the core default)."""
-    if decode_samples is None:
-        return estimate(hw, model, wl)
-    return estimate(hw, model, wl, decode_samples=decode_samples)
+    return estimate(hw, model, wl,
+                    DECODE_SAMPLES if decode_samples is None else decode_samples)
 
 
 def class_times(phase: Phase) -> dict[str, float]:
@@ -63,14 +62,12 @@ def point_record(e: Estimate, decode_samples: int | None) -> dict:
     row["decode_samples"] = 0 if decode_samples is None else decode_samples
     row["attention_kind"] = e.model.attention_kind
     row["context_len"] = wl.final_len
-    row["kv_cache_bytes_per_sequence"] = e.memory.kv_cache_bytes_per_sequence
     for cls, t in class_times(e.prefill).items():
         row[f"ttft_{cls}_s"] = t
     steps = e.decode.steps
     for cls, t in class_times(e.decode).items():
-        row[f"tpot_{cls}_s"] = t / steps if steps else 0.0
-    if not steps:   # one generated token: tpot is the first step, not sampled here
-        row.update({f"tpot_{c}_s": float("nan") for c in OP_CLASSES})
+        # one generated token: tpot is the first step, not sampled here
+        row[f"tpot_{cls}_s"] = t / steps if steps else float("nan")
     return row
 
 
