@@ -205,8 +205,7 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         kernel_latency_s=f.quantity("kernel_latency_s", "s", positive=False),
         launch_overhead_s=f.quantity("launch_overhead_s", "s", positive=False),
         gemm_k_half=f.quantity("gemm_k_half", "number", 128.0, positive=False),
-        attention_fraction=(f.quantity("attention_fraction", "number", maximum=1.0)
-                            if f.has("attention_fraction") else f.raw("attention_fraction", None)),
+        attention_fraction=_optional_fraction(f, "attention_fraction"),
         attention_tile_q=_tile_steps(f, "attention_tile_q", 128),
         attention_tile_kv=f.integer("attention_tile_kv", 64),
         attention_pack_gqa=f.flag("attention_pack_gqa", True),
