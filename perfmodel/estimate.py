@@ -135,13 +135,20 @@ def step_times(model: Model, hw: Hardware, wl: Workload, new_tokens: int, contex
     return out
 
 
-def launch_timing(hw: Hardware) -> str:
-    """How host launches count on this device: overlapped (GPU) or added (CPU, sync)."""
+def phase_timing(hw: Hardware, wl: Workload, phase: str) -> str:
+    """How host launches count in ``phase`` (see roofline.op_time): added on a sync device
+    (CPU, "host"), overlapped with the device elsewhere ("stream"), and gone for decode steps
+    replayed as CUDA graphs ("kernel"). One rule for the estimate and its figures."""
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"phase must be prefill or decode, got {phase!r}")
+    if phase == "decode" and wl.cuda_graphs:
+        return "kernel"
     return "host" if hw.efficiency.launch_mode == "sync" else "stream"
 
 
 def prefill_phase(model: Model, hw: Hardware, wl: Workload) -> Phase:
-    times = step_times(model, hw, wl, wl.prompt_len, wl.prompt_len, launch_timing(hw))
+    times = step_times(model, hw, wl, wl.prompt_len, wl.prompt_len,
+                       phase_timing(hw, wl, "prefill"))
     total = sum(t.time_s for t in times)
     return _summarize("prefill", [times], [1.0], 1, total, total)
 
@@ -171,7 +178,7 @@ def decode_phase(model: Model, hw: Hardware, wl: Workload,
                  samples: int = DECODE_SAMPLES) -> Phase:
     """The G - 1 decode steps, summed (see the module docstring and decode_contexts)."""
     contexts, weights = decode_contexts(wl, samples)
-    timing = "kernel" if wl.cuda_graphs else launch_timing(hw)
+    timing = phase_timing(hw, wl, "decode")
     cache: dict = {}
     samples = [step_times(model, hw, wl, 1, c, timing, cache=cache) for c in contexts]
     step = [sum(t.time_s for t in s) for s in samples]

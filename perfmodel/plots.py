@@ -23,7 +23,7 @@ import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from perfmodel.estimate import step_times
+from perfmodel.estimate import phase_timing, step_times
 from perfmodel.specs import Hardware, Model, Workload
 from perfmodel.units import fmt_rate
 
@@ -67,13 +67,9 @@ def roofline_points(model: Model, hw: Hardware, wl: Workload,
     """
     rows = []
     for phase in phases:
-        if phase == "prefill":
-            new, ctx, timing = wl.prompt_len, wl.prompt_len, "stream"
-        elif phase == "decode":
-            new, ctx = 1, decode_context(wl)
-            timing = "kernel" if wl.cuda_graphs else "stream"
-        else:
-            raise ValueError(f"phase must be prefill or decode, got {phase!r}")
+        timing = phase_timing(hw, wl, phase)
+        new, ctx = (wl.prompt_len, wl.prompt_len) if phase == "prefill" \
+            else (1, decode_context(wl))
         times = step_times(model, hw, wl, new, ctx, timing)
         total = sum(t.time_s for t in times)
         for t in times:

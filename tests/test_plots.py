@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -46,6 +47,23 @@ def test_decode_points_are_one_step_at_the_middle_context(h100):
     assert sum(p["share"] for p in pts) == pytest.approx(1.0)
     hidden = {p["name"] for p in pts if not p["plotted"]}
     assert hidden == {"embed", "kv_cache_write"}            # no FLOPs: not on a roofline
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_points_time_launches_as_the_estimate_does(h100, cuda_graphs):
+    """A sync device (calibrated CPU) adds each host launch and the per-layer glue to the
+    step; the figure's points must sum to the estimate's own prefill and decode steps there
+    too (they once used the overlapped GPU rule on every device)."""
+    sync = replace(h100, efficiency=replace(h100.efficiency, launch_mode="sync",
+                                            layer_overhead_s=3e-4))
+    wl = pm.Workload(batch=2, prompt_len=64, gen_len=2, cuda_graphs=cuda_graphs)
+    est = estimate(sync, LLAMA, wl)      # gen 2: one decode step, at context 65
+    assert plots.decode_context(wl) == 65
+    for phase, want in (("prefill", est.ttft_s), ("decode", est.tpot_s)):
+        pts = plots.roofline_points(LLAMA, sync, wl, (phase,))
+        assert sum(p["time_s"] for p in pts) == pytest.approx(want, rel=1e-12)
+        assert ("layer_overhead" in {p["name"] for p in pts}) == (phase == "prefill"
+                                                                   or not cuda_graphs)
 
 
 def test_roof_lines_are_peak_and_achievable(h100):
