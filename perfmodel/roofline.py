@@ -75,7 +75,7 @@ def _split_k(tiles: float, k: float, hw: Hardware) -> int:
 def gemm_split_k(m: float, n: float, k: float, groups: float, hw: Hardware) -> int:
     """Split-K factor: when the output tiles cannot fill one wave, k is divided (slices at
     least 256 deep) so more units work; the partial sums then need a reduction pass."""
-    return _split_k(_gemm_tiles(m, n, groups, hw)[2], k, hw)
+    return _gemm_plan(m, n, k, groups, hw)[1]
 
 
 def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -> float:
@@ -89,6 +89,12 @@ def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -
     A CPU BLAS (``gemm_m_half`` set) packs each weight panel once and reuses it for the m rows
     instead of padding rows into tiles: m / (m + gemm_m_half) for m > 1 (m = 1 runs as GEMV).
     """
+    return _gemm_plan(m, n, k, groups, hw)[0]
+
+
+def _gemm_plan(m: float, n: float, k: float, groups: float,
+               hw: Hardware) -> tuple[float, int]:
+    """(gemm_efficiency, gemm_split_k), worked out together: op_time needs both."""
     eff = hw.efficiency
     pad_m, pad_n, tiles = _gemm_tiles(m, n, groups, hw)
     split = _split_k(tiles, k, hw)
@@ -97,7 +103,7 @@ def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -
     ramp = depth / (depth + eff.gemm_k_half) if eff.gemm_k_half else 1.0
     if eff.gemm_m_half and m > 1:
         pad_m = m / (m + eff.gemm_m_half)      # panel packing, amortised over the m rows
-    return eff.gemm_fraction * pad_m * pad_n * wave * ramp
+    return eff.gemm_fraction * pad_m * pad_n * wave * ramp, split
 
 
 def attention_efficiency(op: Op, hw: Hardware) -> float:
@@ -246,12 +252,12 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     if op.kind == "layer_overhead":
         return _layer_overhead_time(op, hw, timing)
     if op.kind == "gemm":
-        c_eff = gemm_efficiency(op.shape["m"], op.shape["n"], op.shape["k"],
-                                op.shape.get("groups", 1.0), hw)
-    elif op.kind == "attention":
-        c_eff = attention_efficiency(op, hw)
+        c_eff, split = _gemm_plan(op.shape["m"], op.shape["n"], op.shape["k"],
+                                  op.shape.get("groups", 1.0), hw)
+        extra = int(split > 1)          # extra_kernels' GEMM rule, without a second plan
     else:
-        c_eff = eff.gemm_fraction
+        c_eff = attention_efficiency(op, hw) if op.kind == "attention" else eff.gemm_fraction
+        extra = extra_kernels(op, hw)
     nbytes = op.bytes.total
     is_gemm = op.kind == "gemm"
     m_eff = memory_efficiency(nbytes, hw, op.kind, op.shape["m"] if is_gemm else None,
@@ -260,7 +266,7 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
     body_s = compute_s + memory_s if is_gemm and not eff.gemm_overlap \
         else max(compute_s, memory_s)
-    device_s = body_s + eff.latency_for(op.kind) * (1 + extra_kernels(op, hw))
+    device_s = body_s + eff.latency_for(op.kind) * (1 + extra)
     if timing == "stream":
         per = max(device_s, eff.launch_overhead_s)
     elif timing == "host":
