@@ -24,7 +24,7 @@ from pathlib import Path
 from perfmodel import ops
 from perfmodel.ops import ELEMENTWISE_KINDS, Op
 from perfmodel.roofline import TIMINGS, op_time
-from perfmodel.specs import DTYPE_BYTES, Hardware, SpecError
+from perfmodel.specs import DTYPE_BYTES, Hardware, SpecError, read_user_file
 
 SCHEMA = ("device", "source", "model", "tp", "op", "dtype", "m", "n", "k", "batch", "q_len",
           "kv_len", "n_heads", "n_kv_heads", "head_dim", "measured_s", "measured_std_s")
@@ -193,13 +193,9 @@ def read_measurements(path: str | Path, devices: Iterable[str] | None = None) ->
     import pandas as pd
 
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"{path}: no such file")
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecError(f"{path}: not a readable CSV: {first}") from None
+    df = read_user_file(path, "a readable CSV",
+                        lambda p: pd.read_csv(p, dtype=str, keep_default_na=False),
+                        (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError))
     for column in ("op", "measured_s"):
         if column not in df.columns:
             raise SpecError(f"{path}: column {column}: missing (expected the shared schema: "

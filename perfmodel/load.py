@@ -13,7 +13,17 @@ from typing import Any
 import yaml
 
 from perfmodel import units
-from perfmodel.specs import DTYPES, MLA, Efficiency, Hardware, Interconnect, Model, MoE, SpecError
+from perfmodel.specs import (
+    DTYPES,
+    MLA,
+    Efficiency,
+    Hardware,
+    Interconnect,
+    Model,
+    MoE,
+    SpecError,
+    read_user_file,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 HARDWARE_DIR = ROOT / "hardware"
@@ -116,15 +126,11 @@ class Fields:
 
 def read_mapping(path: Path) -> dict:
     """Parse a YAML or JSON file into a mapping, or raise a one-line SpecError."""
-    if not path.is_file():
-        raise SpecError(f"{path}: no such file")
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                        f"{first}") from None
+    is_json = path.suffix == ".json"
+    data = read_user_file(
+        path, f"valid {'JSON' if is_json else 'YAML'}",
+        lambda p: json.loads(p.read_text()) if is_json else yaml.safe_load(p.read_text()),
+        (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError))
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

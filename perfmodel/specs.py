@@ -6,8 +6,10 @@ files, or directly from Python; constructors check invariants and raise ``SpecEr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Literal, TypeVar
 
 # Bytes per element. Floats: int4/fp4 are half a byte (integer division would make them 0).
 DTYPE_BYTES: dict[str, float] = {
@@ -17,8 +19,24 @@ DTYPE_BYTES: dict[str, float] = {
 DTYPES = tuple(DTYPE_BYTES)
 
 
+T = TypeVar("T")
+
+
 class SpecError(ValueError):
     """A user mistake in a spec or argument; the message is one line naming file and field."""
+
+
+def read_user_file(path: Path, what: str, parse: Callable[[Path], T],
+                   errors: tuple[type[Exception], ...]) -> T:
+    """``parse(path)``, with a missing file or any of ``errors`` turned into a one-line
+    SpecError: "PATH: no such file" or "PATH: not WHAT: <first line of the error>"."""
+    if not path.is_file():
+        raise SpecError(f"{path}: no such file")
+    try:
+        return parse(path)
+    except errors as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"{path}: not {what}: {first}") from None
 
 
 def dtype_bytes(name: str, where: str = "dtype") -> float:
