@@ -86,6 +86,18 @@ def test_tiny_model_step_and_layer():
     assert torch.allclose(net2.step(ids[:, 4:], 4), full, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_layer_bytes_are_the_layers_matrices_and_cache(dtype):
+    """The rotation size of a layer step: the bytes of the projection matrices and the KV
+    cache the local model allocates for one layer (norm weights are negligible, left out)."""
+    step = Step("layer", MICRO, 3, 1, 16, dtype)
+    net = TinyLlama(MICRO, dtype, torch.device("cpu"), batch=3, max_context=16)
+    w = net.layers[0]
+    held = sum(t.numel() * t.element_size()
+               for t in (w.qkv, w.o, w.gate_up, w.down, w.k_cache, w.v_cache))
+    assert runner._layer_bytes(step) == held
+
+
 SUITE = Suite("micro", tuple(TINY_ROWS + kernel_rows(MICRO, [(1, 1, 8)], "fp32")[:2]),
               (Step("layer", MICRO, 1, 4, 4), Step("model", MICRO, 1, 1, 8)))
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from perfmodel.compare import row_op
+from perfmodel.memory import kv_elems_per_token_layer
+from perfmodel.params import attention_params, mlp_params
 from validate import kernels
 from validate.device import DeviceInfo, wait_quiet
 from validate.records import (
@@ -57,9 +59,8 @@ def measure_kernel(row: dict, dev: DeviceInfo, label: str, seed: int = 0,
 def _layer_bytes(step: Step) -> float:
     """Weights and KV cache of one decoder layer of the step's model (for rotation)."""
     m, size = step.model, kernels.TORCH_DTYPES[step.dtype].itemsize
-    weights = m.d_model * ((m.n_heads + 2 * m.n_kv_heads) * m.head_dim + m.n_heads * m.head_dim
-                           + 3 * m.intermediate_size)
-    cache = 2 * step.batch * m.n_kv_heads * step.kv_len * m.head_dim
+    weights = attention_params(m) + mlp_params(m, m.intermediate_size)
+    cache = step.batch * step.kv_len * kv_elems_per_token_layer(m)
     return (weights + cache) * size
 
 
