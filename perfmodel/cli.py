@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import sys
 from enum import Enum
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
 from perfmodel import load
+from perfmodel.cli_common import fail
 from perfmodel.specs import DTYPES, SpecError, Workload
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -25,11 +26,6 @@ class Format(str, Enum):
     json = "json"
     csv = "csv"
     markdown = "markdown"
-
-
-def fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _dtype(value: str) -> str:

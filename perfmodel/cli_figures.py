@@ -6,12 +6,13 @@ typer reads the Annotated option types at registration time. Bad input prints on
 ``error: ...``, and exits with code 2.
 """
 
-import shlex
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
+
+from perfmodel.cli_common import command_line, fail
 
 DEFAULT_KV_MODELS = "llama-2-13b,llama-3-70b,falcon-7b,deepseek-v3,mistral-7b,gemma-2-9b"
 
@@ -43,16 +44,10 @@ Samples = Annotated[int, typer.Option(
     help="decode contexts integrated per sweep point (trapezoid); 0 = exact estimate()")]
 
 
-def _fail(message: str) -> NoReturn:
-    from perfmodel.cli import fail
-
-    fail(message)
-
-
 def _names(option: str, text: str, what: str = "names") -> list[str]:
     names = [t.strip() for t in text.split(",")]
     if not text.strip() or any(not n for n in names):
-        _fail(f"{option}: expected a comma-separated list of {what}, got {text!r}")
+        fail(f"{option}: expected a comma-separated list of {what}, got {text!r}")
     return names
 
 
@@ -61,7 +56,7 @@ def _ints(option: str, text: str) -> list[int]:
     values = []
     for t in _names(option, text, "positive integers"):
         if not t.isdigit() or int(t) < 1:
-            _fail(f"{option}: expected comma-separated positive integers, got {t!r} in {text!r}")
+            fail(f"{option}: expected comma-separated positive integers, got {t!r} in {text!r}")
         values.append(int(t))
     return values
 
@@ -72,14 +67,14 @@ def _dtypes(option: str, text: str) -> list[str]:
     out = _names(option, text)
     for d in out:
         if d not in DTYPES:
-            _fail(f"{option}: unknown dtype {d!r}, expected one of {', '.join(DTYPES)}")
+            fail(f"{option}: unknown dtype {d!r}, expected one of {', '.join(DTYPES)}")
     return out
 
 
 def _positive(**values: float) -> None:
     for name, v in values.items():
         if v < 1:
-            _fail(f"--{name.replace('_', '-')}: expected a positive integer, got {v}")
+            fail(f"--{name.replace('_', '-')}: expected a positive integer, got {v}")
 
 
 def _save(fig: Any, path: Path, dpi: int) -> int:
@@ -87,18 +82,6 @@ def _save(fig: Any, path: Path, dpi: int) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)   # constrained layout keeps legends and labels inside
     return path.stat().st_size
-
-
-def _command(name: str, **options: Any) -> str:
-    """The command line that reproduces a run (every option spelled out)."""
-    parts = ["perfmodel", name]
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            parts.append(flag if value else f"--no-{flag[2:]}")
-        elif value is not None:
-            parts += [flag, str(value.value if isinstance(value, Enum) else value)]
-    return shlex.join(parts)
 
 
 def roofline_cmd(
@@ -113,7 +96,7 @@ def roofline_cmd(
 ) -> None:
     """Roofline figure: every operator of a prefill and a decode step on each device."""
     if out.suffix not in (".png", ".svg"):
-        _fail(f"--out: expected a .png or .svg file name, got {str(out)!r}")
+        fail(f"--out: expected a .png or .svg file name, got {str(out)!r}")
     batches = _ints("--batch", batch)
     devices = _names("--hardware", hardware)
     for name, d in (("--weights-dtype", weights_dtype), ("--act-dtype", act_dtype),
@@ -131,7 +114,7 @@ def roofline_cmd(
                         cuda_graphs=cuda_graphs) for b in batches]
         points = [p for hw in hws for wl in wls for p in plots.roofline_points(m, hw, wl, phases)]
     except SpecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     fig = plots.roofline_figure(points, hws, plots.roofline_title(m, wls[0], phases))
     size = _save(fig, out, dpi)
     typer.echo(f"wrote {out} ({size:,} bytes; {sum(p['plotted'] for p in points)} operator "
@@ -163,7 +146,7 @@ def sweep_cmd(
     _dtypes("--act-dtype", act_dtype)
     _positive(gen=gen, tp=tp, kv_block=kv_block)
     if split_batch is not None and split_batch not in batches:
-        _fail(f"--split-batch: {split_batch} is not one of --batch {batch}")
+        fail(f"--split-batch: {split_batch} is not one of --batch {batch}")
     import pandas as pd
 
     from perfmodel import load, plots, sweep
@@ -186,7 +169,7 @@ def sweep_cmd(
         kv_rows = sweep.kv_cache_table(kv_models_all, contexts, base)
         mb_rows = sweep.max_batch_table(kv_models_all, hws[0], contexts, base)
     except SpecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "sweep.csv", index=False)
     pd.DataFrame(kv_rows).to_csv(out / "kv_cache.csv", index=False)
@@ -241,12 +224,12 @@ def report_cmd(
                     ("--kv-dtype", kv_dtype)):
         _dtypes(name, d)
     if decode_samples == 1 or decode_samples < 0:
-        _fail(f"--decode-samples: expected 0 or at least 2, got {decode_samples}")
+        fail(f"--decode-samples: expected 0 or at least 2, got {decode_samples}")
     from perfmodel import load
     from perfmodel.cli import workload
     from perfmodel.specs import SpecError
 
-    command = _command("report", model=model, hardware=hardware, batch=batch, prompt=prompt,
+    command = command_line("report", model=model, hardware=hardware, batch=batch, prompt=prompt,
                        gen=gen, weights_dtype=weights_dtype, act_dtype=act_dtype,
                        kv_dtype=kv_dtype, tp=tp, group_size=group_size, cuda_graphs=cuda_graphs,
                        memory_fraction=memory_fraction, kv_block=kv_block,
@@ -261,7 +244,7 @@ def report_cmd(
         blocks, figures, files = build(models, hw, wl, ctx, extra, decode_samples or None,
                                        fmt.value, command)
     except SpecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     from perfmodel import report_pages
 
     out.mkdir(parents=True, exist_ok=True)

@@ -12,9 +12,11 @@ import time
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
+
+from perfmodel.cli_common import command_line, fail
 
 
 class DeviceKind(str, Enum):
@@ -44,17 +46,11 @@ PassesOpt = Annotated[int | None, typer.Option(
                 "(default 3 on CPU, 2 on CUDA)")]
 
 
-def _fail(message: str) -> NoReturn:
-    from perfmodel.cli import fail
-
-    fail(message)
-
-
 def _harness() -> None:
     try:
         import torch  # noqa: F401
     except ImportError:
-        _fail("--device: the harness needs torch: pip install -e '.[harness]'")
+        fail("--device: the harness needs torch: pip install -e '.[harness]'")
 
 
 def calibrate(
@@ -88,9 +84,8 @@ def calibrate(
 
     label = name or out.stem
     csv_path = measurements or out.with_suffix(".calibration.csv")
-    command = (f"perfmodel calibrate --device {device.value} --out {out} --suite {suite.value}"
-               + (f" --name {name}" if name else "") + (f" --threads {threads}" if threads else "")
-               + (f" --passes {passes}" if passes else ""))
+    command = command_line("calibrate", device=device, out=out, suite=suite, name=name,
+                           threads=threads, passes=passes)
     try:
         dev = open_device(device.value, threads)
         passes = passes or default_passes(dev)
@@ -120,7 +115,7 @@ def calibrate(
                                     command, overhead)
         hw = cal.write_hardware(doc, out)
     except (SpecError, RuntimeError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"measured {len(measured)} calibration rows in {time.perf_counter() - start:.0f} s "
                f"({csv_path})")
     for dtype, rate in hw.peak_flops_per_s.items():
@@ -149,16 +144,15 @@ def validate(
     try:
         hw = load.hardware(hardware)
     except SpecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     _harness()
     from validate.device import open_device, provenance
     from validate.report import write_report
     from validate.runner import default_passes, run_suite
     from validate.suites import validation_suite
 
-    command = (f"perfmodel validate --device {device.value} --hardware {hardware} "
-               f"--suite {suite.value} --out {out}" + (f" --threads {threads}" if threads else "")
-               + (f" --passes {passes}" if passes else ""))
+    command = command_line("validate", device=device, hardware=hardware, suite=suite, out=out,
+                           threads=threads, passes=passes)
     try:
         dev = open_device(device.value, threads)
         out.mkdir(parents=True, exist_ok=True)
@@ -182,7 +176,7 @@ def validate(
         path = write_report(out, hw, hardware, kernels.latest(), steps.latest(), header,
                             plots=plots)
     except (SpecError, RuntimeError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"measured for {wall:.0f} s; wrote {path}")
     held = path.read_text().split("## Held-out", 1)[1].split("### By operator class")[0]
     typer.echo("Held-out" + held.rstrip())
@@ -263,7 +257,7 @@ def compare(
     from perfmodel.specs import SpecError
 
     if calibrate_on is not None and split_by is not None:
-        _fail("--calibrate-on and --split-by: choose one")
+        fail("--calibrate-on and --split-by: choose one")
     try:
         hw = load.hardware(hardware)
         rows = read_measurements(measured, device_filter)
@@ -275,7 +269,7 @@ def compare(
 
         df = pd.DataFrame(predict_rows(rows, hw, timing.value, str(measured)))
     except (SpecError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     df["measured_s"] = pd.to_numeric(df["measured_s"])
     typer.echo(f"{measured}: {len(df)} rows predicted on {hw.name} (timing {timing.value})")
     for line in lines:

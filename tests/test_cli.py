@@ -5,11 +5,14 @@ import io
 import json
 import subprocess
 import sys
+from enum import Enum
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli import app
+from perfmodel.cli_common import command_line
 from perfmodel.load import HARDWARE_DIR
 
 runner = CliRunner()
@@ -146,3 +149,14 @@ def test_markdown_breakdown_is_a_table():
     row = report.flat_record(est)
     assert row["kv_cache_bytes_per_sequence"] == est.memory.kv_cache_bytes_per_sequence
     assert row["warnings"] == ""
+
+
+class _Suite(str, Enum):
+    quick = "quick"
+
+
+def test_command_line_spells_out_a_reproducible_run():
+    line = command_line("validate", device=_Suite.quick, out=Path("my dir/r"), threads=None,
+                        plots=False, progress=True, batch="1,16")
+    assert line == ("perfmodel validate --device quick --out 'my dir/r' --no-plots --progress "
+                    "--batch 1,16")

@@ -123,6 +123,8 @@ def test_calibrate_then_validate(tmp_path, tiny_harness):
     assert hw.name == "cpu-test" and hw.compute_units == 1 and "fp32" in hw.peak_flops_per_s
     cal = hw.calibration
     assert cal["threads"] == 1 and cal["torch_version"] and cal["hostname"]
+    assert cal["command"] == (f"perfmodel calibrate --device cpu --out {yaml_path} "
+                              "--suite quick --threads 1")   # defaults as run, unset left out
     assert "gemm fp32 m=64 n=64 k=64" in cal["fit_shapes"]
     # PyTorch's CPU flash attention: query blocks by length, exact keys, no GQA packing
     eff = hw.efficiency
@@ -141,3 +143,5 @@ def test_calibrate_then_validate(tmp_path, tiny_harness):
     summary = (out / "summary.md").read_text()
     assert "Held-out kernels (1 rows)" in summary        # the fitted GEMM is not held out
     assert "perfmodel calibrate --device cpu" in summary
+    assert (f"perfmodel validate --device cpu --hardware {yaml_path} --suite quick "
+            f"--out {out} --threads 1") in summary
