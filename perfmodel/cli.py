@@ -14,8 +14,21 @@ from typing import Annotated
 import typer
 
 from perfmodel import load
-from perfmodel.cli_common import fail
-from perfmodel.specs import DTYPES, SpecError, Workload
+from perfmodel.cli_common import (
+    Batch,
+    DtypeOpt,
+    Gen,
+    Graphs,
+    GroupSize,
+    HardwareOpt,
+    KvBlock,
+    MemFrac,
+    ModelOpt,
+    Prompt,
+    Tp,
+    fail,
+)
+from perfmodel.specs import SpecError, Workload
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Predict LLM inference speed on an accelerator, and say why.")
@@ -26,22 +39,6 @@ class Format(str, Enum):
     json = "json"
     csv = "csv"
     markdown = "markdown"
-
-
-def _dtype(value: str) -> str:
-    if value not in DTYPES:
-        raise typer.BadParameter(f"unknown dtype {value!r}, expected one of {', '.join(DTYPES)}")
-    return value
-
-
-ModelOpt = Annotated[str, typer.Option("--model", "-m",
-                     help="shipped model name, model YAML, or HF config.json")]
-HardwareOpt = Annotated[str, typer.Option("--hardware", "-H",
-                        help="shipped hardware name or hardware YAML")]
-Batch = Annotated[int, typer.Option(min=1, help="concurrent sequences")]
-Prompt = Annotated[int, typer.Option(min=1, help="prompt tokens per sequence")]
-Gen = Annotated[int, typer.Option(min=1, help="generated tokens per sequence")]
-DtypeOpt = Annotated[str, typer.Option(callback=_dtype, help=f"one of {', '.join(DTYPES)}")]
 
 
 def workload(batch: int, prompt: int, gen: int, weights_dtype: str, act_dtype: str,
@@ -64,13 +61,11 @@ def estimate(
     weights_dtype: DtypeOpt = "bf16",
     act_dtype: DtypeOpt = "bf16",
     kv_dtype: DtypeOpt = "bf16",
-    tp: Annotated[int, typer.Option(min=1, help="tensor-parallel degree")] = 1,
-    group_size: Annotated[int | None, typer.Option(
-        min=1, help="weight quantization group size (adds a 16-bit scale per group)")] = None,
-    cuda_graphs: Annotated[bool, typer.Option(help="decode launched as a CUDA graph")] = False,
-    memory_fraction: Annotated[float, typer.Option(
-        min=0.01, max=1.0, help="share of device memory usable by the server")] = 0.9,
-    kv_block: Annotated[int, typer.Option(min=1, help="paged-KV block, tokens")] = 16,
+    tp: Tp = 1,
+    group_size: GroupSize = None,
+    cuda_graphs: Graphs = False,
+    memory_fraction: MemFrac = 0.9,
+    kv_block: KvBlock = 16,
     fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
     breakdown: Annotated[bool, typer.Option(help="list every operator")] = False,
 ) -> None:

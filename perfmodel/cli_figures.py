@@ -12,7 +12,20 @@ from typing import Annotated, Any
 
 import typer
 
-from perfmodel.cli_common import command_line, fail
+from perfmodel.cli_common import (
+    Batch,
+    DecodeSamples,
+    DtypeOpt,
+    Gen,
+    Graphs,
+    GroupSize,
+    KvBlock,
+    MemFrac,
+    Prompt,
+    Tp,
+    command_line,
+    fail,
+)
 
 DEFAULT_KV_MODELS = "llama-2-13b,llama-3-70b,falcon-7b,deepseek-v3,mistral-7b,gemma-2-9b"
 
@@ -31,18 +44,8 @@ class FigFormat(str, Enum):
 Models = Annotated[str, typer.Option("--model", "-m", help="model name(s) or file(s), comma list")]
 Devices = Annotated[str, typer.Option("--hardware", "-H",
                     help="hardware name(s) or YAML file(s), comma list")]
-Prompt = Annotated[int, typer.Option(help="prompt tokens per sequence")]
-Gen = Annotated[int, typer.Option(help="generated tokens per sequence")]
-Dtype = Annotated[str, typer.Option(help="bf16, fp16, fp8, int8, int4, ...")]
-Tp = Annotated[int, typer.Option(help="tensor-parallel degree")]
-Graphs = Annotated[bool, typer.Option(help="decode launched as a CUDA graph")]
-MemFrac = Annotated[float, typer.Option(help="share of device memory usable by the server")]
-KvBlock = Annotated[int, typer.Option(help="paged-KV block, tokens")]
 Fmt = Annotated[FigFormat, typer.Option("--format", help="figure format")]
 Dpi = Annotated[int, typer.Option(help="PNG resolution (dots per inch)")]
-Samples = Annotated[int, typer.Option(
-    help="decode contexts integrated per sweep point (trapezoid); 0 = exact estimate()")]
-
 
 def _names(option: str, text: str, what: str = "names") -> list[str]:
     names = [t.strip() for t in text.split(",")]
@@ -71,12 +74,6 @@ def _dtypes(option: str, text: str) -> list[str]:
     return out
 
 
-def _positive(**values: float) -> None:
-    for name, v in values.items():
-        if v < 1:
-            fail(f"--{name.replace('_', '-')}: expected a positive integer, got {v}")
-
-
 def _save(fig: Any, path: Path, dpi: int) -> int:
     """Write ``fig`` to ``path`` (format from the suffix); returns the bytes written."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,8 +87,8 @@ def roofline_cmd(
     out: Annotated[Path, typer.Option(help="figure file, .png or .svg")],
     batch: Annotated[str, typer.Option(help="batch sizes, comma list")] = "1,128",
     phase: Annotated[PhaseChoice, typer.Option(help="which steps to plot")] = PhaseChoice.both,
-    prompt: Prompt = 512, gen: Gen = 128, weights_dtype: Dtype = "bf16",
-    act_dtype: Dtype = "bf16", kv_dtype: Dtype = "bf16", tp: Tp = 1,
+    prompt: Prompt = 512, gen: Gen = 128, weights_dtype: DtypeOpt = "bf16",
+    act_dtype: DtypeOpt = "bf16", kv_dtype: DtypeOpt = "bf16", tp: Tp = 1,
     cuda_graphs: Graphs = False, dpi: Dpi = 110,
 ) -> None:
     """Roofline figure: every operator of a prefill and a decode step on each device."""
@@ -99,9 +96,6 @@ def roofline_cmd(
         fail(f"--out: expected a .png or .svg file name, got {str(out)!r}")
     batches = _ints("--batch", batch)
     devices = _names("--hardware", hardware)
-    for name, d in (("--weights-dtype", weights_dtype), ("--act-dtype", act_dtype),
-                    ("--kv-dtype", kv_dtype)):
-        _dtypes(name, d)
     from perfmodel import load, plots
     from perfmodel.cli import workload
     from perfmodel.specs import SpecError
@@ -132,19 +126,17 @@ def sweep_cmd(
     gen: Gen = 128,
     weights_dtype: Annotated[str, typer.Option(help="weight dtypes, comma list")] = "bf16",
     kv_dtype: Annotated[str, typer.Option(help="KV-cache dtypes, comma list")] = "bf16",
-    act_dtype: Dtype = "bf16", tp: Tp = 1, cuda_graphs: Graphs = False,
+    act_dtype: DtypeOpt = "bf16", tp: Tp = 1, cuda_graphs: Graphs = False,
     memory_fraction: MemFrac = 0.9, kv_block: KvBlock = 16,
     kv_models: Annotated[str, typer.Option(
         help="models compared in the KV-cache figure, comma list")] = DEFAULT_KV_MODELS,
     split_batch: Annotated[int | None, typer.Option(
         help="batch of the time-split figure (default: the first --batch)")] = None,
-    decode_samples: Samples = 9, fmt: Fmt = FigFormat.png, dpi: Dpi = 100,
+    decode_samples: DecodeSamples = 9, fmt: Fmt = FigFormat.png, dpi: Dpi = 100,
 ) -> None:
     """Sweep batch x context x device x dtype: sweep.csv and four figures in --out."""
     batches, prompts = _ints("--batch", batch), _ints("--context", context)
     wdts, kdts = _dtypes("--weights-dtype", weights_dtype), _dtypes("--kv-dtype", kv_dtype)
-    _dtypes("--act-dtype", act_dtype)
-    _positive(gen=gen, tp=tp, kv_block=kv_block)
     if split_batch is not None and split_batch not in batches:
         fail(f"--split-batch: {split_batch} is not one of --batch {batch}")
     import pandas as pd
@@ -155,8 +147,6 @@ def sweep_cmd(
 
     samples = decode_samples or None
     try:
-        if samples is not None and samples < 2:
-            raise SpecError(f"--decode-samples: expected 0 or at least 2, got {samples}")
         models = [load.model(n) for n in _names("--model", model)]
         hws = [load.hardware(h) for h in _names("--hardware", hardware)]
         kv_list = [load.model(n) for n in _names("--kv-models", kv_models)]
@@ -201,11 +191,10 @@ def report_cmd(
     model: Models,
     hardware: Annotated[str, typer.Option("--hardware", "-H", help="hardware name or file")],
     out: Annotated[Path, typer.Option(help="output directory (report.md, report.html, ...)")],
-    batch: Annotated[int, typer.Option(help="concurrent sequences")] = 1,
-    prompt: Prompt = 512, gen: Gen = 128, weights_dtype: Dtype = "bf16",
-    act_dtype: Dtype = "bf16", kv_dtype: Dtype = "bf16", tp: Tp = 1,
-    group_size: Annotated[int | None, typer.Option(
-        help="weight quantization group size (adds a 16-bit scale per group)")] = None,
+    batch: Batch = 1,
+    prompt: Prompt = 512, gen: Gen = 128, weights_dtype: DtypeOpt = "bf16",
+    act_dtype: DtypeOpt = "bf16", kv_dtype: DtypeOpt = "bf16", tp: Tp = 1,
+    group_size: GroupSize = None,
     cuda_graphs: Graphs = False, memory_fraction: MemFrac = 0.9, kv_block: KvBlock = 16,
     roofline_batch: Annotated[str | None, typer.Option(
         help="batch sizes on the roofline (default: 1 and --batch)")] = None,
@@ -213,18 +202,13 @@ def report_cmd(
         help="batch sizes of the batch figures (default: powers of 2 to the ceiling)")] = None,
     contexts: Annotated[str, typer.Option(
         help="context lengths of the context figures, comma list")] = "512,2048,8192,32768",
-    decode_samples: Samples = 9, fmt: Fmt = FigFormat.png, dpi: Dpi = 90,
+    decode_samples: DecodeSamples = 9, fmt: Fmt = FigFormat.png, dpi: Dpi = 90,
 ) -> None:
     """Markdown + self-contained HTML report; several --model values: a KV-cache comparison."""
     names = _names("--model", model)
     ctx = _ints("--contexts", contexts)
     extra = {k: _ints(f"--{k.replace('_', '-')}", v) for k, v in
              (("roofline_batch", roofline_batch), ("sweep_batch", sweep_batch)) if v}
-    for name, d in (("--weights-dtype", weights_dtype), ("--act-dtype", act_dtype),
-                    ("--kv-dtype", kv_dtype)):
-        _dtypes(name, d)
-    if decode_samples == 1 or decode_samples < 0:
-        fail(f"--decode-samples: expected 0 or at least 2, got {decode_samples}")
     from perfmodel import load
     from perfmodel.cli import workload
     from perfmodel.specs import SpecError

@@ -1,11 +1,12 @@
 """roofline, sweep and report through typer's runner: files written, one-line errors."""
 
 import csv
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
-from perfmodel.cli import app
+from perfmodel.cli import app, main
 
 runner = CliRunner()
 ROOF = ["roofline", "--model", "llama-2-13b", "--hardware", "h100-sxm"]
@@ -16,10 +17,23 @@ REPORT = ["report", "--model", "llama-2-13b", "--hardware", "h100-sxm", "--batch
           "--dpi", "40"]
 
 
-def _one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+@pytest.fixture
+def console(capsys, monkeypatch):
+    """Run ``perfmodel ARGS`` through the console entry point (usage errors included, as a
+    user sees them); returns (exit code, stderr)."""
+    def run(args):
+        monkeypatch.setattr(sys, "argv", ["perfmodel", *args])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        return exc.value.code, capsys.readouterr().err
+    return run
+
+
+def _one_line_error(done, *words):
+    code, err = done
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
     for w in words:
         assert w in lines[0]
 
@@ -43,17 +57,17 @@ def test_roofline_png_and_svg(tmp_path):
     (["--hardware", "h100-sxm,nope"], ("nope",)),
     (["--model", "nope"], ("--model", "nope")),
     (["--weights-dtype", "bf17"], ("--weights-dtype", "bf17")),
-    (["--prompt", "0"], ("prompt_len",)),
+    (["--prompt", "0"], ("--prompt",)),
+    (["--act-dtype", "fp9"], ("--act-dtype", "fp9")),
     (["--tp", "3"], ("tp=3",)),
 ])
-def test_roofline_bad_input(tmp_path, args, words):
-    result = runner.invoke(app, [*ROOF, "--out", str(tmp_path / "r.png"), *args])
-    _one_line_error(result, *words)
+def test_roofline_bad_input(tmp_path, console, args, words):
+    _one_line_error(console([*ROOF, "--out", str(tmp_path / "r.png"), *args]), *words)
     assert not (tmp_path / "r.png").exists()
 
 
-def test_roofline_needs_an_image_suffix(tmp_path):
-    _one_line_error(runner.invoke(app, [*ROOF, "--out", str(tmp_path / "r.pdf")]), ".png")
+def test_roofline_needs_an_image_suffix(tmp_path, console):
+    _one_line_error(console([*ROOF, "--out", str(tmp_path / "r.pdf")]), ".png")
 
 
 def test_sweep_writes_csv_and_figures(tmp_path):
@@ -75,10 +89,12 @@ def test_sweep_writes_csv_and_figures(tmp_path):
     (["--kv-dtype", "fp9"], ("--kv-dtype", "fp9")),
     (["--kv-models", "llama-2-13b,nope"], ("nope",)),
     (["--split-batch", "3"], ("--split-batch",)),
-    (["--decode-samples", "1"], ("--decode-samples",)),
+    (["--decode-samples", "1"], ("--decode-samples", "at least 2")),
+    (["--gen", "0"], ("--gen",)),
+    (["--kv-block", "0"], ("--kv-block",)),
 ])
-def test_sweep_bad_input(tmp_path, args, words):
-    _one_line_error(runner.invoke(app, [*SWEEP, "--out", str(tmp_path / "o"), *args]), *words)
+def test_sweep_bad_input(tmp_path, console, args, words):
+    _one_line_error(console([*SWEEP, "--out", str(tmp_path / "o"), *args]), *words)
     assert not (tmp_path / "o").exists()
 
 
@@ -116,10 +132,11 @@ def test_report_comparison(tmp_path):
     (["--roofline-batch", "1,-2"], ("--roofline-batch",)),
     (["--hardware", "h100-sxm,h200-sxm"], ("h100-sxm,h200-sxm",)),
     (["--model", "llama-2-13b,gemma-2-9b", "--tp", "5"], ("tp=5",)),
-    (["--decode-samples", "1"], ("--decode-samples",)),
+    (["--decode-samples", "-3"], ("--decode-samples", "at least 2")),
+    (["--memory-fraction", "1.5"], ("--memory-fraction",)),
 ])
-def test_report_bad_input(tmp_path, args, words):
-    _one_line_error(runner.invoke(app, [*REPORT, "--out", str(tmp_path / "o"), *args]), *words)
+def test_report_bad_input(tmp_path, console, args, words):
+    _one_line_error(console([*REPORT, "--out", str(tmp_path / "o"), *args]), *words)
     assert not (tmp_path / "o").exists()
 
 
