@@ -222,19 +222,28 @@ class Estimate:
         return self.workload.batch / self.tpot_s
 
     @property
-    def warnings(self) -> list[str]:
-        """Things the user should know the numbers rest on (one line each)."""
-        out = []
+    def context_warning(self) -> str | None:
+        """Set when prompt + generation runs past the model's trained context."""
         limit, length = self.model.max_position_embeddings, self.workload.final_len
         if limit and length > limit:
-            out.append(f"prompt + generated = {length} tokens exceeds {self.model.name}'s "
-                       f"context limit (max_position_embeddings = {limit})")
+            return (f"prompt + generated = {length} tokens exceeds {self.model.name}'s "
+                    f"context limit (max_position_embeddings = {limit})")
+        return None
+
+    @property
+    def memory_warning(self) -> str | None:
+        """Set when weights + workspace + KV exceed the usable memory (the sum spelled out)."""
         mem = self.memory
-        if not mem.fits:
-            out.append(f"does not fit: weights {mem.weights_bytes:.4g} B + workspace "
-                       f"{mem.workspace_bytes:.4g} B + KV {mem.kv_cache_bytes:.4g} B > usable "
-                       f"{mem.usable_bytes:.4g} B (max batch {mem.max_batch})")
-        return out
+        if mem.fits:
+            return None
+        return (f"does not fit: weights {mem.weights_bytes:.4g} B + workspace "
+                f"{mem.workspace_bytes:.4g} B + KV {mem.kv_cache_bytes:.4g} B > usable "
+                f"{mem.usable_bytes:.4g} B (max batch {mem.max_batch})")
+
+    @property
+    def warnings(self) -> list[str]:
+        """Things the user should know the numbers rest on (one line each)."""
+        return [w for w in (self.context_warning, self.memory_warning) if w]
 
     def to_dict(self) -> dict:
         wl = self.workload

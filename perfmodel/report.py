@@ -36,7 +36,7 @@ def _rows(e: Estimate) -> list[tuple[str, str]]:
         ("end to end", fmt_time(e.e2e_s)),
         ("throughput", f"{fmt_rate(e.throughput_tokens_per_s, 'tok/s')} overall, "
                        f"{fmt_rate(e.decode_tokens_per_s, 'tok/s')} in decode"),
-    ] + [("warning", w) for w in e.warnings]
+    ] + [("warning", w) for w in (e.context_warning,) if w]  # the fits row covers memory
 
 
 def table(e: Estimate) -> str:

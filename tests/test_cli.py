@@ -160,3 +160,16 @@ def test_command_line_spells_out_a_reproducible_run():
                         plots=False, progress=True, batch="1,16")
     assert line == ("perfmodel validate --device quick --out 'my dir/r' --no-plots --progress "
                     "--batch 1,16")
+
+
+def test_table_states_a_memory_shortfall_once_and_keeps_other_warnings():
+    big = runner.invoke(app, ["estimate", "-m", "llama-3.1-405b", "-H", "h100-sxm"])
+    assert big.exit_code == 0, big.output
+    lines = big.output.splitlines()
+    assert [ln.split()[0] for ln in lines if "NO: needs" in ln or "does not fit" in ln] \
+        == ["fits"]
+    long = runner.invoke(app, ["estimate", "-m", "llama-2-7b", "-H", "h100-sxm", "--prompt",
+                               "8192"])
+    assert [ln for ln in long.output.splitlines() if ln.startswith("warning")] == [
+        "warning             prompt + generated = 8320 tokens exceeds llama-2-7b's context "
+        "limit (max_position_embeddings = 4096)"]
