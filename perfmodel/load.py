@@ -68,13 +68,13 @@ class Fields:
             return default
         return self.data[key]
 
-    def sub(self, key: str, required: bool = True,
-            allowed: tuple[str, ...] | None = None) -> Fields | None:
+    def sub(self, key: str, required: bool = True) -> Fields | None:
+        """The mapping under ``key`` (None when optional and absent); its own unknown keys
+        are reported by its ``finish``."""
         if not required and not self.has(key):
             self.used.add(key)
             return None
-        return Fields(self.raw(key), self.file, ".".join(p for p in (self.path, key) if p),
-                      allowed)
+        return Fields(self.raw(key), self.file, ".".join(p for p in (self.path, key) if p))
 
     def text(self, key: str, default: Any = ..., choices: tuple[str, ...] | None = None) -> str:
         value = self.raw(key, default)
