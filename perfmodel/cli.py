@@ -85,6 +85,9 @@ def estimate(
         typer.echo(report.to_csv(result, with_ops=breakdown), nl=False)
     elif fmt is Format.markdown:
         typer.echo(report.markdown(result))
+        if breakdown:
+            typer.echo("")
+            typer.echo(report.breakdown_markdown(result))
     else:
         typer.echo(report.table(result))
         if breakdown:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterable, Sequence
 
 from perfmodel.estimate import Estimate, OpSummary
 from perfmodel.units import fmt_bytes, fmt_count, fmt_rate, fmt_time
 
 
-def _rows(e: Estimate) -> list[tuple[str, str]]:
+def rows(e: Estimate) -> list[tuple[str, str]]:
+    """(quantity, value) lines of the estimate table, values formatted with units."""
     wl, mem = e.workload, e.memory
     needed = mem.weights_bytes + mem.workspace_bytes + mem.kv_cache_bytes
     fit = "yes" if mem.fits else (f"NO: needs {fmt_bytes(needed)} of "
@@ -40,15 +42,20 @@ def _rows(e: Estimate) -> list[tuple[str, str]]:
 
 
 def table(e: Estimate) -> str:
-    rows = _rows(e)
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    lines = rows(e)
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]]) -> str:
+    """A GitHub markdown table of text cells (the one table writer of the package)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(lines)
 
 
 def markdown(e: Estimate) -> str:
-    lines = ["| quantity | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in _rows(e)]
-    return "\n".join(lines)
+    return markdown_table(("quantity", "value"), rows(e))
 
 
 _BREAKDOWN_COLS = ("phase", "name", "op_class", "count", "flops", "bytes", "intensity",
@@ -74,10 +81,8 @@ def breakdown(e: Estimate) -> str:
 
 def breakdown_markdown(e: Estimate) -> str:
     """The breakdown as a markdown table."""
-    rows = [_breakdown_cells(e, o) for o in e.prefill.ops + e.decode.ops]
-    head = "| " + " | ".join(_BREAKDOWN_COLS) + " |"
-    rule = "|" + "---|" * len(_BREAKDOWN_COLS)
-    return "\n".join([head, rule] + ["| " + " | ".join(r) + " |" for r in rows])
+    return markdown_table(_BREAKDOWN_COLS,
+                          (_breakdown_cells(e, o) for o in e.prefill.ops + e.decode.ops))
 
 
 def to_json(e: Estimate, with_ops: bool = False) -> str:

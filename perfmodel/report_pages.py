@@ -58,13 +58,6 @@ def figure(file: str, caption: str) -> Block:
     return Block("figure", items=(file, caption))
 
 
-def markdown_table_rows(text: str) -> list[list[str]]:
-    """Rows of a simple ``| a | b |`` markdown table (the separator row dropped)."""
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in text.splitlines() if line.strip().startswith("|")]
-    return [r for r in rows if not all(set(c) <= set("-: ") for c in r)]
-
-
 # --- rendering ----------------------------------------------------------------------------
 
 def to_markdown(blocks: Sequence[Block]) -> str:
@@ -78,9 +71,7 @@ def to_markdown(blocks: Sequence[Block]) -> str:
             out.append("\n".join(f"- {i}" for i in b.items))
         elif b.kind == "table":
             head, *body = b.items
-            lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            lines += ["| " + " | ".join(r) + " |" for r in body]
-            out.append("\n".join(lines))
+            out.append(report.markdown_table(head, body))
         elif b.kind == "code":
             out.append(f"```\n{b.text}\n```")
         elif b.kind == "figure":
@@ -239,7 +230,7 @@ def single_report(e: Estimate, command: str, figures: Sequence[tuple[str, str]],
     assumptions. ``figures``: (file name, caption); ``batch_rows``: sweep over batch."""
     blocks = [h1(f"{e.model.name} on {e.hardware.name}: predicted inference performance"),
               para("Generated with:"), code(command),
-              h2("Estimate"), table(markdown_table_rows(report.markdown(e))),
+              h2("Estimate"), table([("quantity", "value"), *report.rows(e)]),
               h2("Findings"), bullets(findings(e)), h2("Figures")]
     blocks += [figure(f, c) for f, c in figures]
     rows = [["batch", "fits", "TTFT", "TPOT", "decode tok/s", "overall tok/s"]]

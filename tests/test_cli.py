@@ -149,6 +149,10 @@ def test_markdown_breakdown_is_a_table():
     row = report.flat_record(est)
     assert row["kv_cache_bytes_per_sequence"] == est.memory.kv_cache_bytes_per_sequence
     assert row["warnings"] == ""
+    # through the CLI: the estimate table, a blank line, then the breakdown table
+    out = runner.invoke(app, ["estimate", "-m", "llama-2-7b", "-H", "h100-sxm", "-f",
+                              "markdown", "--breakdown"]).output
+    assert out.rstrip("\n") == report.markdown(est) + "\n\n" + report.breakdown_markdown(est)
 
 
 class _Suite(str, Enum):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from perfmodel import report as estimate_report
 from perfmodel.compare import predict_rows, shape_key, summarize
 from perfmodel.estimate import framework_ops
 from perfmodel.roofline import op_time
@@ -77,23 +78,15 @@ def step_predictions(rows: list[dict], hw: Hardware,
 def markdown_table(df, percent: tuple[str, ...] = ()) -> str:
     """A DataFrame as a GitHub markdown table; ``percent`` columns as percentages (signed
     for the signed errors)."""
-    head = "| " + " | ".join(map(str, df.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    lines = [head, rule]
-    for _, r in df.iterrows():
-        cells = []
-        for c in df.columns:
-            v = r[c]
-            if c in percent:
-                sign = "+" if c in SIGNED else ""
-                cells.append(f"{100 * v:{sign}.1f}%" if isinstance(v, float)
-                             and math.isfinite(v) else "")
-            elif isinstance(v, float):
-                cells.append(f"{v:.4g}")
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    def cell(c: str, v: object) -> str:
+        if c in percent:
+            sign = "+" if c in SIGNED else ""
+            return f"{100 * v:{sign}.1f}%" if isinstance(v, float) and math.isfinite(v) else ""
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    columns = [str(c) for c in df.columns]
+    body = ([cell(c, r[c]) for c in df.columns] for _, r in df.iterrows())
+    return estimate_report.markdown_table(columns, body)
 
 
 PCT = ("median_abs_error", "p90_abs_error", "median_error", "error")
