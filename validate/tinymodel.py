@@ -34,7 +34,7 @@ class TinyLlama:
     """Weights and KV cache of ``model`` for ``batch`` sequences of up to ``max_context``."""
 
     def __init__(self, model: Model, dtype: str, device: torch.device, batch: int,
-                 max_context: int, seed: int = 0, n_layers: int | None = None) -> None:
+                 max_context: int, seed: int = 0) -> None:
         if model.mla or model.moe or model.sliding_window or not model.gated_mlp:
             raise ValueError(f"{model.name}: the harness model is a dense gated GQA Llama")
         self.model, self.batch = model, batch
@@ -52,7 +52,7 @@ class TinyLlama:
                          rnd(2 * inter, d, scale=d ** -0.5), rnd(d, inter, scale=inter ** -0.5),
                          rnd(batch, kv, max_context, hd), rnd(batch, kv, max_context, hd))
 
-        self.layers = [layer() for _ in range(n_layers or model.n_layers)]
+        self.layers = [layer() for _ in range(model.n_layers)]
         self.embed = rnd(model.vocab_size, d)
         self.final_norm = rnd(d)
         self.lm_head = rnd(model.vocab_size, d, scale=d ** -0.5)
