@@ -18,25 +18,18 @@ import numpy as np
 import pandas as pd
 
 import perfmodel as pm
-from perfmodel import ops
+from perfmodel.compare import row_op
 from perfmodel.roofline import op_time
 
 DEFAULT = Path(__file__).resolve().parents[3] / "shared/measurements/vidur-a100-attention.csv"
-
-
-def predicted(hw: pm.Hardware, row: pd.Series) -> float:
-    op = ops.attention("a", batch=int(row.batch), q_len=int(row.q_len), kv_len=int(row.kv_len),
-                       n_heads=int(row.n_heads), n_kv_heads=int(row.n_kv_heads),
-                       qk_dim=int(row.head_dim), v_dim=int(row.head_dim), act_bytes=2,
-                       kv_bytes=2, dtype="fp16")
-    return op_time(op, hw, "kernel").time_s
 
 
 def main(path: Path) -> None:
     hw = pm.hardware("a100-80gb-sxm")
     data = pd.read_csv(path)
     prefill = data[(data.q_len > 1) & (data.batch == 1)].copy()
-    prefill["predicted_s"] = [predicted(hw, r) for r in prefill.itertuples()]
+    prefill["predicted_s"] = [op_time(row_op(r), hw, "kernel").time_s
+                              for r in prefill.to_dict("records")]
     print(f"{path.name}: batch-1 prefill rows, TFLOP/s (4 x q x heads x head_dim per key)")
     print(f"{'q_len':>6} {'prior ctx: measured':>20} {'predicted':>10} "
           f"{'own triangle: measured':>23} {'predicted':>10}")
