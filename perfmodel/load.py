@@ -218,6 +218,7 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
         gemm_overlap=f.flag("gemm_overlap", True),
         gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),
+        gemm_n_half=f.quantity("gemm_n_half", "number", 0.0, positive=False),
         gemm_memory_fraction=_optional_fraction(f, "gemm_memory_fraction"),
         gemv_memory_fraction=_optional_fraction(f, "gemv_memory_fraction"),
         gemv_k_half=f.quantity("gemv_k_half", "number", 0.0, positive=False),

@@ -95,6 +95,10 @@ class Efficiency:
     # BLAS packs each weight panel once per call and reuses it for the m rows, so the packing
     # (about gemm_m_half rows' worth of work) dominates skinny GEMMs. 0: off (GPU tiles)
     gemm_m_half: float = 0.0
+    # GEMM efficiency *= gemm_n_half / (gemm_n_half + n) for m > 1: a CPU BLAS's packed path
+    # slows as the output widens (each k-panel pass walks more weight rows and pages than its
+    # caches and TLB hold). 0: off (GPUs, where wide outputs only add tiles)
+    gemm_n_half: float = 0.0
     # streaming fraction of GEMM operand traffic (a CPU BLAS packing its weight panels; with
     # gemm_overlap false this time adds to the multiply-adds). None: memory_fraction
     gemm_memory_fraction: float | None = None

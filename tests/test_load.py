@@ -31,8 +31,9 @@ def test_shipped_models_load(name):
 def test_kernel_fractions_and_launch_mode_load(tmp_path):
     text = HW_YAML.replace("  kernel_latency_s:", "  kernel_memory_fraction:\n    rms_norm: 0.4\n"
                            "  kernel_latency_by_kind:\n    attention: 8 us\n"
-                           "  launch_mode: sync\n  kernel_latency_s:")
+                           "  launch_mode: sync\n  gemm_n_half: 25000\n  kernel_latency_s:")
     hw = load_hardware(_write(tmp_path, text))
+    assert hw.efficiency.gemm_n_half == 25000
     assert hw.efficiency.kernel_memory_fraction == {"rms_norm": 0.4}
     assert hw.efficiency.memory_fraction_for("rms_norm") == 0.4
     assert hw.efficiency.memory_fraction_for("add") == hw.efficiency.memory_fraction

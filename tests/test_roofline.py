@@ -276,6 +276,17 @@ def test_panel_packing_ramp_replaces_row_padding(a100):
     assert gemm_efficiency(1, 128, 256, 1, hw) == pytest.approx(0.5 / 16)
 
 
+def test_output_width_term_slows_wide_packed_gemms_only(a100):
+    # n_half 3072: n = 1024 keeps 3072/4096 = 3/4, n = 9216 keeps 3072/12288 = 1/4 (both whole
+    # 128-column tiles); m = 1 (GEMV) and an unset half-width are untouched
+    hw = _cpu_blas(a100, gemm_m_half=28.0, gemm_n_half=3072.0)
+    assert gemm_efficiency(4, 1024, 256, 1, hw) == pytest.approx(0.5 * 4 / 32 * 3 / 4)
+    assert gemm_efficiency(4, 9216, 256, 1, hw) == pytest.approx(0.5 * 4 / 32 / 4)
+    assert gemm_efficiency(1, 9216, 256, 1, hw) == pytest.approx(0.5 / 16)
+    off = _cpu_blas(a100, gemm_m_half=28.0)
+    assert gemm_efficiency(4, 9216, 256, 1, off) == pytest.approx(0.5 * 4 / 32)
+
+
 def test_gemm_and_gemv_streaming_fractions(a100):
     hw = _cpu_blas(a100, gemm_memory_fraction=0.4, gemv_memory_fraction=0.25)
     gemv, skinny = _gemm(1, 4096, 4096), _gemm(8, 4096, 4096)
@@ -314,8 +325,9 @@ def test_cpu_blas_terms_are_off_on_shipped_hardware():
     for path in shipped:
         hw = pm.load_hardware(path)
         eff = hw.efficiency
-        assert eff.gemm_m_half == 0 and eff.gemm_memory_fraction is None \
-            and eff.gemv_memory_fraction is None and eff.gemv_k_half == 0, path.name
+        assert eff.gemm_m_half == 0 and eff.gemm_n_half == 0 \
+            and eff.gemm_memory_fraction is None and eff.gemv_memory_fraction is None \
+            and eff.gemv_k_half == 0, path.name
         for m in (1, 8):
             op = _gemm(m, 4096, 4096)
             if "bf16" not in hw.peak_flops_per_s and "fp16" not in hw.peak_flops_per_s:

@@ -77,19 +77,39 @@ def test_cpu_blas_terms_are_fitted_for_host_devices_only(a100):
     # a sync-launch (CPU) device: panel packing and the GEMM/GEMV streaming fractions
     cpu = replace(a100, efficiency=replace(a100.efficiency, launch_mode="sync"))
     truth = replace(cpu, efficiency=replace(cpu.efficiency, gemm_m_half=40.0,
+                                            gemm_n_half=20000.0,
                                             gemm_memory_fraction=0.3,
                                             gemv_memory_fraction=0.2,
                                             gemv_k_half=600.0))
     shapes = [ops.gemm("g", m, n, k, weight_bytes=2, act_bytes=2, dtype="bf16")
               for m in (1, 2, 8, 32, 256, 1024)
-              for n, k in ((4096, 4096), (1024, 8192), (4096, 512))]
+              for n, k in ((4096, 4096), (1024, 8192), (4096, 512), (16384, 1024))]
     samples = [Sample(op, op_time(op, truth, "host").time_s, "host") for op in shapes]
-    names = ["gemm_m_half", "gemm_memory_fraction", "gemv_memory_fraction", "gemv_k_half"]
+    names = ["gemm_m_half", "gemm_n_half", "gemm_memory_fraction", "gemv_memory_fraction",
+             "gemv_k_half"]
     assert set(names) <= set(free_parameters(samples, cpu))
     assert not set(names) & set(free_parameters(samples, a100))    # GPUs: tiles, as before
     assert not set(names) & set(free_parameters(samples))
     result = fit_efficiency(samples, cpu, params=names)
     assert result.fitted["gemm_m_half"] == pytest.approx(40.0, rel=0.02)
+    assert result.fitted["gemm_n_half"] == pytest.approx(20000.0, rel=0.05)
     assert result.fitted["gemm_memory_fraction"] == pytest.approx(0.3, rel=0.02)
     assert result.fitted["gemv_memory_fraction"] == pytest.approx(0.2, rel=0.02)
     assert result.fitted["gemv_k_half"] == pytest.approx(600.0, rel=0.05)
+
+
+def test_output_width_term_needs_spread_and_switches_off_when_absent(a100):
+    cpu = replace(a100, efficiency=replace(a100.efficiency, launch_mode="sync",
+                                           gemm_m_half=40.0, gemm_overlap=False))
+
+    def samples(widths):
+        return [Sample(op, op_time(op, cpu, "host").time_s, "host")
+                for op in (ops.gemm("g", m, n, 1024, weight_bytes=2, act_bytes=2,
+                                    dtype="bf16") for m in (2, 8, 64) for n in widths)]
+
+    assert "gemm_n_half" not in free_parameters(samples((2048, 4096)), cpu)   # 2x: no trend
+    flat = samples((1024, 4096, 16384))           # 16x, but the truth has no width term
+    assert "gemm_n_half" in free_parameters(flat, cpu)
+    result = fit_efficiency(flat, cpu, params=["gemm_m_half", "gemm_n_half"])
+    assert result.fitted["gemm_n_half"] == 0.0    # beyond OFF_ABOVE: written as off
+    assert result.fitted["gemm_m_half"] == pytest.approx(40.0, rel=0.02)

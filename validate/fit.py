@@ -33,10 +33,12 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_k_half": (1e-2, 1e5),
     "memory_half_bytes": (1.0, 1e10),
     "gemm_m_half": (1e-2, 1e4),
+    "gemm_n_half": (1e2, 1e8),
     "gemm_memory_fraction": (0.01, 1.0),
     "gemv_memory_fraction": (0.01, 1.0),
     "gemv_k_half": (1e-2, 1e5),
 }
+OFF_ABOVE = {"gemm_n_half": 1e7}    # a half-width this far beyond any real n: no effect
 OFF_BELOW = {"gemm_k_half": 0.1, "gemm_m_half": 0.1, "gemv_k_half": 0.1,
              "memory_half_bytes": 10.0,
              "kernel_latency_s": 1e-7}
@@ -93,8 +95,8 @@ def _value(hw: Hardware, name: str) -> float | None:
 
 def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> list[str]:
     """The parameters these samples can determine (see module docstring). The CPU BLAS
-    terms (panel packing ``gemm_m_half``, GEMM and GEMV streaming fractions, the GEMV
-    depth ramp ``gemv_k_half``) are fitted only
+    terms (panel packing ``gemm_m_half``, the output-width term ``gemm_n_half``, GEMM and
+    GEMV streaming fractions, the GEMV depth ramp ``gemv_k_half``) are fitted only
     for a device that runs each op to completion on the host (``launch_mode: sync``); GPU
     GEMMs keep tile padding and the shared streaming fraction."""
     kinds = {s.op.kind for s in samples}
@@ -112,6 +114,10 @@ def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> li
             out.append("gemv_memory_fraction")
         if len(gemv_k) > 1:                 # a k-trend needs GEMVs of more than one depth
             out.append("gemv_k_half")
+        packed_n = [s.op.shape["n"] for s in samples if s.op.kind == "gemm"
+                    and s.op.shape["m"] > 1]
+        if packed_n and max(packed_n) >= 4 * min(packed_n):   # an n-trend needs n's spread
+            out.append("gemm_n_half")
     if "attention" in kinds:
         out.append("attention_fraction" if "attention_fraction" in _field_names()
                    else "gemm_fraction")
@@ -172,6 +178,8 @@ def _start(hw: Hardware, name: str) -> float:
         value = hw.efficiency.gemm_fraction
     if value is None and name in ("gemm_memory_fraction", "gemv_memory_fraction"):
         value = hw.efficiency.memory_fraction
+    if not value and name in OFF_ABOVE:       # off = beyond the upper end: start there
+        value = OFF_ABOVE[name]
     return math.log(min(max(value or lo, lo), hi))
 
 
@@ -191,7 +199,8 @@ def _fit_continuous(samples: Sequence[Sample], hw: Hardware, names: list[str],
     sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
                         diff_step=1e-3, max_nfev=max_nfev, x_scale=1.0)
     values = {n: float(math.exp(v)) for n, v in zip(names, sol.x, strict=True)}
-    values = {n: (0.0 if v < OFF_BELOW.get(_split(n)[0], -1.0) else v)
+    values = {n: (0.0 if v < OFF_BELOW.get(_split(n)[0], -1.0)
+                  or v > OFF_ABOVE.get(_split(n)[0], math.inf) else v)
               for n, v in values.items()}
     return _with(hw, values), float(sol.cost)
 

@@ -199,6 +199,8 @@ def calibration_rows(device: str, name: str = "quick",
         for n, k in ((768, 2048), (2048, 768), (2048, 2048)):
             rows += [_gemm(m, n, k, dtypes[0], "skinny") for m in (1, 2, 4, 16)]
         rows += [_gemm(m, 6144, 2048, dtypes[0], "skinny") for m in (1, 4)]
+        # wide outputs (LM-head-like: the packed path slows as n grows, gemm_n_half)
+        rows += [_gemm(m, 12288, 768, dtypes[0], "wide") for m in (2, 8, 32, 192)]
         rows += [_gemm(1, n, k, dtypes[0], "gemv") for n, k in ((768, 768), (384, 1024))]
     depth = squares[len(squares) // 2]
     rows += [_gemm(depth, depth, k, dtypes[0], "shallow") for k in (32, 96, 160, 4 * depth)]
