@@ -173,13 +173,12 @@ def validate(
                   f"of {passes} passes over the suite (a pass's time is the median of its "
                   f"samples).",
                   "Errors below are predicted / measured - 1 on the committed rows."]
-        path = write_report(out, hw, hardware, kernels.latest(), steps.latest(), header,
-                            plots=plots)
+        written = write_report(out, hw, hardware, kernels.latest(), steps.latest(), header,
+                               plots=plots)
     except (SpecError, RuntimeError, ValueError) as exc:
         fail(str(exc))
-    typer.echo(f"measured for {wall:.0f} s; wrote {path}")
-    held = path.read_text().split("## Held-out", 1)[1].split("### By operator class")[0]
-    typer.echo("Held-out" + held.rstrip())
+    typer.echo(f"measured for {wall:.0f} s; wrote {written.path}")
+    typer.echo("\n".join(written.held_out))
 
 
 def _print_summary(df) -> None:

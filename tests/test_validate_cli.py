@@ -142,6 +142,8 @@ def test_calibrate_then_validate(tmp_path, tiny_harness):
     assert result.exit_code == 0, result.output
     summary = (out / "summary.md").read_text()
     assert "Held-out kernels (1 rows)" in summary        # the fitted GEMM is not held out
+    assert "Held-out kernels (1 rows):\n- memory-bound ops (non-GEMM): median |error|" \
+        in result.output                                  # the CLI prints the headline
     assert "perfmodel calibrate --device cpu" in summary
     assert (f"perfmodel validate --device cpu --hardware {yaml_path} --suite quick "
             f"--out {out} --threads 1") in summary

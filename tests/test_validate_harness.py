@@ -198,10 +198,13 @@ def test_passes_prefer_quiet_runs_and_keep_contended_only_as_a_last_resort(cpu, 
 @pytest.mark.slow
 def test_report_with_figures(cpu, tmp_path, a100):
     kernel_log, step_log = runner.run_suite(SUITE, cpu, tmp_path, "test-cpu", progress=False)
-    path = write_report(tmp_path, replace(a100, name="toy"), "toy.yaml", kernel_log.latest(),
-                        step_log.latest(), ["# micro"], {"micro-llama": MICRO})
-    text = path.read_text()
+    written = write_report(tmp_path, replace(a100, name="toy"), "toy.yaml",
+                           kernel_log.latest(), step_log.latest(), ["# micro"],
+                           {"micro-llama": MICRO})
+    text = written.path.read_text()
     assert "## Held-out kernels (5 rows)" in text and "Whole decoder layer" in text
+    assert written.held_out[0] == "Held-out kernels (5 rows):"
+    assert all(line in text for line in written.held_out[1:])
     for name in ("predictions.csv", "step_predictions.csv", "predicted_vs_measured.png",
                  "error_by_class.png", "roofline.png"):
         assert (tmp_path / name).is_file(), name

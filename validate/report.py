@@ -10,6 +10,7 @@ too.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from perfmodel import report as estimate_report
@@ -107,9 +108,17 @@ def target_lines(df) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Written:
+    """What write_report wrote: summary.md's path and its held-out headline (for the CLI)."""
+
+    path: Path
+    held_out: list[str]
+
+
 def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
                  step_rows: list[dict], header: list[str],
-                 models: dict[str, Model] = MODELS, plots: bool = True) -> Path:
+                 models: dict[str, Model] = MODELS, plots: bool = True) -> Written:
     """Write predictions.csv, step_predictions.csv, summary.md and (``plots``) the figures
     into ``out``."""
     kdf = kernel_predictions(kernel_rows, hw)
@@ -127,6 +136,7 @@ def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
                      f"calibration layers ({len(extra)} of them measured for it alone; "
                      f"`calibration.layer_overhead.kernel_shapes`)" if glue else "") + ": "
                   + ", ".join(f"{k} = {v:.4g}" for k, v in cal.get("fitted", {}).items()), ""]
+    headline = [f"Held-out kernels ({len(held)} rows):", *target_lines(held)]
     lines += [f"## Held-out kernels ({len(held)} rows)", "",
               f"Quick-suite kernels whose shape was not used for fitting; "
               f"{int((~kdf['heldout']).sum())} fitted shapes and "
@@ -155,4 +165,4 @@ def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
         lines += ["## Figures", ""] + [f"- `{n}`: {what}" for n, what in FIGURES.items()]
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n")
-    return path
+    return Written(path, headline)
