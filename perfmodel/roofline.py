@@ -117,14 +117,19 @@ def attention_efficiency(op: Op, hw: Hardware) -> float:
     query heads sharing a KV head are packed into those rows (FlashAttention's GQA packing),
     so rows = n_heads / n_kv_heads, padded to a tile. Each program's keys are split over
     ``decode_kv_splits`` programs (flash-decoding), and all of them run in waves over the
-    compute units. Prefill: see ``prefill_tile_fraction``.
+    compute units. Without ``attention_decode_pack_gqa`` each query head is its own
+    unsplit program (no rows to pad; its KV head's cache is streamed once per query head,
+    see ``device_bytes``). Prefill: see ``prefill_tile_fraction``.
     """
     s = op.shape
     if s["q_len"] > 1:
         return hw.efficiency.attention * prefill_tile_fraction(op, hw)
+    eff = hw.efficiency
+    if not eff.attention_decode_pack_gqa:       # one query head per program, no key split
+        return eff.attention * _wave_fill(s["batch"] * s["n_heads"], hw.compute_units)
     blocks = _decode_programs(op) * _decode_splits(op, hw)
     pad_q, _ = _pad(s["n_heads"] // s["n_kv_heads"], 128)
-    return hw.efficiency.attention * _wave_fill(blocks, hw.compute_units) * pad_q
+    return eff.attention * _wave_fill(blocks, hw.compute_units) * pad_q
 
 
 def _decode_programs(op: Op) -> int:
@@ -134,7 +139,10 @@ def _decode_programs(op: Op) -> int:
 
 
 def _decode_splits(op: Op, hw: Hardware) -> int:
-    """``decode_kv_splits`` of a decode attention op on ``hw``."""
+    """``decode_kv_splits`` of a decode attention op on ``hw`` (1 where decode programs are
+    single query heads, which are not split)."""
+    if not hw.efficiency.attention_decode_pack_gqa:
+        return 1
     return decode_kv_splits(_decode_programs(op), _decode_keys(op), op.shape["head_dim"],
                             hw.compute_units)
 
@@ -180,7 +188,8 @@ def prefill_tile_fraction(op: Op, hw: Hardware) -> float:
 
     One program per (sequence, query head, block of ``bq`` query rows) steps over key tiles of
     ``bk``: block i needs the tiles from the first key its first row sees (a sliding window
-    drops earlier ones) to the last key its last row sees (causal), diagonal tiles in full.
+    drops earlier ones) to the last key its last row sees (causal), diagonal tiles in full
+    (with ``attention_clip_kv`` the last tile stops at kv_len).
     Programs run on ``compute_units``; with unequal programs (causal) the busiest unit
     finishes last: T = max(longest program, total / units + the idle share of the last
     wave x the shortest program), the longest-first schedule FlashAttention uses for causal
@@ -209,13 +218,16 @@ def _tile_fraction(op: Op, hw: Hardware, packed: int) -> float:
     first_row = prior + np.arange(0, q, span)               # 0-based position of each block
     last_key = np.minimum(first_row + span, kv)             # keys seen by its last row
     first_key = np.maximum(first_row + 1 - window, 0) if window else np.zeros_like(first_row)
-    tiles = np.ceil(last_key / bk) - np.floor(first_key / bk)
+    end_key = np.ceil(last_key / bk) * bk                   # end of the block's last tile
+    if eff.attention_clip_kv:
+        end_key = np.minimum(end_key, kv)
+    keys = end_key - np.floor(first_key / bk) * bk          # keys each block computes
     programs = s["batch"] * s["n_heads"] // packed
     units = hw.compute_units
-    n = programs * len(tiles)
-    busy = max(float(tiles.max()), programs * float(tiles.sum()) / units
-               + (math.ceil(n / units) - n / units) * float(tiles.min()))
-    useful = s["batch"] * s["n_heads"] * attended_positions(q, kv, window or None) / (bq * bk)
+    n = programs * len(keys)
+    busy = max(float(keys.max()), programs * float(keys.sum()) / units
+               + (math.ceil(n / units) - n / units) * float(keys.min()))
+    useful = s["batch"] * s["n_heads"] * attended_positions(q, kv, window or None) / bq
     return min(1.0, useful / (units * busy))
 
 
@@ -247,6 +259,17 @@ def memory_efficiency(nbytes: float, hw: Hardware, kind: str = "",
 TIMINGS = ("kernel", "stream", "host")
 
 
+def device_bytes(op: Op, hw: Hardware) -> float:
+    """Bytes ``op`` moves on ``hw``: its accounting, plus, for decode attention on a device
+    that runs each query head as its own program (``attention_decode_pack_gqa`` false), the
+    KV cache streamed again for every further query head of a group."""
+    s = op.shape
+    if op.kind == "attention" and s["q_len"] == 1 \
+            and not hw.efficiency.attention_decode_pack_gqa:
+        return op.bytes.total + op.bytes.kv_read * (s["n_heads"] // s["n_kv_heads"] - 1)
+    return op.bytes.total
+
+
 def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     """Time for all instances of ``op``. ``timing`` says how launches count (see above)."""
     eff = hw.efficiency
@@ -261,7 +284,7 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     else:
         c_eff = attention_efficiency(op, hw) if op.kind == "attention" else eff.gemm_fraction
         extra = extra_kernels(op, hw)
-    nbytes = op.bytes.total
+    nbytes = device_bytes(op, hw)
     is_gemm = op.kind == "gemm"
     m_eff = memory_efficiency(nbytes, hw, op.kind, op.shape["m"] if is_gemm else None,
                               op.shape["k"] if is_gemm else None)

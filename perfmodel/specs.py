@@ -81,11 +81,20 @@ class Efficiency:
     # flash attention does). Default: FlashAttention-2 for head_dim 128 on sm80 (128 x 64).
     attention_tile_q: tuple[tuple[int, int], ...] = ((1, 128),)
     attention_tile_kv: int = 64
+    # the last key tile of a block ends at kv_len (a CPU kernel runs a GEMM on the keys that
+    # remain: PyTorch's CPU flash attention) instead of computing a whole padded tile (GPU
+    # tensor-core MMAs on a full tile, FlashAttention)
+    attention_clip_kv: bool = False
     # the query heads sharing a KV head may share a tile's rows (FlashAttention-3's PackGQA,
     # FlashInfer): a short chunk (speculative verification, small chunked prefill) then fills
     # the rows with heads instead of padding. Decode (q_len = 1) always packs. The model takes
     # the better of packed and unpacked when true; false: prefill never packs (FA2, CPU)
     attention_pack_gqa: bool = True
+    # decode (q_len = 1): true, a program holds the query heads of one KV head (FlashAttention)
+    # and long caches are split over programs; false, one query head per program and no key
+    # split, each streaming its KV head's cache again (PyTorch's CPU flash attention: a
+    # matrix-vector product per head). calibrate on CPU: false
+    attention_decode_pack_gqa: bool = True
     memory_half_bytes: float = 0.0      # bandwidth efficiency *= b / (b + memory_half_bytes)
     # a GEMM's operand streaming overlaps its multiply-adds (GPU: asynchronous copies feed
     # the tensor cores, time = max of the two); false: they add (a CPU BLAS core packs a

@@ -89,11 +89,15 @@ BAD_HARDWARE = [
 
 def test_attention_query_tile_steps_load(tmp_path):
     text = HW_YAML.replace("  kernel_latency_s:", "  attention_tile_q: {768: 256, 1: 32, 192: 64}"
-                           "\n  attention_tile_kv: 512\n  kernel_latency_s:")
+                           "\n  attention_tile_kv: 512\n  attention_clip_kv: true"
+                           "\n  attention_decode_pack_gqa: false\n  kernel_latency_s:")
     eff = load_hardware(_write(tmp_path, text)).efficiency
     assert eff.attention_tile_q == ((1, 32), (192, 64), (768, 256))
-    assert eff.attention_tile_kv == 512
-    assert load_hardware(_write(tmp_path, HW_YAML)).efficiency.attention_tile_q == ((1, 128),)
+    assert eff.attention_tile_kv == 512 and eff.attention_clip_kv
+    assert not eff.attention_decode_pack_gqa
+    default = load_hardware(_write(tmp_path, HW_YAML)).efficiency
+    assert default.attention_tile_q == ((1, 128),) and not default.attention_clip_kv
+    assert default.attention_decode_pack_gqa
 
 
 @pytest.mark.parametrize(("text", "message"), BAD_HARDWARE)

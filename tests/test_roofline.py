@@ -9,7 +9,10 @@ import pytest
 import perfmodel as pm
 from perfmodel import ops
 from perfmodel.roofline import (
+    attention_efficiency,
     decode_kv_splits,
+    device_bytes,
+    extra_kernels,
     gemm_efficiency,
     memory_efficiency,
     op_time,
@@ -94,6 +97,23 @@ def test_sliding_window_prefill_skips_tiles_before_the_window(a100):
     # 14 tiles; attended: positions 1..128 see p (8,256), the other 384 see 128 (49,152)
     frac = prefill_tile_fraction(_prefill(512, 512, window=128), _one_unit(a100))
     assert frac == pytest.approx((8256 + 384 * 128) / (14 * 8192))
+
+
+def test_cpu_key_splits_are_clipped_at_kv_len(a100):
+    # PyTorch's CPU flash attention: 512-key splits from key 0, the last one a GEMM over the
+    # keys left (min(512, kv - start)). 1024 tokens in 256-row blocks (one unit): blocks end
+    # at keys 256, 512, 768, 1024 -> they compute 512, 512, 1024, 1024 keys (not the
+    # 256..1024 of exact causal keys, nor whole 512-key tiles past kv)
+    hw = _one_unit(a100, attention_tile_q=((1, 32), (192, 64), (768, 256)),
+                   attention_tile_kv=512, attention_clip_kv=True)
+    assert prefill_tile_fraction(_prefill(1024, 1024), hw) == \
+        pytest.approx(1024 * 1025 / 2 / (256 * (512 + 512 + 1024 + 1024)))
+    # 128 tokens (32-row blocks): every block computes all 128 keys; unclipped, 512 each
+    assert prefill_tile_fraction(_prefill(128, 128), hw) == \
+        pytest.approx(128 * 129 / 2 / (4 * 32 * 128))
+    unclipped = _one_unit(a100, attention_tile_q=((1, 32),), attention_tile_kv=512)
+    assert prefill_tile_fraction(_prefill(128, 128), unclipped) == \
+        pytest.approx(128 * 129 / 2 / (4 * 32 * 512))
 
 
 def test_few_programs_wait_for_the_longest(a100):
@@ -334,3 +354,21 @@ def test_cpu_blas_terms_are_off_on_shipped_hardware():
                 continue
             t = op_time(op, hw, "kernel")
             assert t.memory_efficiency == pytest.approx(memory_efficiency(op.bytes.total, hw))
+
+
+def test_unpacked_decode_streams_the_cache_once_per_query_head(a100):
+    # PyTorch's CPU flash attention: one program per (sequence, query head), no key split;
+    # each of the 4 query heads of a KV group streams that head's K/V again
+    op = ops.attention("a", batch=2, q_len=1, kv_len=4096, n_heads=32, n_kv_heads=8,
+                       qk_dim=128, v_dim=128, act_bytes=2, kv_bytes=2, dtype="bf16")
+    cpu = replace(a100, compute_units=48, efficiency=replace(
+        a100.efficiency, attention_decode_pack_gqa=False, kernel_latency_s=0.0))
+    kv = 2 * 4096 * 8 * 128 * 2 * 2                         # K and V of 8 KV heads, 2 sequences
+    assert op.bytes.kv_read == kv
+    assert device_bytes(op, cpu) == op.bytes.total + 3 * kv
+    assert device_bytes(op, a100) == op.bytes.total          # packed: read once
+    # 64 single-head programs on 48 units: 64/96 busy; no split, so no combine kernel
+    assert attention_efficiency(op, cpu) == pytest.approx(cpu.efficiency.attention * 64 / 96)
+    assert extra_kernels(op, cpu) == 0 and extra_kernels(op, a100) == 1
+    t = op_time(op, cpu, "kernel")
+    assert t.memory_s == pytest.approx(device_bytes(op, cpu) / BW)

@@ -129,7 +129,8 @@ def test_calibrate_then_validate(tmp_path, tiny_harness):
     # PyTorch's CPU flash attention: query blocks by length, exact keys, no GQA packing
     eff = hw.efficiency
     assert eff.attention_tile_q == ((1, 32), (192, 64), (768, 256))
-    assert eff.attention_tile_kv == 1 and not eff.attention_pack_gqa
+    assert eff.attention_tile_kv == 512 and eff.attention_clip_kv and not eff.attention_pack_gqa
+    assert not eff.attention_decode_pack_gqa      # decode: one query head per program
     assert not eff.gemm_overlap          # a CPU core packs, then multiplies
     assert (tmp_path / "cpu-test.calibration.csv").is_file()
     # no kernel of the calibration layers in this sweep: each op counts at its predicted time

@@ -76,12 +76,16 @@ def launch_seconds(rows: list[dict]) -> float:
 
 # PyTorch's CPU flash attention (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) takes
 # 32 query rows per block below q_len 192, 64 below 768, then 256, and walks the keys in
-# 512-key splits whose last split stops at the block's last causal key: in key terms every
-# key up to the block's last row is computed, which is a key tile of 1. (CUDA: torch's SDPA
-# runs FlashAttention-2, whose 128 x 64 tiles are the Efficiency default.) Neither packs the
-# query heads of a KV group into one block for prefill, so no calibrated file does.
+# 512-key splits from key 0 while a split starts before the block's last causal key; each
+# split is a GEMM over min(512, kv_len - start) keys (the causal mask is applied after), so
+# a block computes every key up to the end of its last split, clipped at kv_len. (CUDA:
+# torch's SDPA runs FlashAttention-2, whose 128 x 64 tiles are the Efficiency default.)
+# Neither packs the query heads of a KV group into one block for prefill.
+# For one query row (decode) it runs each query head as its own program: a matrix-vector
+# product over its KV head's keys, with no key split.
 CPU_ATTENTION_TILES = {"attention_tile_q": ((1, 32), (192, 64), (768, 256)),
-                       "attention_tile_kv": 1}
+                       "attention_tile_kv": 512, "attention_clip_kv": True,
+                       "attention_decode_pack_gqa": False}
 
 
 def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:

@@ -119,8 +119,7 @@ def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> li
         if packed_n and max(packed_n) >= 4 * min(packed_n):   # an n-trend needs n's spread
             out.append("gemm_n_half")
     if "attention" in kinds:
-        out.append("attention_fraction" if "attention_fraction" in _field_names()
-                   else "gemm_fraction")
+        out.append("attention_fraction")
     if "stream" in timings:
         out.append("launch_overhead_s")
     # each memory-bound kernel kind gets its own streaming fraction (a two-pass norm and a
@@ -175,7 +174,7 @@ def _start(hw: Hardware, name: str) -> float:
     lo, hi = _bounds(name)
     value = _value(hw, name)
     if value is None and name == "attention_fraction":
-        value = hw.efficiency.gemm_fraction
+        value = hw.efficiency.attention
     if value is None and name in ("gemm_memory_fraction", "gemv_memory_fraction"):
         value = hw.efficiency.memory_fraction
     if not value and name in OFF_ABOVE:       # off = beyond the upper end: start there
