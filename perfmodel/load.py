@@ -124,12 +124,29 @@ class Fields:
                              "beside the shipped files)")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (plain PyYAML keeps the
+    last value silently, so a pasted second block would override the first unnoticed)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"field {key!r} given twice (line {key_node.start_mark.line + 1})",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_mapping(path: Path) -> dict:
     """Parse a YAML or JSON file into a mapping, or raise a one-line SpecError."""
     is_json = path.suffix == ".json"
     data = read_user_file(
         path, f"valid {'JSON' if is_json else 'YAML'}",
-        lambda p: json.loads(p.read_text()) if is_json else yaml.safe_load(p.read_text()),
+        lambda p: json.loads(p.read_text()) if is_json
+        else yaml.load(p.read_text(), Loader=_UniqueKeyLoader),   # a SafeLoader subclass
         (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError))
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
@@ -226,6 +243,8 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         gemv_k_half=f.quantity("gemv_k_half", "number", 0.0, positive=False),
         kernel_memory_fraction=_per_kind(f.sub("kernel_memory_fraction", required=False),
                                          "number", memory_only=True),
+        kernel_unit_bytes_per_s=_per_kind(f.sub("kernel_unit_bytes_per_s", required=False),
+                                          "bytes_per_s", memory_only=True),
         kernel_latency_by_kind=_per_kind(f.sub("kernel_latency_by_kind", required=False), "s",
                                          memory_only=False),
         launch_mode=f.text("launch_mode", "async", ("async", "sync")),

@@ -253,7 +253,18 @@ def memory_efficiency(nbytes: float, hw: Hardware, kind: str = "",
         if m <= 1 and k and eff.gemv_k_half:
             ramp *= k / (k + eff.gemv_k_half)
         return eff.gemm_memory_fraction_for(m) * ramp
-    return eff.memory_fraction_for(kind) * ramp
+    return kind_memory_fraction(kind, hw) * ramp
+
+
+def kind_memory_fraction(kind: str, hw: Hardware) -> float:
+    """Streaming fraction of a ``kind`` kernel: its own or the shared fraction, capped by
+    its per-SM rate (``kernel_unit_bytes_per_s`` x compute_units) where one is set."""
+    eff = hw.efficiency
+    frac = eff.memory_fraction_for(kind)
+    rate = eff.kernel_unit_bytes_per_s.get(kind)
+    if rate:
+        frac = min(frac, rate * hw.compute_units / hw.memory_bytes_per_s)
+    return frac
 
 
 TIMINGS = ("kernel", "stream", "host")

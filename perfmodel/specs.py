@@ -121,6 +121,12 @@ class Efficiency:
     # kernel kind -> streaming fraction replacing memory_fraction for that kind (calibrated:
     # e.g. a two-pass norm or a scalar-load activation reaches less than a vector add)
     kernel_memory_fraction: dict[str, float] = field(default_factory=dict)
+    # kernel kind -> streaming rate per compute unit (bytes/s per SM) that caps the kind's
+    # bandwidth at compute_units x rate: a kernel whose loads are too narrow to keep enough
+    # bytes in flight per SM (Little's law) is bounded by its SMs, not by the memory; the
+    # cap carries a measured kernel from one GPU to another with the SM count. Fitting a
+    # kind's memory_fraction replaces its cap
+    kernel_unit_bytes_per_s: dict[str, float] = field(default_factory=dict)
     # kernel kind -> fixed device time replacing kernel_latency_s for that kind (calibrated:
     # e.g. a split-KV decode attention with its combine pass, or an op dispatched as several)
     kernel_latency_by_kind: dict[str, float] = field(default_factory=dict)

@@ -30,8 +30,9 @@ def test_shipped_models_load(name):
 
 def test_kernel_fractions_and_launch_mode_load(tmp_path):
     text = HW_YAML.replace("  kernel_latency_s:", "  kernel_memory_fraction:\n    rms_norm: 0.4\n"
-                           "  kernel_latency_by_kind:\n    attention: 8 us\n"
                            "  launch_mode: sync\n  gemm_n_half: 25000\n  kernel_latency_s:")
+    text = text.replace("  kernel_latency_by_kind:\n    rms_norm: 4.3 us\n",
+                        "  kernel_latency_by_kind:\n    attention: 8 us\n")
     hw = load_hardware(_write(tmp_path, text))
     assert hw.efficiency.gemm_n_half == 25000
     assert hw.efficiency.kernel_memory_fraction == {"rms_norm": 0.4}
@@ -75,9 +76,9 @@ BAD_HARDWARE = [
                      "  kernel_latency_s:"), "kernel_memory_fraction.gemm: expected a memory"),
     (HW_YAML.replace("  kernel_latency_s:", "  launch_mode: eager\n  kernel_latency_s:"),
      "efficiency.launch_mode: expected one of async, sync"),
-    (HW_YAML.replace("  kernel_latency_s:", "  attention_tile_q: {1: 32, 768: big}\n"
-                     "  kernel_latency_s:"), "efficiency.attention_tile_q: expected integer"),
-    (HW_YAML.replace("  kernel_latency_s:", "  attention_tile_q: 0\n  kernel_latency_s:"),
+    (HW_YAML.replace("  attention_tile_q: 128\n", "  attention_tile_q: {1: 32, 768: big}\n"),
+     "efficiency.attention_tile_q: expected integer"),
+    (HW_YAML.replace("  attention_tile_q: 128\n", "  attention_tile_q: 0\n"),
      "efficiency.attention_tile_q: expected an integer >= 1"),
     (HW_YAML.replace("  kernel_latency_s:", "  attention_pack_gqa: maybe\n  kernel_latency_s:"),
      "efficiency.attention_pack_gqa: expected true or false"),
@@ -88,9 +89,10 @@ BAD_HARDWARE = [
 
 
 def test_attention_query_tile_steps_load(tmp_path):
-    text = HW_YAML.replace("  kernel_latency_s:", "  attention_tile_q: {768: 256, 1: 32, 192: 64}"
+    text = HW_YAML.replace("  attention_tile_q: 128\n  attention_tile_kv: 128\n",
+                           "  attention_tile_q: {768: 256, 1: 32, 192: 64}"
                            "\n  attention_tile_kv: 512\n  attention_clip_kv: true"
-                           "\n  attention_decode_pack_gqa: false\n  kernel_latency_s:")
+                           "\n  attention_decode_pack_gqa: false\n")
     eff = load_hardware(_write(tmp_path, text)).efficiency
     assert eff.attention_tile_q == ((1, 32), (192, 64), (768, 256))
     assert eff.attention_tile_kv == 512 and eff.attention_clip_kv
@@ -204,3 +206,11 @@ def test_hf_config_errors(tmp_path):
     bad = _write(tmp_path, "{not json", "config.json")
     with pytest.raises(SpecError, match="not valid JSON"):
         pm.model(str(bad))
+
+
+def test_a_field_given_twice_is_an_error_not_a_silent_override(tmp_path):
+    text = HW_YAML.replace("  kernel_latency_s: 2 us\n", "  kernel_latency_s: 2 us\n"
+                           "  kernel_latency_s: 9 us\n")
+    with pytest.raises(SpecError, match=r"not valid YAML: field 'kernel_latency_s' given twice "
+                                        r"\(line \d+\)"):
+        load_hardware(_write(tmp_path, text))

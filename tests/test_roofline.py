@@ -190,13 +190,31 @@ def test_kernel_memory_fraction_applies_to_its_kind_only(a100):
     from dataclasses import replace
 
     slow_norm = replace(a100, efficiency=replace(
-        a100.efficiency, kernel_memory_fraction={"rms_norm": 0.4}, kernel_latency_by_kind={}))
+        a100.efficiency, kernel_memory_fraction={"rms_norm": 0.4}, kernel_latency_by_kind={},
+        kernel_unit_bytes_per_s={}))
     norm = ops.elementwise("n", "rms_norm", 4096, 4096, act_bytes=2, dtype="bf16")
     add = ops.elementwise("a", "add", 4096, 4096, act_bytes=2, dtype="bf16")
     nb = norm.bytes.total
     assert op_time(norm, slow_norm, "kernel").time_s == \
         pytest.approx(nb / (2.039e12 * 0.4) + LAT)
     assert op_time(add, slow_norm, "kernel").time_s == op_time(add, a100, "kernel").time_s
+
+
+def test_per_sm_rate_caps_a_kind_by_the_sm_count(a100, h100):
+    # the shipped rms_norm cap: 6.476 GB/s per SM (vLLM PR 16 on an A100: 699 GB/s / 108 SMs)
+    norm = ops.elementwise("n", "rms_norm", 4096, 4096, act_bytes=2, dtype="bf16")
+    for hw in (a100, h100):
+        assert hw.efficiency.kernel_unit_bytes_per_s == {"rms_norm": pytest.approx(6.476e9)}
+        t = op_time(norm, hw, "kernel")
+        assert t.memory_s == pytest.approx(norm.bytes.total / (hw.compute_units * 6.476e9))
+    assert 108 * 6.476e9 / 2.039e12 == pytest.approx(0.343, abs=1e-3)   # the sourced fraction
+    # a fraction below the cap wins; other kinds are untouched
+    low = replace(a100, efficiency=replace(a100.efficiency, kernel_memory_fraction={
+        "rms_norm": 0.2}))
+    assert op_time(norm, low, "kernel").memory_s == pytest.approx(
+        norm.bytes.total / (2.039e12 * 0.2))
+    add = ops.elementwise("a", "add", 4096, 4096, act_bytes=2, dtype="bf16")
+    assert op_time(add, a100, "kernel").memory_s == pytest.approx(add.bytes.total / BW)
 
 
 def test_decode_attention_packs_the_gqa_group_into_query_rows(a100):
@@ -271,7 +289,8 @@ def test_kernel_latency_by_kind(a100):
     from dataclasses import replace
 
     slow_start = replace(a100, efficiency=replace(
-        a100.efficiency, kernel_latency_by_kind={"rms_norm": 9e-6}, kernel_memory_fraction={}))
+        a100.efficiency, kernel_latency_by_kind={"rms_norm": 9e-6}, kernel_memory_fraction={},
+        kernel_unit_bytes_per_s={}))
     norm = ops.elementwise("n", "rms_norm", 1, 64, act_bytes=2, dtype="bf16")
     add = ops.elementwise("a", "add", 1, 64, act_bytes=2, dtype="bf16")
     assert op_time(norm, slow_start, "kernel").time_s == \

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from perfmodel.ops import Op
-from perfmodel.roofline import op_time
+from perfmodel.roofline import kind_memory_fraction, op_time
 from perfmodel.specs import Efficiency, Hardware
 
 # parameter -> (lower, upper) bound; "off" refinements sit at their lower bound
@@ -170,6 +170,22 @@ def _with(hw: Hardware, values: dict[str, float]) -> Hardware:
     return replace(hw, efficiency=replace(hw.efficiency, **plain))
 
 
+def _uncapped(hw: Hardware, names: Sequence[str]) -> Hardware:
+    """``hw`` with the fitted kinds' streaming fractions made explicit and their per-SM caps
+    dropped: a fitted fraction replaces a sourced cap, starting from the rate it gave."""
+    caps = dict(hw.efficiency.kernel_unit_bytes_per_s)
+    kinds = [_split(n)[1] for n in names if _split(n)[0] == "memory_fraction"]
+    kinds = [k for k in kinds if k in caps]
+    if not kinds:
+        return hw
+    fractions = dict(hw.efficiency.kernel_memory_fraction)
+    fractions |= {k: kind_memory_fraction(k, hw) for k in kinds}
+    for k in kinds:
+        del caps[k]
+    return replace(hw, efficiency=replace(hw.efficiency, kernel_unit_bytes_per_s=caps,
+                                          kernel_memory_fraction=fractions))
+
+
 def _start(hw: Hardware, name: str) -> float:
     lo, hi = _bounds(name)
     value = _value(hw, name)
@@ -223,6 +239,7 @@ def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,
         raise ValueError(f"cannot fit {', '.join(unknown)}: expected some of "
                          f"{', '.join(sorted(set(BOUNDS) & _field_names()))}")
     used = stratified(rows, max_rows)
+    hw = _uncapped(hw, names)
     base, tiles = hw, {}
     if search_tiles and any(s.op.kind == "gemm" for s in used):
         probe = stratified(used, max(200, len(used) // 4), seed=1)
