@@ -37,7 +37,13 @@ CALIB_CPU = _llama("calib-cpu", 1, 768, 12, 4, 64, 2048, 12288, "calibration sha
 CALIB_CUDA = _llama("calib-cuda", 1, 4096, 32, 8, 128, 11008, 32000, "calibration shapes only")
 _CALIB_STEPS = {"cpu": [(1, 192, 192), (1, 1024, 1024), (2, 1, 640), (1, 1, 96)],
                 "cuda": [(1, 1024, 1024), (16, 1, 2048), (64, 1, 512), (1, 1, 256)]}
+CALIB_MODELS = {"cpu": CALIB_CPU, "cuda": CALIB_CUDA}
 OUTSIDE_LAYERS = ("embed", "pos_embed_add", "final_norm", "lm_head")
+
+
+def _kind(device: str) -> str:
+    """The calibration tables' key for ``device``: "cuda", or "cpu" for anything else."""
+    return "cuda" if device == "cuda" else "cpu"
 LAUNCH_ROW = {"op": "add", "dtype": "fp32", "m": 1, "n": 1, "name": "launch"}
 
 
@@ -138,9 +144,8 @@ def calibration_steps(device: str) -> tuple[Step, ...]:
     """Whole decoder layers timed by ``perfmodel calibrate`` to fit ``layer_overhead_s``:
     decode layers of the calibration-only model (never a validation model). None on CUDA,
     where host glue overlaps device work and the overhead is not applied."""
-    calib = CALIB_CUDA if device == "cuda" else CALIB_CPU
-    return tuple(Step("layer", calib, *s) for s in _CALIB_LAYER_STEPS[
-        "cuda" if device == "cuda" else "cpu"])
+    kind = _kind(device)
+    return tuple(Step("layer", CALIB_MODELS[kind], *s) for s in _CALIB_LAYER_STEPS[kind])
 
 
 def layer_kernel_rows(steps: tuple[Step, ...] | list[Step]) -> list[dict]:
@@ -207,9 +212,9 @@ def calibration_rows(device: str, name: str = "quick",
     rows += [{"op": "add", "dtype": dtypes[0], "m": m, "n": width, "name": "stream"}
              for m in add_rows]
     # every other kernel kind (norms, activations, rotary, cache writes, gathers, attention)
-    calib = CALIB_CUDA if device == "cuda" else CALIB_CPU
-    rows += [r for r in kernel_rows(calib, _CALIB_STEPS["cuda" if device == "cuda" else "cpu"],
-                                    dtypes[0]) if r["op"] != "gemm"]
+    kind = _kind(device)
+    rows += [r for r in kernel_rows(CALIB_MODELS[kind], _CALIB_STEPS[kind], dtypes[0])
+             if r["op"] != "gemm"]
     # every kernel (GEMMs included) of the calibration layer steps: the glue fit subtracts
     # their measured times from the measured layers (layers=False: the sweep without them,
     # the rows the efficiency is fitted to)
