@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from perfmodel import report
 from perfmodel.estimate import DECODE_SAMPLES, Estimate
 from perfmodel.plots import decode_context
-from perfmodel.specs import DTYPE_BYTES, Efficiency, compute_dtype
+from perfmodel.roofline import kind_memory_fraction
+from perfmodel.specs import DTYPE_BYTES, Efficiency, Hardware, compute_dtype
 from perfmodel.units import fmt_bytes, fmt_rate, fmt_time
 
 
@@ -189,11 +190,32 @@ def assumptions(e: Estimate, decode_samples: int | None) -> list[Block]:
                 ["launch_overhead (per kernel, host)", fmt_time(eff.launch_overhead_s)],
                 ["gemm_k_half (k-depth ramp, 0 = off)", f"{eff.gemm_k_half:g}"],
                 ["memory_half_bytes (size ramp, 0 = off)", f"{eff.memory_half_bytes:g}"]]
+    eff_rows += _per_kind_rows(hw)
     sources = [f"`{k}`: {v}" for k, v in hw.sources.items()]
     return [h2("Assumptions"), bullets(dtypes), table(hw_rows), table(eff_rows),
             para(f"Sources of the {hw.name} figures (hardware/{hw.name}.yaml):"),
             bullets(sources or ["(none given)"]), h2("Definitions"),
             bullets(definitions(decode_samples))]
+
+
+def _per_kind_rows(hw: Hardware) -> list[list[str]]:
+    """One row per kernel kind with its own streaming rate or fixed cost."""
+    eff = hw.efficiency
+    kinds = sorted(set(eff.kernel_memory_fraction) | set(eff.kernel_unit_bytes_per_s)
+                   | set(eff.kernel_latency_by_kind))
+    rows = []
+    for kind in kinds:
+        parts = []
+        if kind in eff.kernel_memory_fraction or kind in eff.kernel_unit_bytes_per_s:
+            frac = kind_memory_fraction(kind, hw)
+            rate = eff.kernel_unit_bytes_per_s.get(kind)
+            parts.append(f"streams at {fmt_rate(frac * hw.memory_bytes_per_s)} ({frac:.3g} of "
+                         "peak" + (f"; {fmt_rate(rate)} per SM x {hw.compute_units})" if rate
+                                   else ")"))
+        if kind in eff.kernel_latency_by_kind:
+            parts.append(f"fixed cost {fmt_time(eff.kernel_latency_by_kind[kind])}")
+        rows.append([f"{kind} kernels", ", ".join(parts)])
+    return rows
 
 
 def _class_share(phase_ops: Sequence, cls: str) -> float:

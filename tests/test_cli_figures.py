@@ -106,7 +106,10 @@ def test_report_single_model(tmp_path):
     for text in ("| TTFT (prefill) |", "gemm_fraction", "launch_overhead", "TPOT",
                  "NVIDIA H100 datasheet", "Decode integration", "perfmodel report --model "
                  "llama-2-13b", "roofline.png", "qkv_proj",
-                 "| attention prefill tile (query rows x keys) | 128 x 128, GQA packed |"):
+                 "| attention prefill tile (query rows x keys) | 128 x 128, GQA packed |",
+                 # 6.476 GB/s per SM x 132 SMs = 854.8 GB/s = 0.255 of 3.35 TB/s
+                 "| rms_norm kernels | streams at 854.8 GB/s (0.255 of peak; 6.476 GB/s per "
+                 "SM x 132), fixed cost 4.3 us |"):
         assert text in md, text
     assert html.count("data:image/png;base64,") == 5
     assert "src='roofline.png'" not in html and "<table>" in html
