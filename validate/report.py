@@ -136,13 +136,14 @@ def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
                      f"calibration layers ({len(extra)} of them measured for it alone; "
                      f"`calibration.layer_overhead.kernel_shapes`)" if glue else "") + ": "
                   + ", ".join(f"{k} = {v:.4g}" for k, v in cal.get("fitted", {}).items()), ""]
-    headline = [f"Held-out kernels ({len(held)} rows):", *target_lines(held)]
+    targets = target_lines(held)
+    headline = [f"Held-out kernels ({len(held)} rows):", *targets]
     lines += [f"## Held-out kernels ({len(held)} rows)", "",
               f"Quick-suite kernels whose shape was not used for fitting; "
               f"{int((~kdf['heldout']).sum())} fitted shapes and "
               f"{int((kdf['heldout'] & kdf['contended']).sum())} rows measured while other "
               f"processes used more than {CONTENDED:.0%} of the CPUs are left out. "
-              f"Error = predicted / measured - 1.", "", *target_lines(held), "",
+              f"Error = predicted / measured - 1.", "", *targets, "",
               "### By operator class, regime and size", "",
               markdown_table(summarize(held), PCT), "", "### By operator", "",
               markdown_table(summarize(held, by=("op", "regime")), PCT), ""]
