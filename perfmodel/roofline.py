@@ -231,12 +231,15 @@ def _tile_fraction(op: Op, hw: Hardware, packed: int) -> float:
     return min(1.0, useful / (units * busy))
 
 
-def extra_kernels(op: Op, hw: Hardware) -> int:
+def extra_kernels(op: Op, hw: Hardware, gemm_split: int | None = None) -> int:
     """Kernels beyond the first: split-K GEMMs reduce their partial sums in a second pass;
-    decode attention split over the KV length (flash-decoding) combines partial outputs."""
+    decode attention split over the KV length (flash-decoding) combines partial outputs.
+    ``gemm_split``: a GEMM's split-K factor when the caller has already worked it out."""
     s = op.shape
     if op.kind == "gemm":
-        return int(gemm_split_k(s["m"], s["n"], s["k"], s.get("groups", 1.0), hw) > 1)
+        if gemm_split is None:
+            gemm_split = gemm_split_k(s["m"], s["n"], s["k"], s.get("groups", 1.0), hw)
+        return int(gemm_split > 1)
     if op.kind == "attention" and s["q_len"] == 1:
         return int(_decode_splits(op, hw) > 1)
     return 0
@@ -291,7 +294,7 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     if op.kind == "gemm":
         c_eff, split = _gemm_plan(op.shape["m"], op.shape["n"], op.shape["k"],
                                   op.shape.get("groups", 1.0), hw)
-        extra = int(split > 1)          # extra_kernels' GEMM rule, without a second plan
+        extra = extra_kernels(op, hw, split)
     else:
         c_eff = attention_efficiency(op, hw) if op.kind == "attention" else eff.gemm_fraction
         extra = extra_kernels(op, hw)
