@@ -87,7 +87,8 @@ def gemm_efficiency(m: float, n: float, k: float, groups: float, hw: Hardware) -
     wave, split-K divides k to create more work. Each tile's pipeline prologue/epilogue costs
     about ``gemm_k_half`` k-elements: efficiency x k_slice / (k_slice + gemm_k_half).
     A CPU BLAS (``gemm_m_half`` set) packs each weight panel once and reuses it for the m rows
-    instead of padding rows into tiles: m / (m + gemm_m_half) for m > 1 (m = 1 runs as GEMV);
+    instead of padding rows into tiles: m / (m + gemm_m_half) for m > 1 (m = 1 runs as a
+    GEMV: no padding, no packing);
     its packed path also slows as the output widens: x gemm_n_half / (gemm_n_half + n).
     """
     return _gemm_plan(m, n, k, groups, hw)[0]
@@ -102,8 +103,10 @@ def _gemm_plan(m: float, n: float, k: float, groups: float,
     wave = _wave_fill(tiles * split, hw.compute_units)
     depth = k / split
     ramp = depth / (depth + eff.gemm_k_half) if eff.gemm_k_half else 1.0
-    if eff.gemm_m_half and m > 1:
-        pad_m = m / (m + eff.gemm_m_half)      # panel packing, amortised over the m rows
+    if eff.gemm_m_half:     # a CPU BLAS: no row tiles
+        # panel packing, amortised over the m rows; m = 1 runs as a GEMV, which does not
+        # pack (its time is the weight stream: gemv_memory_fraction, gemv_k_half)
+        pad_m = m / (m + eff.gemm_m_half) if m > 1 else 1.0
     if eff.gemm_n_half and m > 1:
         pad_n *= eff.gemm_n_half / (eff.gemm_n_half + n)
     return eff.gemm_fraction * pad_m * pad_n * wave * ramp, split

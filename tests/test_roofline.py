@@ -311,8 +311,10 @@ def test_panel_packing_ramp_replaces_row_padding(a100):
     hw = _cpu_blas(a100, gemm_m_half=28.0)
     assert gemm_efficiency(4, 128, 256, 1, hw) == pytest.approx(0.5 * 4 / 32)
     assert gemm_efficiency(100, 128, 256, 1, hw) == pytest.approx(0.5 * 100 / 128)
-    # m = 1 is a GEMV: no packing, the row padding (1/16) stays
-    assert gemm_efficiency(1, 128, 256, 1, hw) == pytest.approx(0.5 / 16)
+    # m = 1 is a GEMV: no packing and no row tiles (its time is the weight stream); a GPU
+    # (no m_half) still pads the one row to a 16-row tile
+    assert gemm_efficiency(1, 128, 256, 1, hw) == pytest.approx(0.5)
+    assert gemm_efficiency(1, 128, 256, 1, _cpu_blas(a100)) == pytest.approx(0.5 / 16)
 
 
 def test_output_width_term_slows_wide_packed_gemms_only(a100):
@@ -321,7 +323,7 @@ def test_output_width_term_slows_wide_packed_gemms_only(a100):
     hw = _cpu_blas(a100, gemm_m_half=28.0, gemm_n_half=3072.0)
     assert gemm_efficiency(4, 1024, 256, 1, hw) == pytest.approx(0.5 * 4 / 32 * 3 / 4)
     assert gemm_efficiency(4, 9216, 256, 1, hw) == pytest.approx(0.5 * 4 / 32 / 4)
-    assert gemm_efficiency(1, 9216, 256, 1, hw) == pytest.approx(0.5 / 16)
+    assert gemm_efficiency(1, 9216, 256, 1, hw) == pytest.approx(0.5)
     off = _cpu_blas(a100, gemm_m_half=28.0)
     assert gemm_efficiency(4, 9216, 256, 1, off) == pytest.approx(0.5 * 4 / 32)
 
@@ -391,3 +393,4 @@ def test_unpacked_decode_streams_the_cache_once_per_query_head(a100):
     assert extra_kernels(op, cpu) == 0 and extra_kernels(op, a100) == 1
     t = op_time(op, cpu, "kernel")
     assert t.memory_s == pytest.approx(device_bytes(op, cpu) / BW)
+
