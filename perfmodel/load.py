@@ -247,6 +247,7 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
                                           "bytes_per_s", memory_only=True),
         kernel_latency_by_kind=_per_kind(f.sub("kernel_latency_by_kind", required=False), "s",
                                          memory_only=False),
+        parallel_grain_elements=f.integer("parallel_grain_elements", 0, minimum=0),
         launch_mode=f.text("launch_mode", "async", ("async", "sync")),
         layer_overhead_s=f.quantity("layer_overhead_s", "s", 0.0, positive=False),
     )

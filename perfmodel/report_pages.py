@@ -190,6 +190,9 @@ def assumptions(e: Estimate, decode_samples: int | None) -> list[Block]:
                 ["launch_overhead (per kernel, host)", fmt_time(eff.launch_overhead_s)],
                 ["gemm_k_half (k-depth ramp, 0 = off)", f"{eff.gemm_k_half:g}"],
                 ["memory_half_bytes (size ramp, 0 = off)", f"{eff.memory_half_bytes:g}"]]
+    if eff.parallel_grain_elements:
+        eff_rows.append(["parallel_grain_elements (elementwise kernels: one thread per "
+                         "this many elements)", f"{eff.parallel_grain_elements}"])
     eff_rows += _per_kind_rows(hw)
     sources = [f"`{k}`: {v}" for k, v in hw.sources.items()]
     return [h2("Assumptions"), bullets(dtypes), table(hw_rows), table(eff_rows),
@@ -209,9 +212,10 @@ def _per_kind_rows(hw: Hardware) -> list[list[str]]:
         if kind in eff.kernel_memory_fraction or kind in eff.kernel_unit_bytes_per_s:
             frac = kind_memory_fraction(kind, hw)
             rate = eff.kernel_unit_bytes_per_s.get(kind)
+            unit = "thread" if eff.parallel_grain_elements else "SM"
             parts.append(f"streams at {fmt_rate(frac * hw.memory_bytes_per_s)} ({frac:.3g} of "
-                         "peak" + (f"; {fmt_rate(rate)} per SM x {hw.compute_units})" if rate
-                                   else ")"))
+                         "peak" + (f"; {fmt_rate(rate)} per {unit} x {hw.compute_units})"
+                                   if rate else ")"))
         if kind in eff.kernel_latency_by_kind:
             parts.append(f"fixed cost {fmt_time(eff.kernel_latency_by_kind[kind])}")
         rows.append([f"{kind} kernels", ", ".join(parts)])

@@ -249,28 +249,45 @@ def extra_kernels(op: Op, hw: Hardware, gemm_split: int | None = None) -> int:
 
 
 def memory_efficiency(nbytes: float, hw: Hardware, kind: str = "",
-                      m: float | None = None, k: float | None = None) -> float:
-    """Achievable fraction of peak bandwidth for a ``kind`` kernel moving ``nbytes``; a GEMM
-    (``m`` rows) streams at its own fraction when one is set (GEMV for m = 1, slowed for a
-    short ``k`` by ``gemv_k_half``)."""
+                      m: float | None = None, k: float | None = None,
+                      units: float | None = None) -> float:
+    """Achievable fraction of peak bandwidth for a ``kind`` kernel moving ``nbytes`` on
+    ``units`` compute units (default all); a GEMM (``m`` rows) streams at its own fraction
+    when one is set (GEMV for m = 1, slowed for a short ``k`` by ``gemv_k_half``)."""
     eff = hw.efficiency
     ramp = nbytes / (nbytes + eff.memory_half_bytes) if eff.memory_half_bytes else 1.0
     if kind == "gemm" and m is not None:
         if m <= 1 and k and eff.gemv_k_half:
             ramp *= k / (k + eff.gemv_k_half)
         return eff.gemm_memory_fraction_for(m) * ramp
-    return kind_memory_fraction(kind, hw) * ramp
+    return kind_memory_fraction(kind, hw, units) * ramp
 
 
-def kind_memory_fraction(kind: str, hw: Hardware) -> float:
+def kind_memory_fraction(kind: str, hw: Hardware, units: float | None = None) -> float:
     """Streaming fraction of a ``kind`` kernel: its own or the shared fraction, capped by
-    its per-SM rate (``kernel_unit_bytes_per_s`` x compute_units) where one is set."""
+    its per-unit rate (``kernel_unit_bytes_per_s`` x the ``units`` it runs on, default
+    compute_units) where one is set."""
     eff = hw.efficiency
     frac = eff.memory_fraction_for(kind)
     rate = eff.kernel_unit_bytes_per_s.get(kind)
     if rate:
-        frac = min(frac, rate * hw.compute_units / hw.memory_bytes_per_s)
+        used = hw.compute_units if units is None else units
+        frac = min(frac, rate * used / hw.memory_bytes_per_s)
     return frac
+
+
+_OWN_THREADING = ("gemm", "attention", "all_reduce", "layer_overhead")
+
+
+def busy_units(op: Op, hw: Hardware) -> int:
+    """Compute units ``op`` runs on: all of them, except that with
+    ``parallel_grain_elements`` set a memory-bound kernel of e = m x n elements gets
+    min(compute_units, ceil(e / grain)) threads (PyTorch's parallel_for chunking)."""
+    grain = hw.efficiency.parallel_grain_elements
+    if not grain or op.kind in _OWN_THREADING:
+        return hw.compute_units
+    elements = op.shape.get("m", 1.0) * op.shape.get("n", 1.0)
+    return int(min(hw.compute_units, max(1, math.ceil(elements / grain))))
 
 
 TIMINGS = ("kernel", "stream", "host")
@@ -304,7 +321,7 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     nbytes = device_bytes(op, hw)
     is_gemm = op.kind == "gemm"
     m_eff = memory_efficiency(nbytes, hw, op.kind, op.shape["m"] if is_gemm else None,
-                              op.shape["k"] if is_gemm else None)
+                              op.shape["k"] if is_gemm else None, busy_units(op, hw))
     compute_s = op.flops / (hw.peak(op.dtype) * c_eff) if op.flops else 0.0
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
     body_s = compute_s + memory_s if is_gemm and not eff.gemm_overlap \

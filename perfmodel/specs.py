@@ -121,12 +121,18 @@ class Efficiency:
     # kernel kind -> streaming fraction replacing memory_fraction for that kind (calibrated:
     # e.g. a two-pass norm or a scalar-load activation reaches less than a vector add)
     kernel_memory_fraction: dict[str, float] = field(default_factory=dict)
-    # kernel kind -> streaming rate per compute unit (bytes/s per SM) that caps the kind's
-    # bandwidth at compute_units x rate: a kernel whose loads are too narrow to keep enough
-    # bytes in flight per SM (Little's law) is bounded by its SMs, not by the memory; the
-    # cap carries a measured kernel from one GPU to another with the SM count. Fitting a
-    # kind's memory_fraction replaces its cap
+    # kernel kind -> streaming rate per compute unit (bytes/s per SM, or per CPU thread) that
+    # caps the kind's bandwidth at (units it runs on) x rate: a kernel whose loads are too
+    # narrow to keep enough bytes in flight per SM (Little's law) is bounded by its SMs, not
+    # by the memory; the cap carries a measured kernel from one GPU to another with the SM
+    # count. On a CPU it is what one thread delivers (see parallel_grain_elements). Fitting
+    # a kind's memory_fraction without its rate replaces the cap
     kernel_unit_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    # a host (CPU) kernel of e elements runs on min(compute_units, ceil(e / grain)) threads:
+    # PyTorch's at::parallel_for hands each thread at least at::internal::GRAIN_SIZE = 32768
+    # elements, so decode-sized elementwise kernels run on one thread. Applies to the
+    # memory-bound kinds (not GEMMs or attention, which thread their own way). 0: off (GPUs)
+    parallel_grain_elements: int = 0
     # kernel kind -> fixed device time replacing kernel_latency_s for that kind (calibrated:
     # e.g. a split-KV decode attention with its combine pass, or an op dispatched as several)
     kernel_latency_by_kind: dict[str, float] = field(default_factory=dict)

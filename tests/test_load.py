@@ -84,6 +84,8 @@ BAD_HARDWARE = [
      "efficiency.attention_pack_gqa: expected true or false"),
     (HW_YAML.replace("  kernel_latency_s:", "  gemm_overlap: 2\n  kernel_latency_s:"),
      "efficiency.gemm_overlap: expected true or false"),
+    (HW_YAML.replace("  kernel_latency_s:", "  parallel_grain_elements: -1\n  kernel_latency_s:"),
+     "efficiency.parallel_grain_elements: expected an integer >= 0"),
     ("- just\n- a list\n", "mapping"),
 ]
 
@@ -92,14 +94,15 @@ def test_attention_query_tile_steps_load(tmp_path):
     text = HW_YAML.replace("  attention_tile_q: 128\n  attention_tile_kv: 128\n",
                            "  attention_tile_q: {768: 256, 1: 32, 192: 64}"
                            "\n  attention_tile_kv: 512\n  attention_clip_kv: true"
-                           "\n  attention_decode_pack_gqa: false\n")
+                           "\n  attention_decode_pack_gqa: false"
+                           "\n  parallel_grain_elements: 32768\n")
     eff = load_hardware(_write(tmp_path, text)).efficiency
     assert eff.attention_tile_q == ((1, 32), (192, 64), (768, 256))
     assert eff.attention_tile_kv == 512 and eff.attention_clip_kv
-    assert not eff.attention_decode_pack_gqa
+    assert not eff.attention_decode_pack_gqa and eff.parallel_grain_elements == 32768
     default = load_hardware(_write(tmp_path, HW_YAML)).efficiency
     assert default.attention_tile_q == ((1, 128),) and not default.attention_clip_kv
-    assert default.attention_decode_pack_gqa
+    assert default.attention_decode_pack_gqa and default.parallel_grain_elements == 0
 
 
 @pytest.mark.parametrize(("text", "message"), BAD_HARDWARE)

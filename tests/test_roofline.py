@@ -394,3 +394,41 @@ def test_unpacked_decode_streams_the_cache_once_per_query_head(a100):
     t = op_time(op, cpu, "kernel")
     assert t.memory_s == pytest.approx(device_bytes(op, cpu) / BW)
 
+
+def _two_thread_cpu(a100, **eff):
+    """A 2-unit sync device with a 100 GB/s memory and the PyTorch grain rule."""
+    base = {"launch_mode": "sync", "parallel_grain_elements": 32768, "kernel_latency_s": 0.0,
+            "kernel_latency_by_kind": {}, "kernel_unit_bytes_per_s": {},
+            "kernel_memory_fraction": {}, "memory_fraction": 0.8, "memory_half_bytes": 0.0}
+    return replace(a100, compute_units=2, memory_bytes_per_s=100e9,
+                   efficiency=replace(a100.efficiency, **(base | eff)))
+
+
+def test_grain_rule_gives_small_elementwise_kernels_one_thread(a100):
+    from perfmodel.roofline import busy_units
+
+    cpu = _two_thread_cpu(a100, kernel_unit_bytes_per_s={"add": 30e9})
+    at_grain = ops.elementwise("a", "add", 64, 512, act_bytes=4, dtype="fp32")    # 32768
+    above = ops.elementwise("a", "add", 66, 512, act_bytes=4, dtype="fp32")       # 33792
+    assert busy_units(at_grain, cpu) == 1 and busy_units(above, cpu) == 2
+    # one thread: 30 GB/s (its cap); two: min(0.8 x 100, 2 x 30) = 60 GB/s
+    assert op_time(at_grain, cpu, "kernel").memory_s == \
+        pytest.approx(at_grain.bytes.total / 30e9)
+    assert op_time(above, cpu, "kernel").memory_s == pytest.approx(above.bytes.total / 60e9)
+    # the bigger kernel takes less time: the step PyTorch's chunking makes
+    assert op_time(above, cpu, "kernel").time_s < op_time(at_grain, cpu, "kernel").time_s
+    # GEMMs and attention thread their own way; a kind without a rate is not capped;
+    # without the grain (GPUs) every kernel has all the units
+    gemm = ops.gemm("g", 8, 512, 512, weight_bytes=4, act_bytes=4, dtype="fp32")
+    assert busy_units(gemm, cpu) == 2
+    norm = ops.elementwise("n", "rms_norm", 8, 512, act_bytes=4, dtype="fp32")
+    assert op_time(norm, cpu, "kernel").memory_s == pytest.approx(norm.bytes.total / 80e9)
+    gpu = replace(cpu, efficiency=replace(cpu.efficiency, parallel_grain_elements=0))
+    assert busy_units(at_grain, gpu) == 2
+    # many threads: a 100,000-element kernel gets ceil(100000 / 32768) = 4 of 16
+    wide = replace(cpu, compute_units=16)
+    big = ops.elementwise("a", "add", 100, 1000, act_bytes=4, dtype="fp32")
+    assert busy_units(big, wide) == 4
+    assert op_time(big, wide, "kernel").memory_s == pytest.approx(big.bytes.total / 80e9)
+    assert op_time(big, replace(wide, memory_bytes_per_s=1e12), "kernel").memory_s == \
+        pytest.approx(big.bytes.total / 120e9)     # 4 threads x 30 GB/s under 0.8 TB/s

@@ -132,6 +132,7 @@ def test_calibrate_then_validate(tmp_path, tiny_harness):
     assert eff.attention_tile_kv == 512 and eff.attention_clip_kv and not eff.attention_pack_gqa
     assert not eff.attention_decode_pack_gqa      # decode: one query head per program
     assert not eff.gemm_overlap          # a CPU core packs, then multiplies
+    assert eff.parallel_grain_elements == 32768     # PyTorch's at::internal::GRAIN_SIZE
     assert (tmp_path / "cpu-test.calibration.csv").is_file()
     # no kernel of the calibration layers in this sweep: each op counts at its predicted time
     glue = cal["layer_overhead"]

@@ -116,3 +116,37 @@ def test_output_width_term_needs_spread_and_switches_off_when_absent(a100):
     result = fit_efficiency(flat, cpu, params=["gemm_m_half", "gemm_n_half"])
     assert result.fitted["gemm_n_half"] == 0.0    # beyond OFF_ABOVE: written as off
     assert result.fitted["gemm_m_half"] == pytest.approx(40.0, rel=0.02)
+
+
+def test_recovers_per_thread_rates_under_the_grain_rule(a100):
+    # a 2-thread host device; add streams 30 GB/s per thread (60 of the 80 GB/s the
+    # fraction allows on two), silu_and_mul 8 GB/s per thread, rms_norm is not thread-bound
+    cpu = replace(a100, compute_units=2, memory_bytes_per_s=100e9, efficiency=replace(
+        a100.efficiency, launch_mode="sync", parallel_grain_elements=32768,
+        kernel_latency_s=1e-6, kernel_latency_by_kind={}, kernel_unit_bytes_per_s={},
+        kernel_memory_fraction={}, memory_fraction=0.8, memory_half_bytes=0.0))
+    truth = replace(cpu, efficiency=replace(cpu.efficiency, kernel_memory_fraction={
+        "add": 0.8, "silu_and_mul": 0.3, "rms_norm": 0.4},
+        kernel_unit_bytes_per_s={"add": 30e9, "silu_and_mul": 8e9}))
+    shapes = [ops.elementwise(kind, kind, rows, 512, act_bytes=4, dtype="fp32")
+              for rows in (1, 16, 48, 64, 72, 256, 1024, 4096)
+              for kind in ("add", "silu_and_mul", "rms_norm")]
+    samples = [Sample(op, op_time(op, truth, "host").time_s, "host") for op in shapes]
+    free = free_parameters(samples, cpu)
+    assert {f"thread_share.{k}" for k in ("add", "silu_and_mul", "rms_norm")} <= set(free)
+    assert not any(p.startswith("thread_share") for p in free_parameters(samples, a100))
+    # without rows below the grain the rate is not free
+    big = [s for s in samples if s.op.shape["m"] * 512 > 32768]
+    assert not any(p.startswith("thread_share") for p in free_parameters(big, cpu))
+    result = fit_efficiency(samples, cpu, max_nfev=200)
+    rates = result.hardware.efficiency.kernel_unit_bytes_per_s
+    assert rates["add"] == pytest.approx(30e9, rel=0.03)
+    assert rates["silu_and_mul"] == pytest.approx(8e9, rel=0.03)
+    assert "rms_norm" not in rates          # never binds: written as no cap
+    fractions = result.hardware.efficiency.kernel_memory_fraction
+    assert fractions["rms_norm"] == pytest.approx(0.4, rel=0.03)
+    # the fraction is the rate on every thread: 2 x 30 and 2 x 8 GB/s of 100
+    assert fractions["add"] == pytest.approx(0.6, rel=0.03)
+    assert fractions["silu_and_mul"] == pytest.approx(0.16, rel=0.03)
+    assert result.fitted["thread_share.add"] == pytest.approx(0.5, rel=0.03)
+    assert result.median_abs_error < 0.01

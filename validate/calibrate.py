@@ -88,6 +88,14 @@ CPU_ATTENTION_TILES = {"attention_tile_q": ((1, 32), (192, 64), (768, 256)),
                        "attention_decode_pack_gqa": False}
 
 
+# PyTorch's CPU kernels split their elements among threads with at::parallel_for, which
+# gives each thread at least at::internal::GRAIN_SIZE (aten/src/ATen/Parallel.h) elements:
+# a kernel of at most 32768 elements runs on one thread (measured on this project's CPU
+# VM: reports/cpu/parallel_grain.txt; an add drops from 13.6 to 9.1 us going from 32768 to
+# 33792 elements on two threads and does not on one).
+TORCH_CPU_GRAIN = 32768
+
+
 def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
     """Measured roofs with neutral efficiencies, the starting point of the fit."""
     bandwidth = measured_bandwidth(rows)
@@ -103,6 +111,7 @@ def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
                               launch_mode="sync" if dev.kind == "cpu" else "async",
                               gemm_overlap=dev.kind != "cpu",
                               attention_pack_gqa=False,
+                              parallel_grain_elements=TORCH_CPU_GRAIN if dev.kind == "cpu" else 0,
                               **(CPU_ATTENTION_TILES if dev.kind == "cpu" else {})),
         vendor="nvidia" if dev.kind == "cuda" else "other",
         description=f"{dev.name}{threads} (measured by perfmodel calibrate)")

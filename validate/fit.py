@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from perfmodel.ops import Op
-from perfmodel.roofline import kind_memory_fraction, op_time
+from perfmodel.roofline import busy_units, kind_memory_fraction, op_time
 from perfmodel.specs import Efficiency, Hardware
 
 # parameter -> (lower, upper) bound; "off" refinements sit at their lower bound
@@ -37,6 +37,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_memory_fraction": (0.01, 1.0),
     "gemv_memory_fraction": (0.01, 1.0),
     "gemv_k_half": (1e-2, 1e5),
+    "thread_share": (0.02, 1.0),
 }
 OFF_ABOVE = {"gemm_n_half": 1e7}    # a half-width this far beyond any real n: no effect
 OFF_BELOW = {"gemm_k_half": 0.1, "gemm_m_half": 0.1, "gemv_k_half": 0.1,
@@ -65,6 +66,12 @@ class FitResult:
 PER_KIND_FIELDS = {"memory_fraction": "kernel_memory_fraction",
                    "kernel_latency_s": "kernel_latency_by_kind"}
 SHARED_FRACTION = ("gemm", "attention", "all_reduce")   # kinds that keep memory_fraction
+# "thread_share.<kind>": one thread's rate over the kind's rate on all the units, s. It
+# sets kernel_unit_bytes_per_s[kind] = s x the kind's fraction x bandwidth (s = 1: no cap),
+# so the fraction holds the rate of a kernel with every thread and s that of one with
+# one: fitting the cap itself stalls wherever min(fraction, cap) leaves it unbinding
+SHARE = "thread_share"
+SHARE_OFF = 0.99        # a thread within 1% of all of them: no cap
 
 
 def _field_names() -> set[str]:
@@ -73,7 +80,8 @@ def _field_names() -> set[str]:
 
 def _split(name: str) -> tuple[str, str | None]:
     base, _, kind = name.partition(".")
-    return (base, kind) if kind and base in PER_KIND_FIELDS else (name, None)
+    return (base, kind) if kind and (base in PER_KIND_FIELDS or base == SHARE) \
+        else (name, None)
 
 
 def _bounds(name: str) -> tuple[float, float]:
@@ -89,6 +97,10 @@ def _value(hw: Hardware, name: str) -> float | None:
     base, kind = _split(name)
     if kind is None:
         return getattr(hw.efficiency, name)
+    if base == SHARE:
+        rate = hw.efficiency.kernel_unit_bytes_per_s.get(kind)
+        full = hw.efficiency.memory_fraction_for(kind) * hw.memory_bytes_per_s
+        return min(1.0, rate / full) if rate else 1.0
     table = getattr(hw.efficiency, PER_KIND_FIELDS[base])
     return table.get(kind, getattr(hw.efficiency, base))
 
@@ -125,7 +137,20 @@ def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> li
     # each memory-bound kernel kind gets its own streaming fraction (a two-pass norm and a
     # vectorised add differ by 2-3x on the same device)
     out += [f"memory_fraction.{k}" for k in sorted(kinds) if k not in SHARED_FRACTION]
+    out += [f"{SHARE}.{k}" for k in _thread_limited_kinds(samples, hw)]
     return [p for p in dict.fromkeys(out) if _known(p)]
+
+
+def _thread_limited_kinds(samples: Sequence[Sample], hw: Hardware | None) -> list[str]:
+    """Kinds whose per-thread rate the samples determine: with ``parallel_grain_elements``
+    set, kinds measured both on fewer threads than the device has and on all of them."""
+    if hw is None or not hw.efficiency.parallel_grain_elements:
+        return []
+    seen: dict[str, set[bool]] = {}
+    for s in samples:
+        if s.op.kind not in SHARED_FRACTION:
+            seen.setdefault(s.op.kind, set()).add(busy_units(s.op, hw) < hw.compute_units)
+    return sorted(k for k, few in seen.items() if few == {True, False})
 
 
 def stratified(samples: Sequence[Sample], max_rows: int, seed: int = 0) -> list[Sample]:
@@ -159,15 +184,28 @@ def log_errors(samples: Sequence[Sample], hw: Hardware) -> np.ndarray:
 
 def _with(hw: Hardware, values: dict[str, float]) -> Hardware:
     plain: dict = {}
+    shares = {}
     for name, value in values.items():
         base, kind = _split(name)
         if kind is None:
             plain[name] = value
             continue
+        if base == SHARE:
+            shares[kind] = value
+            continue
         field = PER_KIND_FIELDS[base]
         table = plain.setdefault(field, dict(getattr(hw.efficiency, field)))
         table[kind] = value
-    return replace(hw, efficiency=replace(hw.efficiency, **plain))
+    out = replace(hw, efficiency=replace(hw.efficiency, **plain))
+    if not shares:
+        return out
+    rates = dict(out.efficiency.kernel_unit_bytes_per_s)
+    for kind, share in shares.items():
+        rates.pop(kind, None)
+        if share < SHARE_OFF:
+            rates[kind] = share * out.efficiency.memory_fraction_for(kind) \
+                * hw.memory_bytes_per_s
+    return replace(out, efficiency=replace(out.efficiency, kernel_unit_bytes_per_s=rates))
 
 
 def _uncapped(hw: Hardware, names: Sequence[str]) -> Hardware:
@@ -175,7 +213,7 @@ def _uncapped(hw: Hardware, names: Sequence[str]) -> Hardware:
     dropped: a fitted fraction replaces a sourced cap, starting from the rate it gave."""
     caps = dict(hw.efficiency.kernel_unit_bytes_per_s)
     kinds = [_split(n)[1] for n in names if _split(n)[0] == "memory_fraction"]
-    kinds = [k for k in kinds if k in caps]
+    kinds = [k for k in kinds if k in caps and f"{SHARE}.{k}" not in names]
     if not kinds:
         return hw
     fractions = dict(hw.efficiency.kernel_memory_fraction)
@@ -189,6 +227,8 @@ def _uncapped(hw: Hardware, names: Sequence[str]) -> Hardware:
 def _start(hw: Hardware, name: str) -> float:
     lo, hi = _bounds(name)
     value = _value(hw, name)
+    if _split(name)[0] == SHARE:
+        value = min(value, 0.7)           # inside the bounds: a cap that binds at first
     if value is None and name == "attention_fraction":
         value = hw.efficiency.attention
     if value is None and name in ("gemm_memory_fraction", "gemv_memory_fraction"):
@@ -217,7 +257,19 @@ def _fit_continuous(samples: Sequence[Sample], hw: Hardware, names: list[str],
     values = {n: (0.0 if v < OFF_BELOW.get(_split(n)[0], -1.0)
                   or v > OFF_ABOVE.get(_split(n)[0], math.inf) else v)
               for n, v in values.items()}
-    return _with(hw, values), float(sol.cost)
+    return _tidy_caps(_with(hw, values)), float(sol.cost)
+
+
+def _tidy_caps(hw: Hardware) -> Hardware:
+    """A kind's own streaming fraction above what all the units deliver at its per-unit
+    rate has no effect: written as that rate (the same times, read as they act)."""
+    eff = hw.efficiency
+    fractions = dict(eff.kernel_memory_fraction)
+    for kind, rate in eff.kernel_unit_bytes_per_s.items():
+        if kind in fractions:
+            fractions[kind] = min(fractions[kind],
+                                  rate * hw.compute_units / hw.memory_bytes_per_s)
+    return replace(hw, efficiency=replace(eff, kernel_memory_fraction=fractions))
 
 
 def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,

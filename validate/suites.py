@@ -35,7 +35,10 @@ MODELS = {m.name: m for m in (TINY_LLAMA, SMALL_LLAMA)}
 # per-kernel-kind streaming fractions and the attention fraction never sees a held-out shape
 CALIB_CPU = _llama("calib-cpu", 1, 768, 12, 4, 64, 2048, 12288, "calibration shapes only")
 CALIB_CUDA = _llama("calib-cuda", 1, 4096, 32, 8, 128, 11008, 32000, "calibration shapes only")
-_CALIB_STEPS = {"cpu": [(1, 192, 192), (1, 1024, 1024), (2, 1, 640), (1, 1, 96)],
+# (cpu: the 16- and 32-token prefills give kernels of 8K-33K elements, which PyTorch runs
+# on one thread, so calibrate sees each kind's per-thread rate; see TORCH_CPU_GRAIN)
+_CALIB_STEPS = {"cpu": [(1, 192, 192), (1, 1024, 1024), (2, 1, 640), (1, 1, 96),
+                        (1, 16, 16), (1, 32, 32)],
                 "cuda": [(1, 1024, 1024), (16, 1, 2048), (64, 1, 512), (1, 1, 256)]}
 CALIB_MODELS = {"cpu": CALIB_CPU, "cuda": CALIB_CUDA}
 OUTSIDE_LAYERS = ("embed", "pos_embed_add", "final_norm", "lm_head")
@@ -44,6 +47,8 @@ OUTSIDE_LAYERS = ("embed", "pos_embed_add", "final_norm", "lm_head")
 def _kind(device: str) -> str:
     """The calibration tables' key for ``device``: "cuda", or "cpu" for anything else."""
     return "cuda" if device == "cuda" else "cpu"
+
+
 LAUNCH_ROW = {"op": "add", "dtype": "fp32", "m": 1, "n": 1, "name": "launch"}
 
 
