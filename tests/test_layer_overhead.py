@@ -15,6 +15,8 @@ from validate.calibrate import fit_layer_overhead
 from validate.report import step_seconds
 from validate.suites import (
     CALIB_CPU,
+    GLUE_CPU,
+    SMALL_LLAMA,
     SUITES,
     TINY_LLAMA,
     Step,
@@ -185,7 +187,8 @@ def test_step_seconds_counts_one_layer_or_all_layers():
 
 def test_calibration_steps_use_only_the_calibration_model():
     steps = calibration_steps("cpu")
-    assert steps and all(s.model is CALIB_CPU and s.scope == "layer" and s.q_len == 1
+    assert steps and all(s.model is GLUE_CPU and s.scope == "layer" and s.q_len == 1
                          for s in steps)
-    assert sorted(s.batch for s in steps) == [1, 1, 1, 2, 3]
+    assert sorted(s.batch for s in steps) == [1, 1, 1, 1, 2, 2, 3, 4]
+    assert GLUE_CPU.name not in {m.name for m in (TINY_LLAMA, SMALL_LLAMA)}
     assert calibration_steps("cuda") == ()
