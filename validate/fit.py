@@ -146,10 +146,9 @@ def _thread_limited_kinds(samples: Sequence[Sample], hw: Hardware | None) -> lis
     set, kinds measured both on fewer threads than the device has and on all of them."""
     if hw is None or not hw.efficiency.parallel_grain_elements:
         return []
-    seen: dict[str, set[bool]] = {}
+    seen: dict[str, set[bool]] = {}     # GEMMs and attention always get every unit
     for s in samples:
-        if s.op.kind not in SHARED_FRACTION:
-            seen.setdefault(s.op.kind, set()).add(busy_units(s.op, hw) < hw.compute_units)
+        seen.setdefault(s.op.kind, set()).add(busy_units(s.op, hw) < hw.compute_units)
     return sorted(k for k, few in seen.items() if few == {True, False})
 
 
@@ -264,11 +263,8 @@ def _tidy_caps(hw: Hardware) -> Hardware:
     """A kind's own streaming fraction above what all the units deliver at its per-unit
     rate has no effect: written as that rate (the same times, read as they act)."""
     eff = hw.efficiency
-    fractions = dict(eff.kernel_memory_fraction)
-    for kind, rate in eff.kernel_unit_bytes_per_s.items():
-        if kind in fractions:
-            fractions[kind] = min(fractions[kind],
-                                  rate * hw.compute_units / hw.memory_bytes_per_s)
+    fractions = {kind: kind_memory_fraction(kind, hw) if kind in eff.kernel_unit_bytes_per_s
+                 else frac for kind, frac in eff.kernel_memory_fraction.items()}
     return replace(hw, efficiency=replace(eff, kernel_memory_fraction=fractions))
 
 
