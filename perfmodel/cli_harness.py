@@ -249,6 +249,9 @@ def compare(
     exclude_fitted_shapes: Annotated[bool, typer.Option(
         help="with a split: evaluate only rows whose shape was not among the fitted rows")
     ] = False,
+    attention_append_kv: Annotated[bool, typer.Option(
+        help="prefill attention as flash_attn_with_kvcache appending the chunk's K/V "
+             "(Sarathi-Serve's path; sets the hardware's attention_append_kv)")] = False,
 ) -> None:
     """Predict every row of a measurement CSV and print the error per class and regime."""
     from perfmodel import load
@@ -259,6 +262,8 @@ def compare(
         fail("--calibrate-on and --split-by: choose one")
     try:
         hw = load.hardware(hardware)
+        if attention_append_kv:
+            hw = replace(hw, efficiency=replace(hw.efficiency, attention_append_kv=True))
         rows = read_measurements(measured, device_filter)
         lines = []
         if calibrate_on is not None or split_by is not None:

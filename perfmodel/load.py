@@ -234,6 +234,7 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         attention_clip_kv=f.flag("attention_clip_kv", False),
         attention_pack_gqa=f.flag("attention_pack_gqa", True),
         attention_decode_pack_gqa=f.flag("attention_decode_pack_gqa", True),
+        attention_append_kv=f.flag("attention_append_kv", False),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
         gemm_overlap=f.flag("gemm_overlap", True),
         gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),

@@ -202,6 +202,9 @@ def prefill_tile_fraction(op: Op, hw: Hardware) -> float:
     """
     s = op.shape
     eff = hw.efficiency
+    if eff.attention_append_kv:
+        return _tile_fraction(op, hw, 1, APPEND_KV_TILE_Q, decode_kv_tile(s["head_dim"]),
+                              append_kv_splits(op, hw))
     group = s["n_heads"] // s["n_kv_heads"]
     frac = _tile_fraction(op, hw, 1)
     if eff.attention_pack_gqa and group > 1:
@@ -209,13 +212,51 @@ def prefill_tile_fraction(op: Op, hw: Hardware) -> float:
     return frac
 
 
-def _tile_fraction(op: Op, hw: Hardware, packed: int) -> float:
-    """``prefill_tile_fraction`` with ``packed`` query heads per block row set (1: none)."""
+# query rows per program of FlashAttention-2's split-KV kernel (run_mha_fwd_splitkv_dispatch)
+APPEND_KV_TILE_Q = 64
+
+
+def append_kv_splits(op: Op, hw: Hardware) -> int:
+    """Key splits of an append-KV prefill (``attention_append_kv``): FlashAttention-2's
+    ``num_splits_heuristic`` over its (sequence, query head, 64-row block) programs."""
+    s = op.shape
+    programs = s["batch"] * s["n_heads"] * math.ceil(s["q_len"] / APPEND_KV_TILE_Q)
+    return decode_kv_splits(int(programs), _decode_keys(op), s["head_dim"], hw.compute_units)
+
+
+def append_kv_bytes(op: Op, hw: Hardware) -> float:
+    """Bytes the append-KV prologue moves (0 unless ``attention_append_kv`` and q_len > 1).
+
+    Each (sequence, query head, block of 64 query rows) program copies the chunk's new keys
+    and values, from the chunk's first position to the end of the key tile holding its last
+    row's causal limit (clipped at kv_len), reading each row from the new K/V and writing
+    it to the cache: 2 x that many cache positions per program. The copies of one KV head's
+    query heads write the same rows; the model has no cache term and streams them all."""
+    s = op.shape
+    if not hw.efficiency.attention_append_kv or op.kind != "attention" or s["q_len"] <= 1:
+        return 0.0
+    q, kv = int(s["q_len"]), int(s["kv_len"])
+    bk = decode_kv_tile(s["head_dim"])
+    prior = kv - q
+    last = np.minimum(prior + np.arange(APPEND_KV_TILE_Q, q + APPEND_KV_TILE_Q,
+                                        APPEND_KV_TILE_Q), kv)
+    rows = float((np.minimum(np.ceil(last / bk) * bk, kv) - prior).sum())
+    kept = min(kv, int(s.get("window") or 0) or kv)
+    per_position = op.bytes.kv_read / (s["batch"] * s["n_kv_heads"] * kept)
+    return 2.0 * rows * per_position * s["batch"] * s["n_heads"]
+
+
+def _tile_fraction(op: Op, hw: Hardware, packed: int, bq: int | None = None,
+                   bk: int | None = None, splits: int = 1) -> float:
+    """``prefill_tile_fraction`` with ``packed`` query heads per block row set (1: none);
+    ``bq`` x ``bk`` tiles (default: the device's), each block's key tiles shared out over
+    ``splits`` programs."""
     s = op.shape
     eff = hw.efficiency
     q, kv = int(s["q_len"]), int(s["kv_len"])
     window = int(s.get("window") or 0)
-    bq, bk = eff.attention_q_tile(q), eff.attention_tile_kv
+    bq = bq or eff.attention_q_tile(q)
+    bk = bk or eff.attention_tile_kv
     span = max(1, bq // packed)                             # positions per block
     prior = kv - q
     first_row = prior + np.arange(0, q, span)               # 0-based position of each block
@@ -225,7 +266,9 @@ def _tile_fraction(op: Op, hw: Hardware, packed: int) -> float:
     if eff.attention_clip_kv:
         end_key = np.minimum(end_key, kv)
     keys = end_key - np.floor(first_key / bk) * bk          # keys each block computes
-    programs = s["batch"] * s["n_heads"] // packed
+    if splits > 1:
+        keys = np.ceil(keys / bk / splits) * bk
+    programs = s["batch"] * s["n_heads"] // packed * splits
     units = hw.compute_units
     n = programs * len(keys)
     busy = max(float(keys.max()), programs * float(keys.sum()) / units
@@ -245,6 +288,8 @@ def extra_kernels(op: Op, hw: Hardware, gemm_split: int | None = None) -> int:
         return int(gemm_split > 1)
     if op.kind == "attention" and s["q_len"] == 1:
         return int(_decode_splits(op, hw) > 1)
+    if op.kind == "attention" and hw.efficiency.attention_append_kv:
+        return int(append_kv_splits(op, hw) > 1)
     return 0
 
 
@@ -326,6 +371,11 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
     body_s = compute_s + memory_s if is_gemm and not eff.gemm_overlap \
         else max(compute_s, memory_s)
+    append = append_kv_bytes(op, hw) if op.kind == "attention" else 0.0
+    if append:      # each program copies before it computes (a barrier between the two)
+        append_s = append / (hw.memory_bytes_per_s * m_eff)
+        memory_s += append_s
+        body_s += append_s
     device_s = body_s + eff.latency_for(op.kind) * (1 + extra)
     if timing == "stream":
         per = max(device_s, eff.launch_overhead_s)

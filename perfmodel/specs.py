@@ -95,6 +95,14 @@ class Efficiency:
     # split, each streaming its KV head's cache again (PyTorch's CPU flash attention: a
     # matrix-vector product per head). calibrate on CPU: false
     attention_decode_pack_gqa: bool = True
+    # prefill runs as FlashAttention-2's flash_attn_with_kvcache given the chunk's new K/V
+    # (Sarathi-Serve; vLLM's chunked prefill before its varlen path): the split-KV kernel,
+    # 64 query rows x decode_kv_tile keys per program, keys split over programs when they are
+    # few (num_splits_heuristic, then a combine kernel), and every (query block, query head)
+    # program first copies the chunk's new K/V, up to its own causal end, into the cache
+    # (its Append_KV prologue: all programs of a KV head write the same rows). false: the
+    # standard path (the cache written by its own kernel, then the varlen forward kernel)
+    attention_append_kv: bool = False
     memory_half_bytes: float = 0.0      # bandwidth efficiency *= b / (b + memory_half_bytes)
     # a GEMM's operand streaming overlaps its multiply-adds (GPU: asynchronous copies feed
     # the tensor cores, time = max of the two); false: they add (a CPU BLAS core packs a

@@ -94,15 +94,17 @@ def test_attention_query_tile_steps_load(tmp_path):
     text = HW_YAML.replace("  attention_tile_q: 128\n  attention_tile_kv: 128\n",
                            "  attention_tile_q: {768: 256, 1: 32, 192: 64}"
                            "\n  attention_tile_kv: 512\n  attention_clip_kv: true"
-                           "\n  attention_decode_pack_gqa: false"
+                           "\n  attention_decode_pack_gqa: false\n  attention_append_kv: true"
                            "\n  parallel_grain_elements: 32768\n")
     eff = load_hardware(_write(tmp_path, text)).efficiency
     assert eff.attention_tile_q == ((1, 32), (192, 64), (768, 256))
     assert eff.attention_tile_kv == 512 and eff.attention_clip_kv
     assert not eff.attention_decode_pack_gqa and eff.parallel_grain_elements == 32768
+    assert eff.attention_append_kv
     default = load_hardware(_write(tmp_path, HW_YAML)).efficiency
     assert default.attention_tile_q == ((1, 128),) and not default.attention_clip_kv
     assert default.attention_decode_pack_gqa and default.parallel_grain_elements == 0
+    assert not default.attention_append_kv
 
 
 @pytest.mark.parametrize(("text", "message"), BAD_HARDWARE)

@@ -9,6 +9,8 @@ import pytest
 import perfmodel as pm
 from perfmodel import ops
 from perfmodel.roofline import (
+    append_kv_bytes,
+    append_kv_splits,
     attention_efficiency,
     decode_kv_splits,
     device_bytes,
@@ -432,3 +434,54 @@ def test_grain_rule_gives_small_elementwise_kernels_one_thread(a100):
     assert op_time(big, wide, "kernel").memory_s == pytest.approx(big.bytes.total / 80e9)
     assert op_time(big, replace(wide, memory_bytes_per_s=1e12), "kernel").memory_s == \
         pytest.approx(big.bytes.total / 120e9)     # 4 threads x 30 GB/s under 0.8 TB/s
+
+
+def _append(hw):
+    return replace(hw, efficiency=replace(hw.efficiency, attention_append_kv=True))
+
+
+def _gqa_attention(q, kv, heads=32, kv_heads=4, batch=1):
+    return ops.attention("a", batch=batch, q_len=q, kv_len=kv, n_heads=heads,
+                         n_kv_heads=kv_heads, qk_dim=128, v_dim=128, act_bytes=2, kv_bytes=2,
+                         dtype="fp16")
+
+
+def test_append_kv_prefill_copies_new_kv_in_every_program(a100):
+    # flash_attn_with_kvcache, 4096 new tokens, no prior context, 32 query heads of 128:
+    # 64 blocks of 64 query rows; block i copies the new keys up to the end of the 128-key
+    # tile holding its last row: 128 x ceil((i + 1) / 2) rows, sum 128 x 1056 = 135,168.
+    # Each row is K and V (2 x 128 x 2 bytes = 512 B), read from the new K/V and written to
+    # the cache, by each of the 32 query-head programs: 135,168 x 512 x 2 x 32 bytes.
+    op = _gqa_attention(4096, 4096)
+    append = 135_168 * 512 * 2 * 32
+    assert append_kv_bytes(op, a100) == 0.0
+    assert append_kv_bytes(op, _append(a100)) == append
+    # 2048 programs fill the SMs: no key split, one kernel. Compute: the same blocks compute
+    # those 135,168 keys each; busy SM = 32 x 135,168 / 108 + (19 - 2048/108) x 128 keys;
+    # useful = 32 x (4096 x 4097 / 2) / 64 query rows.
+    assert append_kv_splits(op, _append(a100)) == 1
+    busy = 32 * 135_168 / 108 + (19 - 2048 / 108) * 128
+    frac = 32 * (4096 * 4097 / 2) / 64 / (108 * busy)
+    compute = op.flops / (PEAK * 0.73 * frac)
+    t = op_time(op, _append(a100), "kernel")
+    assert t.compute_efficiency == pytest.approx(0.73 * frac, rel=1e-12)
+    # compute-bound (Q, K, V, O stream in 43 us); the copy comes before each program's
+    # compute (a barrier), so it adds to the body
+    assert op.bytes.total / BW < compute
+    assert t.time_s == pytest.approx(compute + append / BW + LAT, rel=1e-9)
+
+
+def test_append_kv_prefill_splits_keys_when_programs_are_few(a100):
+    # a 64-token chunk on 2880 cached+new keys: 32 programs < 0.8 x 108, so the keys (23
+    # tiles of 128) are split. Counts that shorten a split: 1 2 3 4 5 6 8 12 23, filling
+    # 32n / 108 per wave: n = 23 fills 736/756 = 0.974 best; n = 3 fills 96/108 = 0.889
+    # >= 0.85 x 0.974, n = 1, 2 do not -> 3 splits and a combine kernel
+    op = _gqa_attention(64, 2880)
+    assert append_kv_splits(op, _append(a100)) == 3
+    assert extra_kernels(op, _append(a100)) == 1 and extra_kernels(op, a100) == 0
+
+
+def test_append_kv_leaves_decode_alone(a100):
+    op = _gqa_attention(1, 4096, batch=8)
+    assert append_kv_bytes(op, _append(a100)) == 0.0
+    assert op_time(op, _append(a100), "kernel") == op_time(op, a100, "kernel")

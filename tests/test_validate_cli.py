@@ -41,6 +41,19 @@ def test_compare_prints_classes_and_writes(tmp_path):
     assert "| op_class |" in (tmp_path / "s.md").read_text()
 
 
+def test_compare_can_take_the_append_kv_prefill_path(tmp_path):
+    rows = ["a100,t,m,1,attention,fp16,,,,1,1024,3072,32,4,128,0.0004,"]
+    times = []
+    for flag in ([], ["--attention-append-kv"]):
+        out = tmp_path / "p.csv"
+        result = runner.invoke(app, ["compare", csv_file(tmp_path, rows), "-H",
+                                     "a100-80gb-sxm", "--out", str(out), *flag])
+        assert result.exit_code == 0, result.output
+        times.append(float(out.read_text().splitlines()[1].split(",")[17]))
+    # each of the 512 (block, head) programs also copies up to 1024 new K/V rows
+    assert times[1] > 1.3 * times[0]
+
+
 @pytest.mark.parametrize("rows, header, parts", [
     (ROWS, HEADER.replace("measured_s,", "time,"), ["m.csv", "column measured_s: missing"]),
     (["a100,t,,1,conv,fp16,1,1,1,,,,,,,1e-3,"], HEADER, ["row 2", "column op", "'conv'"]),
