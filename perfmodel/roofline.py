@@ -199,6 +199,8 @@ def prefill_tile_fraction(op: Op, hw: Hardware) -> float:
     prefill. Fraction = attended positions / (units x T x tile area). With
     ``attention_pack_gqa`` the query heads of a KV group may instead share a block's rows
     (bq / group positions per block, one program per KV head): the better of the two counts.
+    With ``attention_append_kv`` the split-KV kernel's 64 x ``decode_kv_tile`` tiles and its
+    key splits (``append_kv_splits``) replace the device's tiles, without packing.
     """
     s = op.shape
     eff = hw.efficiency
