@@ -230,7 +230,8 @@ def append_kv_bytes(op: Op, hw: Hardware) -> float:
     """Bytes the append-KV prologue moves (0 unless ``attention_append_kv`` and q_len > 1).
 
     Each (sequence, query head, block of 64 query rows) program copies the chunk's new keys
-    and values, from the chunk's first position to the end of the key tile holding its last
+    and values, from the chunk's first position (or, with a sliding window, the start of the
+    first key tile its first row sees, if later) to the end of the key tile holding its last
     row's causal limit (clipped at kv_len), reading each row from the new K/V and writing
     it to the cache: 2 x that many cache positions per program. The copies of one KV head's
     query heads write the same rows; the model has no cache term and streams them all."""
@@ -238,12 +239,16 @@ def append_kv_bytes(op: Op, hw: Hardware) -> float:
     if not hw.efficiency.attention_append_kv or op.kind != "attention" or s["q_len"] <= 1:
         return 0.0
     q, kv = int(s["q_len"]), int(s["kv_len"])
+    window = int(s.get("window") or 0)
     bk = decode_kv_tile(s["head_dim"])
     prior = kv - q
-    last = np.minimum(prior + np.arange(APPEND_KV_TILE_Q, q + APPEND_KV_TILE_Q,
-                                        APPEND_KV_TILE_Q), kv)
-    rows = float((np.minimum(np.ceil(last / bk) * bk, kv) - prior).sum())
-    kept = min(kv, int(s.get("window") or 0) or kv)
+    first_row = prior + np.arange(0, q, APPEND_KV_TILE_Q)
+    end = np.minimum(np.ceil(np.minimum(first_row + APPEND_KV_TILE_Q, kv) / bk) * bk, kv)
+    start = np.full_like(first_row, prior)
+    if window:
+        start = np.maximum(start, np.floor(np.maximum(first_row + 1 - window, 0) / bk) * bk)
+    rows = float(np.maximum(end - start, 0).sum())
+    kept = min(kv, window or kv)
     per_position = op.bytes.kv_read / (s["batch"] * s["n_kv_heads"] * kept)
     return 2.0 * rows * per_position * s["batch"] * s["n_heads"]
 

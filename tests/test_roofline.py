@@ -485,3 +485,17 @@ def test_append_kv_leaves_decode_alone(a100):
     op = _gqa_attention(1, 4096, batch=8)
     assert append_kv_bytes(op, _append(a100)) == 0.0
     assert op_time(op, _append(a100), "kernel") == op_time(op, a100, "kernel")
+
+
+def test_append_kv_copy_starts_at_a_sliding_windows_first_tile(a100):
+    # 512 new tokens, no context, a 128-key window, one query head of 128: block i (rows
+    # 64i..64i+63) sees keys from 64i - 127 on, so its copy starts at the 128-key tile
+    # holding max(0, 64i - 127) and ends at the tile holding row 64i + 63. Blocks 0..7:
+    # start 0 0 0 0 128 128 256 256, end 128 128 256 256 384 384 512 512, rows
+    # 128 128 256 256 256 256 256 256 = 1792; without the window every start is 0: 2560
+    def op(window):
+        return ops.attention("a", batch=1, q_len=512, kv_len=512, n_heads=1, n_kv_heads=1,
+                             qk_dim=128, v_dim=128, act_bytes=2, kv_bytes=2, dtype="fp16",
+                             window=window)
+    assert append_kv_bytes(op(None), _append(a100)) == 2560 * 512 * 2
+    assert append_kv_bytes(op(128), _append(a100)) == 1792 * 512 * 2
