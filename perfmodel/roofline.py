@@ -240,17 +240,22 @@ def append_kv_bytes(op: Op, hw: Hardware) -> float:
         return 0.0
     q, kv = int(s["q_len"]), int(s["kv_len"])
     window = int(s.get("window") or 0)
-    bk = decode_kv_tile(s["head_dim"])
-    prior = kv - q
-    first_row = prior + np.arange(0, q, APPEND_KV_TILE_Q)
-    end = np.minimum(np.ceil(np.minimum(first_row + APPEND_KV_TILE_Q, kv) / bk) * bk, kv)
-    start = np.full_like(first_row, prior)
-    if window:
-        start = np.maximum(start, np.floor(np.maximum(first_row + 1 - window, 0) / bk) * bk)
-    rows = float(np.maximum(end - start, 0).sum())
+    start, end = _block_key_tiles(q, kv, window, APPEND_KV_TILE_Q, decode_kv_tile(s["head_dim"]))
+    rows = float(np.maximum(np.minimum(end, kv) - np.maximum(start, kv - q), 0).sum())
     kept = min(kv, window or kv)
     per_position = op.bytes.kv_read / (s["batch"] * s["n_kv_heads"] * kept)
     return 2.0 * rows * per_position * s["batch"] * s["n_heads"]
+
+
+def _block_key_tiles(q: int, kv: int, window: int, span: int,
+                     bk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Key tiles of each block of ``span`` query positions in a causal prefill of ``q`` new
+    tokens on ``kv`` keys: (start of the tile holding the first key its first row sees,
+    given a sliding ``window`` (0: none); end of the tile holding its last row's last key)."""
+    first_row = kv - q + np.arange(0, q, span)              # 0-based position of each block
+    last_key = np.minimum(first_row + span, kv)             # keys seen by its last row
+    first_key = np.maximum(first_row + 1 - window, 0) if window else np.zeros_like(first_row)
+    return np.floor(first_key / bk) * bk, np.ceil(last_key / bk) * bk
 
 
 def _tile_fraction(op: Op, hw: Hardware, packed: int, bq: int | None = None,
@@ -264,15 +269,10 @@ def _tile_fraction(op: Op, hw: Hardware, packed: int, bq: int | None = None,
     window = int(s.get("window") or 0)
     bq = bq or eff.attention_q_tile(q)
     bk = bk or eff.attention_tile_kv
-    span = max(1, bq // packed)                             # positions per block
-    prior = kv - q
-    first_row = prior + np.arange(0, q, span)               # 0-based position of each block
-    last_key = np.minimum(first_row + span, kv)             # keys seen by its last row
-    first_key = np.maximum(first_row + 1 - window, 0) if window else np.zeros_like(first_row)
-    end_key = np.ceil(last_key / bk) * bk                   # end of the block's last tile
+    start_key, end_key = _block_key_tiles(q, kv, window, max(1, bq // packed), bk)
     if eff.attention_clip_kv:
         end_key = np.minimum(end_key, kv)
-    keys = end_key - np.floor(first_key / bk) * bk          # keys each block computes
+    keys = end_key - start_key                              # keys each block computes
     if splits > 1:
         keys = np.ceil(keys / bk / splits) * bk
     programs = s["batch"] * s["n_heads"] // packed * splits
@@ -378,7 +378,7 @@ def op_time(op: Op, hw: Hardware, timing: str = "stream") -> OpTime:
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff) if nbytes else 0.0
     body_s = compute_s + memory_s if is_gemm and not eff.gemm_overlap \
         else max(compute_s, memory_s)
-    append = append_kv_bytes(op, hw) if op.kind == "attention" else 0.0
+    append = append_kv_bytes(op, hw)
     if append:      # each program copies before it computes (a barrier between the two)
         append_s = append / (hw.memory_bytes_per_s * m_eff)
         memory_s += append_s
