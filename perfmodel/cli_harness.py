@@ -158,8 +158,8 @@ def validate(
         out.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         passes = passes or default_passes(dev)
-        kernels, steps = run_suite(validation_suite(suite.value), dev, out, hw.name, progress,
-                                   passes)
+        kernels, steps = run_suite(validation_suite(suite.value, dev.kind), dev, out, hw.name,
+                                   progress, passes)
         wall = time.perf_counter() - start
         prov = provenance(dev)
         cal_cmd = (hw.calibration or {}).get("command")

@@ -124,7 +124,7 @@ def tiny_harness(monkeypatch):
                         lambda device, name, layers=True: tuple(rows))
     micro = suites.Suite("quick", (rows[0], {"op": "rms_norm", "dtype": "fp32", "m": 8,
                                              "n": 256}), ())
-    monkeypatch.setattr(suites, "validation_suite", lambda name: micro)
+    monkeypatch.setattr(suites, "validation_suite", lambda name, device="cpu": micro)
 
 
 def test_calibrate_then_validate(tmp_path, tiny_harness):

@@ -30,7 +30,11 @@ def _llama(name: str, layers: int, d: int, heads: int, kv: int, head_dim: int, m
 _LOCAL = "validate.tinymodel: random weights, built locally"
 TINY_LLAMA = _llama("tiny-llama", 4, 512, 8, 2, 64, 1536, 8192, _LOCAL)
 SMALL_LLAMA = _llama("small-llama", 2, 1024, 16, 4, 64, 2816, 16384, _LOCAL)
-MODELS = {m.name: m for m in (TINY_LLAMA, SMALL_LLAMA)}
+# GPU widths: a 1B-class and a 13B-class layer (128-wide heads, GQA), so that GEMMs reach
+# the tensor-core roof and attention runs FlashAttention's head_dim-128 tiles
+GPU_2K = _llama("gpu-llama-2k", 4, 2048, 16, 4, 128, 5632, 32000, _LOCAL)
+GPU_5K = _llama("gpu-llama-5k", 2, 5120, 40, 8, 128, 13824, 32000, _LOCAL)
+MODELS = {m.name: m for m in (TINY_LLAMA, SMALL_LLAMA, GPU_2K, GPU_5K)}
 # calibration-only shapes: widths that neither validation model uses, so fitting the
 # per-kernel-kind streaming fractions and the attention fraction never sees a held-out shape
 CALIB_CPU = _llama("calib-cpu", 1, 768, 12, 4, 64, 2048, 12288, "calibration shapes only")
@@ -118,28 +122,52 @@ def _dedupe(rows: list[dict]) -> tuple[dict, ...]:
     return tuple(seen.values())
 
 
-_QUICK_TINY = [(1, 128, 128), (1, 512, 512), (1, 1, 512), (8, 1, 1024)]
-_QUICK_SMALL = [(1, 256, 256), (4, 1, 1024)]
-_FULL_TINY = [(1, 64, 64), (1, 128, 128), (4, 128, 128), (1, 512, 512), (1, 1024, 1024),
-              (1, 1, 256), (1, 1, 1024), (4, 1, 1024), (16, 1, 512), (8, 1, 2048)]
-_FULL_SMALL = [(1, 128, 128), (1, 512, 512), (1, 1, 512), (8, 1, 2048)]
+@dataclass(frozen=True)
+class Plan:
+    """One model's part of a validation suite: the kernels of its ``steps`` (batch, q_len,
+    kv_len) at ``dtype``, and (``timed_steps``) those steps as whole layers and model steps."""
+
+    model: Model
+    steps: tuple[tuple[int, int, int], ...]
+    dtype: str
+    timed_steps: bool = True
 
 
-def validation_suite(name: str) -> Suite:
-    """``quick`` (about two minutes on two CPU cores) or ``full`` (adds shapes and bf16)."""
-    if name == "quick":
-        rows = kernel_rows(TINY_LLAMA, _QUICK_TINY, "fp32") \
-            + kernel_rows(SMALL_LLAMA, _QUICK_SMALL, "fp32")
-        steps = [Step(scope, TINY_LLAMA, *s) for s in _QUICK_TINY for scope in ("layer", "model")]
-    elif name == "full":
-        rows = kernel_rows(TINY_LLAMA, _FULL_TINY, "fp32") \
-            + kernel_rows(SMALL_LLAMA, _FULL_SMALL, "fp32") \
-            + kernel_rows(TINY_LLAMA, _QUICK_TINY, "bf16")
-        steps = [Step(scope, m, *s) for m, shapes in ((TINY_LLAMA, _FULL_TINY),
-                                                      (SMALL_LLAMA, _FULL_SMALL))
-                 for s in shapes for scope in ("layer", "model")]
-    else:
+_QUICK_TINY = ((1, 128, 128), (1, 512, 512), (1, 1, 512), (8, 1, 1024))
+_QUICK_SMALL = ((1, 256, 256), (4, 1, 1024))
+_FULL_TINY = ((1, 64, 64), (1, 128, 128), (4, 128, 128), (1, 512, 512), (1, 1024, 1024),
+              (1, 1, 256), (1, 1, 1024), (4, 1, 1024), (16, 1, 512), (8, 1, 2048))
+_FULL_SMALL = ((1, 128, 128), (1, 512, 512), (1, 1, 512), (8, 1, 2048))
+_GPU_2K_QUICK = ((1, 512, 512), (1, 1536, 1536), (1, 1, 1024), (16, 1, 2048), (64, 1, 1024))
+_GPU_5K_QUICK = ((1, 1024, 1024), (8, 1, 2048), (32, 1, 1024))
+_GPU_2K_FULL = (*_GPU_2K_QUICK, (4, 1024, 1024), (1, 4096, 4096), (1, 1, 4096),
+                (128, 1, 1024))
+_GPU_5K_FULL = (*_GPU_5K_QUICK, (1, 4096, 4096), (64, 1, 2048))
+
+# device kind -> suite -> plans. CPU: fp32 (the dtype its BLAS is built for; full adds bf16
+# kernels). CUDA: bf16, the serving dtype (full adds fp16 kernels); both are dtypes that
+# ``perfmodel calibrate --device cuda`` measures a GEMM peak for (``SWEEPS``)
+VALIDATION = {
+    "cpu": {"quick": (Plan(TINY_LLAMA, _QUICK_TINY, "fp32"),
+                      Plan(SMALL_LLAMA, _QUICK_SMALL, "fp32", timed_steps=False)),
+            "full": (Plan(TINY_LLAMA, _FULL_TINY, "fp32"), Plan(SMALL_LLAMA, _FULL_SMALL, "fp32"),
+                     Plan(TINY_LLAMA, _QUICK_TINY, "bf16", timed_steps=False))},
+    "cuda": {"quick": (Plan(GPU_2K, _GPU_2K_QUICK, "bf16"),
+                       Plan(GPU_5K, _GPU_5K_QUICK, "bf16")),
+             "full": (Plan(GPU_2K, _GPU_2K_FULL, "bf16"), Plan(GPU_5K, _GPU_5K_FULL, "bf16"),
+                      Plan(GPU_2K, _GPU_2K_QUICK, "fp16", timed_steps=False))},
+}
+
+
+def validation_suite(name: str, device: str = "cpu") -> Suite:
+    """``quick`` (about two minutes on two CPU cores) or ``full`` (more shapes, a second
+    dtype) for ``device`` (cpu: the tiny and small local models; cuda: GPU-width ones)."""
+    if name not in SUITES:
         raise ValueError(f"--suite: expected one of {', '.join(SUITES)}, got {name!r}")
+    plans = VALIDATION[_kind(device)][name]
+    rows = [r for p in plans for r in kernel_rows(p.model, list(p.steps), p.dtype)]
+    steps = [Step(scope, p.model, *s, p.dtype) for p in plans if p.timed_steps
+             for s in p.steps for scope in ("layer", "model")]
     return Suite(name, _dedupe(rows), tuple(steps))
 
 
@@ -177,6 +205,24 @@ def layer_kernel_rows(steps: tuple[Step, ...] | list[Step]) -> list[dict]:
     return list(rows.values())
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """The calibration sweep's sizes on one device kind."""
+
+    dtypes: tuple[str, ...]                 # GEMM peaks measured (the first: other kernels)
+    squares: tuple[int, ...]                # square GEMMs (full adds 1.5x and 2x the last)
+    skinny_nk: tuple[tuple[int, int], ...]  # (n, k) of GEMMs at m = 1, 8, 32, 96
+    add_rows: tuple[int, ...]               # rows of the streaming adds, ``width`` wide
+    width: int
+
+
+SWEEPS = {"cuda": Sweep(("fp16", "bf16"), (256, 512, 1024, 2048, 4096, 8192),
+                        ((4096, 4096), (8192, 8192)), (1, 16, 256, 4096, 16384, 65536), 8192),
+          "cpu": Sweep(("fp32",), (64, 128, 256, 384, 640, 768, 1024),
+                       ((1024, 1024), (3072, 1024), (1024, 3072)), (1, 4, 16, 64, 256, 1024),
+                       4096)}
+
+
 def _gemm(m: int, n: int, k: int, dtype: str, name: str) -> dict:
     return {"op": "gemm", "dtype": dtype, "m": m, "n": n, "k": k, "name": name}
 
@@ -191,24 +237,17 @@ def calibration_rows(device: str, name: str = "quick",
     glue fit subtracts their measured times; the efficiency is fitted without them."""
     if name not in SUITES:
         raise ValueError(f"--suite: expected one of {', '.join(SUITES)}, got {name!r}")
-    full = name == "full"
-    if device == "cuda":
-        dtypes, squares = ("fp16", "bf16"), (256, 512, 1024, 2048, 4096, 8192)
-        skinny_nk, add_rows = ((4096, 4096), (8192, 8192)), (1, 16, 256, 4096, 16384, 65536)
-        width = 8192
-    else:
-        dtypes, squares = ("fp32",), (64, 128, 256, 384, 640, 768, 1024)
-        skinny_nk, add_rows = ((1024, 1024), (3072, 1024), (1024, 3072)), (1, 4, 16, 64, 256,
-                                                                          1024)
-        width = 4096
-    if full:
+    kind = _kind(device)
+    sweep = SWEEPS[kind]
+    dtypes, squares, width = sweep.dtypes, sweep.squares, sweep.width
+    if name == "full":
         squares = (*squares, squares[-1] * 3 // 2, squares[-1] * 2)
     rows = [_gemm(s, s, s, d, "square") for d in dtypes for s in squares]
-    if device == "cpu":
+    if kind == "cpu":
         rows += [_gemm(s, s, s, "bf16", "square") for s in (256, 512, 1024)]
-    for n, k in skinny_nk:
+    for n, k in sweep.skinny_nk:
         rows += [_gemm(m, n, k, dtypes[0], "skinny") for m in (1, 8, 32, 96)]
-    if device == "cpu":
+    if kind == "cpu":
         # decode-sized GEMMs (a CPU BLAS runs m = 1 as GEMV, small m as packed skinny GEMMs,
         # both far below streaming bandwidth): weights from in-cache to beyond the LLC
         for n, k in ((768, 2048), (2048, 768), (2048, 2048)):
@@ -220,9 +259,8 @@ def calibration_rows(device: str, name: str = "quick",
     depth = squares[len(squares) // 2]
     rows += [_gemm(depth, depth, k, dtypes[0], "shallow") for k in (32, 96, 160, 4 * depth)]
     rows += [{"op": "add", "dtype": dtypes[0], "m": m, "n": width, "name": "stream"}
-             for m in add_rows]
+             for m in sweep.add_rows]
     # every other kernel kind (norms, activations, rotary, cache writes, gathers, attention)
-    kind = _kind(device)
     rows += [r for r in kernel_rows(CALIB_MODELS[kind], _CALIB_STEPS[kind], dtypes[0])
              if r["op"] != "gemm"]
     # every kernel (GEMMs included) of the calibration layer steps: the glue fit subtracts
