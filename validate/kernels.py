@@ -53,13 +53,15 @@ def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of features by complex ``freqs`` [m, 1, D/2]: x [m, heads*D] -> same.
+    """Rotate pairs of features by complex ``freqs`` [t, 1, D/2]: x [m, heads*D] -> same,
+    row r at position r % t (m = batch x t: the batch's sequences one after another).
 
-    One complex multiply (Meta's reference form): reads x once, writes once.
+    One complex multiply (Meta's reference form): reads x once, writes once. ``freqs`` is a
+    slice of a table made once (a serving framework's cos/sin cache), not recomputed per call.
     """
     m, n = x.shape
-    d2 = freqs.shape[-1]
-    pairs = torch.view_as_complex(x.float().reshape(m, n // (2 * d2), d2, 2))
+    t, d2 = freqs.shape[0], freqs.shape[-1]
+    pairs = torch.view_as_complex(x.float().reshape(m // t, t, n // (2 * d2), d2, 2))
     return torch.view_as_real(pairs * freqs).reshape(m, n).to(x.dtype)
 
 

@@ -57,6 +57,7 @@ class TinyLlama:
         self.final_norm = rnd(d)
         self.lm_head = rnd(model.vocab_size, d, scale=d ** -0.5)
         self.positions = torch.arange(max_context, device=device)
+        self.freqs = K.rotary_freqs(self.positions, hd)               # the RoPE table
         self.device = device
 
     def layer(self, w: Layer, x: torch.Tensor, start: int, t: int) -> torch.Tensor:
@@ -64,8 +65,7 @@ class TinyLlama:
         m = self.model
         b, h, kv, hd = self.batch, m.n_heads, m.n_kv_heads, m.head_dim
         qkv = K.linear(K.rms_norm(x, w.attn_norm), w.qkv)            # [B*T, (H+2KV) D]
-        freqs = K.rotary_freqs(self.positions[start:start + t].repeat(b), hd)
-        qk = K.rotary(qkv[:, :(h + kv) * hd], freqs)                  # [B*T, (H+KV) D]
+        qk = K.rotary(qkv[:, :(h + kv) * hd], self.freqs[start:start + t])  # [B*T, (H+KV) D]
         k_new = qk[:, h * hd:].view(b, t, kv, hd).transpose(1, 2)     # [B, KV, T, D]
         v_new = qkv[:, (h + kv) * hd:].view(b, t, kv, hd).transpose(1, 2)
         end = start + t
