@@ -147,3 +147,16 @@ def test_gpu_models_run_as_local_layers():
     out = call(0)
     assert tuple(out.shape) == (1, GPU_2K.d_model) and out.dtype == torch.bfloat16
     assert torch.isfinite(out.float()).all()
+
+
+@pytest.mark.parametrize("command", [["calibrate", "--out", "gpu.yaml"],
+                                     ["validate", "-H", "h100-sxm", "--out", "report"]])
+def test_no_cuda_device_is_a_one_line_error(tmp_path, monkeypatch, command):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*command, "--device", "cuda", "--no-progress"])
+    assert result.exit_code == 2
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert lines == ["error: --device cuda: torch sees no CUDA device"]
+    assert not (tmp_path / "gpu.yaml").exists()
