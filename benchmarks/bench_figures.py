@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 import perfmodel as pm
-from perfmodel import plots, sweep
+from perfmodel import plots, sweep, sweep_plots
 
 KV_MODELS = ("llama-2-13b", "llama-3-70b", "falcon-7b", "deepseek-v3", "mistral-7b",
              "gemma-2-9b")
@@ -54,17 +54,17 @@ def figures() -> dict[str, Callable[[], int]]:
                            weights_dtypes=["bf16", "fp8"])
 
     def kv() -> object:
-        return plots.kv_figure(sweep.kv_cache_table(kv_models, contexts),
+        return sweep_plots.kv_figure(sweep.kv_cache_table(kv_models, contexts),
                                sweep.max_batch_table(kv_models, h100, contexts))
 
     return {
         "roofline, 1 device, 3 batches": render(lambda: roofline([h100])),
         "roofline, 2 devices, 3 batches": render(lambda: roofline([h100, h200])),
         "latency/throughput vs batch (72 points)": render(
-            lambda: plots.batch_figure(batch_rows())),
+            lambda: sweep_plots.batch_figure(batch_rows())),
         "throughput vs latency (72 points)": render(
-            lambda: plots.tradeoff_figure(batch_rows())),
-        "time split vs context (6 contexts)": render(lambda: plots.time_split_figure(
+            lambda: sweep_plots.tradeoff_figure(batch_rows())),
+        "time split vs context (6 contexts)": render(lambda: sweep_plots.time_split_figure(
             sweep.sweep([llama], [h100], [16], [256, 1024, 4096, 16384, 65536, 131072]))),
         "KV cache vs context (6 models, 9 contexts)": render(kv),
     }
@@ -82,7 +82,7 @@ def sweep_1000() -> tuple[float, int]:
 
 def main() -> None:
     start = time.perf_counter()
-    plots.figure_bytes(plots.kv_figure(sweep.kv_cache_table([pm.model("falcon-7b")], [1024])))
+    plots.figure_bytes(sweep_plots.kv_figure(sweep.kv_cache_table([pm.model("falcon-7b")], [1024])))
     print(f"warm-up render (imports matplotlib): {time.perf_counter() - start:.2f} s")
     for name, run in figures().items():
         print(f"{name:<45} {seconds(run):6.2f} s   (target < 2 s)")

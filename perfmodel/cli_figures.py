@@ -141,7 +141,7 @@ def sweep_cmd(
         fail(f"--split-batch: {split_batch} is not one of --batch {batch}")
     import pandas as pd
 
-    from perfmodel import load, plots, sweep
+    from perfmodel import load, sweep, sweep_plots
     from perfmodel.cli import workload
     from perfmodel.specs import SpecError
 
@@ -171,13 +171,13 @@ def sweep_cmd(
              and r["workload_batch"] == sb]
     ext = fmt.value
     figures = {
-        f"latency_throughput_vs_batch.{ext}": plots.batch_figure(rows, "Per-token latency and "
-                                                                 "decode throughput against batch"),
-        f"throughput_vs_latency.{ext}": plots.tradeoff_figure(rows),
-        f"time_split_vs_context.{ext}": plots.time_split_figure(split, (
+        f"latency_throughput_vs_batch.{ext}": sweep_plots.batch_figure(
+            rows, "Per-token latency and decode throughput against batch"),
+        f"throughput_vs_latency.{ext}": sweep_plots.tradeoff_figure(rows),
+        f"time_split_vs_context.{ext}": sweep_plots.time_split_figure(split, (
             f"Time by operator class as the prompt grows: {first['model']} on "
             f"{first['hardware']}, batch {sb}, gen {gen}")),
-        f"kv_cache_vs_context.{ext}": plots.kv_figure(kv_rows, mb_rows, (
+        f"kv_cache_vs_context.{ext}": sweep_plots.kv_figure(kv_rows, mb_rows, (
             f"KV cache against context; max batch on {hws[0].name} (TP {tp}, weights "
             f"{wdts[0]}, KV {kdts[0]})")),
     }
@@ -257,7 +257,7 @@ def _single_report(models: list, hw: Any, wl: Any, ctx: list[int], extra: dict,
 
     import pandas as pd
 
-    from perfmodel import plots, report, report_pages, sweep
+    from perfmodel import plots, report, report_pages, sweep, sweep_plots
     from perfmodel.estimate import estimate
 
     (m,) = models
@@ -273,15 +273,15 @@ def _single_report(models: list, hw: Any, wl: Any, ctx: list[int], extra: dict,
     figures = {
         f"roofline.{ext}": plots.roofline_figure(points, [hw], plots.roofline_title(
             m, wl, ("prefill", "decode"))),
-        f"latency_throughput_vs_batch.{ext}": plots.batch_figure(rows, (
+        f"latency_throughput_vs_batch.{ext}": sweep_plots.batch_figure(rows, (
             f"{m.name} on {hw.name}: TPOT and decode throughput against batch "
             f"(prompt {wl.prompt_len}, gen {wl.gen_len})")),
-        f"throughput_vs_latency.{ext}": plots.tradeoff_figure(rows, (
+        f"throughput_vs_latency.{ext}": sweep_plots.tradeoff_figure(rows, (
             f"{m.name} on {hw.name}: throughput against latency (each point a batch size)")),
-        f"time_split_vs_context.{ext}": plots.time_split_figure(split, (
+        f"time_split_vs_context.{ext}": sweep_plots.time_split_figure(split, (
             f"{m.name} on {hw.name}, batch {wl.batch}: time by operator class as the prompt "
             "grows")),
-        f"kv_cache_vs_context.{ext}": plots.kv_figure(kv, mb, (
+        f"kv_cache_vs_context.{ext}": sweep_plots.kv_figure(kv, mb, (
             f"{m.name}: KV cache ({scope}) and batch ceiling on {hw.name}"), scope=scope),
     }
     captions = [
@@ -312,7 +312,7 @@ def _comparison_report(models: list, hw: Any, wl: Any, ctx: list[int], extra: di
 
     import pandas as pd
 
-    from perfmodel import plots, report_pages, sweep
+    from perfmodel import report_pages, sweep, sweep_plots
     from perfmodel.estimate import estimate
     from perfmodel.memory import kv_bytes_per_token
 
@@ -321,7 +321,7 @@ def _comparison_report(models: list, hw: Any, wl: Any, ctx: list[int], extra: di
     kv = sweep.kv_cache_table(models, ctx, replace(wl, tp=1))
     mb = sweep.max_batch_table(models, hw, ctx, wl)
     name = f"kv_cache_vs_context.{ext}"
-    fig = plots.kv_figure(kv, mb, (
+    fig = sweep_plots.kv_figure(kv, mb, (
         f"KV cache per token and per sequence (whole model); max batch on {hw.name} "
         f"(TP {wl.tp}, weights {wl.weights_dtype}, KV {wl.kv_dtype})"), scope="whole model")
     caption = (f"Left: KV bytes per token (all layers, whole model). Middle: KV cache of one "

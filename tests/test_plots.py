@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 import perfmodel as pm
-from perfmodel import plots
+from perfmodel import plots, sweep_plots
 from perfmodel.estimate import estimate, step_times
 from perfmodel.sweep import kv_cache_table, max_batch_table, sweep
 
@@ -137,7 +137,7 @@ def test_roof_caption_states_the_numbers(h100):
 
 def test_sweep_figures_draw_the_rows(h100, tmp_path):
     rows = sweep([LLAMA], [h100], [1, 16, 256], [512, 2048])
-    fig = plots.batch_figure(rows)
+    fig = sweep_plots.batch_figure(rows)
     lat = fig.axes[0]
     drawn = {tuple(line.get_xydata()[:, 0]) for line in lat.lines
              if len(line.get_xydata()) == 3}
@@ -150,19 +150,20 @@ def test_sweep_figures_draw_the_rows(h100, tmp_path):
     split = [r for r in rows if r["workload_batch"] == 16]
     kv = kv_cache_table([LLAMA, pm.model("mistral-7b")], [1024, 8192])
     mb = max_batch_table([LLAMA, pm.model("mistral-7b")], h100, [1024, 8192])
-    for name, f in {"batch": fig, "tradeoff": plots.tradeoff_figure(rows),
-                    "split": plots.time_split_figure(split),
-                    "kv": plots.kv_figure(kv, mb)}.items():
+    for name, f in {"batch": fig, "tradeoff": sweep_plots.tradeoff_figure(rows),
+                    "split": sweep_plots.time_split_figure(split),
+                    "kv": sweep_plots.kv_figure(kv, mb)}.items():
         path = tmp_path / f"{name}.png"
         f.savefig(path, dpi=50)
         assert path.stat().st_size > 5_000
-    bars = plots.time_split_figure(split).axes[0].patches   # stacked: class bars per context
+    bars = sweep_plots.time_split_figure(split).axes[0].patches   # stacked: class bars per context
     assert sum(b.get_height() for b in bars) == pytest.approx(
         sum(r["ttft_s"] * 1e3 for r in split))
 
 
 def test_import_stays_light():
-    code = ("import sys, perfmodel, perfmodel.plots, perfmodel.sweep, perfmodel.cli; "
+    code = ("import sys, perfmodel, perfmodel.plots, perfmodel.sweep_plots, perfmodel.sweep, "
+            "perfmodel.cli; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib'; "
             "assert 'pandas' not in sys.modules, 'pandas'")
     subprocess.run([sys.executable, "-c", code], check=True)
