@@ -33,7 +33,7 @@ def main() -> None:
 
     dev = open_device(args.device, args.threads)
     passes = args.passes or default_passes(dev)
-    suite = validation_suite("quick")
+    suite = validation_suite("quick", dev.kind)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         t0 = time.perf_counter()
