@@ -124,14 +124,14 @@ def test_estimate_path_stays_light():
     assert done.returncode == 0, done.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ["estimate", "-m", "x", "-H", "h100-sxm"],
-    ["estimate", "-m", "llama-2-7b", "-H", "h100-sxm", "--batch", "0"],
-    ["estimate", "-m", "llama-2-7b"],
-    ["no-such-command"],
+@pytest.mark.parametrize("module, args", [
+    ("perfmodel.cli", ["estimate", "-m", "x", "-H", "h100-sxm"]),
+    ("perfmodel.cli", ["estimate", "-m", "llama-2-7b", "-H", "h100-sxm", "--batch", "0"]),
+    ("perfmodel.cli", ["estimate", "-m", "llama-2-7b"]),
+    ("perfmodel", ["no-such-command"]),              # python -m perfmodel: the same entry
 ])
-def test_console_script_error_is_one_line(args):
-    done = subprocess.run([sys.executable, "-m", "perfmodel.cli", *args], capture_output=True,
+def test_console_script_error_is_one_line(module, args):
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                           text=True)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()

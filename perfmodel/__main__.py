@@ -1,0 +1,7 @@
+"""``python -m perfmodel``: the CLI without the installed console script (for a checkout on
+a machine where nothing can be installed, e.g. ``PYTHONPATH=. python3 -m perfmodel ...``)."""
+
+from perfmodel.cli import main
+
+if __name__ == "__main__":
+    main()
