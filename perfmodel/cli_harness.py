@@ -174,7 +174,7 @@ def validate(
                   f"samples).",
                   "Errors below are predicted / measured - 1 on the committed rows."]
         written = write_report(out, hw, hardware, kernels.latest(), steps.latest(), header,
-                               plots=plots)
+                               plots=plots, suite=suite.value)
     except (SpecError, RuntimeError, ValueError) as exc:
         fail(str(exc))
     typer.echo(f"measured for {wall:.0f} s; wrote {written.path}")

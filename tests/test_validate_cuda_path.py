@@ -99,12 +99,12 @@ def test_calibrate_and_validate_on_cuda(tmp_path, fake_cuda):
 
     out = tmp_path / "report"
     result = runner.invoke(app, ["validate", "--device", "cuda", "-H", str(yaml_path),
-                                 "--out", str(out), "--no-progress", "--no-plots",
-                                 "--passes", "1"])
+                                 "--out", str(out), "--suite", "full", "--no-progress",
+                                 "--no-plots", "--passes", "1"])
     assert result.exit_code == 0, result.output
     with open(out / "predictions.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == len(validation_suite("quick", "cuda").kernels) > 5
+    assert len(rows) == len(validation_suite("full", "cuda").kernels) > 5
     for r in rows:
         assert r["timing"] == "stream" and r["dtype"] == "bf16" and r["model"] == "gpu-micro"
         assert 0 < float(r["predicted_s"]) < math.inf and float(r["measured_s"]) > 0
@@ -114,6 +114,7 @@ def test_calibrate_and_validate_on_cuda(tmp_path, fake_cuda):
     assert {s["dtype"] for s in steps} == {"bf16"} and {s["timing"] for s in steps} == {"stream"}
     summary = (out / "summary.md").read_text()
     assert "Fake GPU, 4 SMs" in summary and "timing `stream`" in summary
+    assert "Full-suite kernels whose shape" in summary and "--suite full" in summary
 
 
 def test_cuda_suites_use_calibrated_dtypes_and_unfitted_shapes():

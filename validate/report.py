@@ -118,9 +118,10 @@ class Written:
 
 def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
                  step_rows: list[dict], header: list[str],
-                 models: dict[str, Model] = MODELS, plots: bool = True) -> Written:
+                 models: dict[str, Model] = MODELS, plots: bool = True,
+                 suite: str = "quick") -> Written:
     """Write predictions.csv, step_predictions.csv, summary.md and (``plots``) the figures
-    into ``out``."""
+    into ``out`` (``suite``: the suite's name, for the text)."""
     kdf = kernel_predictions(kernel_rows, hw)
     kdf.to_csv(out / "predictions.csv", index=False)
     held = kdf[kdf["heldout"] & ~kdf["contended"]]
@@ -139,7 +140,7 @@ def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
     targets = target_lines(held)
     headline = [f"Held-out kernels ({len(held)} rows):", *targets]
     lines += [f"## Held-out kernels ({len(held)} rows)", "",
-              f"Quick-suite kernels whose shape was not used for fitting; "
+              f"{suite.capitalize()}-suite kernels whose shape was not used for fitting; "
               f"{int((~kdf['heldout']).sum())} fitted shapes and "
               f"{int((kdf['heldout'] & kdf['contended']).sum())} rows measured while other "
               f"processes used more than {CONTENDED:.0%} of the CPUs are left out. "
