@@ -56,8 +56,8 @@ class TinyLlama:
         self.embed = rnd(model.vocab_size, d)
         self.final_norm = rnd(d)
         self.lm_head = rnd(model.vocab_size, d, scale=d ** -0.5)
-        self.positions = torch.arange(max_context, device=device)
-        self.freqs = K.rotary_freqs(self.positions, hd)               # the RoPE table
+        # the RoPE table for positions 0 .. max_context-1
+        self.freqs = K.rotary_freqs(torch.arange(max_context, device=device), hd)
         self.device = device
 
     def layer(self, w: Layer, x: torch.Tensor, start: int, t: int) -> torch.Tensor:
