@@ -8,16 +8,13 @@ import pytest
 
 import perfmodel as pm
 from perfmodel import ops
-from perfmodel.roofline import (
+from perfmodel.roofline import device_bytes, extra_kernels, memory_efficiency, op_time
+from perfmodel.tiling import (
     append_kv_bytes,
     append_kv_splits,
     attention_efficiency,
     decode_kv_splits,
-    device_bytes,
-    extra_kernels,
     gemm_efficiency,
-    memory_efficiency,
-    op_time,
     prefill_tile_fraction,
 )
 
