@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfmodel.load import Fields, model_from_fields
+from perfmodel.fields import Fields
+from perfmodel.load import model_from_fields
 from perfmodel.specs import Model, SpecError
 
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "deepseek_v3", "deepseek_v2")

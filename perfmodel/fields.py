@@ -1,0 +1,131 @@
+"""Reading a YAML or JSON mapping with errors a user can act on.
+
+``read_mapping`` parses a file (a key given twice is an error); ``Fields`` reads it with typed
+getters whose ``SpecError`` names ``file: path.field`` and what was expected, and reports
+unknown keys, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from perfmodel import units
+from perfmodel.specs import SpecError, read_user_file
+
+
+class Fields:
+    """A mapping being read: typed getters that name ``file: path.field`` in errors."""
+
+    def __init__(self, data: Any, file: str, path: str = "",
+                 allowed: tuple[str, ...] | None = None) -> None:
+        self.file, self.path = file, path
+        if not isinstance(data, dict):
+            raise self.error("", f"expected a mapping, got {type(data).__name__}")
+        self.data, self.used = data, set()
+        if allowed is not None:   # report a misspelt key before the field it was meant to be
+            self.used = {k for k in data if k in allowed}
+            self.finish()
+            self.used = set()
+
+    def error(self, key: str, what: str) -> SpecError:
+        where = ".".join(p for p in (self.path, key) if p) or "(top level)"
+        return SpecError(f"{self.file}: {where}: {what}")
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default: Any = ..., ) -> Any:
+        self.used.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is ...:
+                raise self.error(key, "missing required field")
+            return default
+        return self.data[key]
+
+    def sub(self, key: str, required: bool = True) -> Fields | None:
+        """The mapping under ``key`` (None when optional and absent); its own unknown keys
+        are reported by its ``finish``."""
+        if not required and not self.has(key):
+            self.used.add(key)
+            return None
+        return Fields(self.raw(key), self.file, ".".join(p for p in (self.path, key) if p))
+
+    def text(self, key: str, default: Any = ..., choices: tuple[str, ...] | None = None) -> str:
+        value = self.raw(key, default)
+        if value is None and default is None:
+            return value
+        if not isinstance(value, str):
+            raise self.error(key, f"expected text, got {value!r}")
+        if choices and value not in choices:
+            raise self.error(key, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def flag(self, key: str, default: Any = ...) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {value!r}")
+        return value
+
+    def integer(self, key: str, default: Any = ..., minimum: int = 1) -> int:
+        value = self.raw(key, default)
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"expected an integer, got {value!r}")
+        if value < minimum:
+            raise self.error(key, f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    def quantity(self, key: str, kind: str, default: Any = ..., positive: bool = True,
+                 maximum: float | None = None) -> float:
+        value = self.raw(key, default)
+        try:
+            out = units.parse_quantity(value, kind)
+        except units.UnitError as exc:
+            raise self.error(key, str(exc)) from None
+        if positive and out <= 0:
+            raise self.error(key, f"expected a positive value, got {value!r}")
+        if not positive and out < 0:
+            raise self.error(key, f"expected a non-negative value, got {value!r}")
+        if maximum is not None and out > maximum:
+            raise self.error(key, f"expected at most {maximum}, got {value!r}")
+        return out
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise self.error(unknown[0], "unknown field (check the spelling; see the README "
+                             "beside the shipped files)")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (plain PyYAML keeps the
+    last value silently, so a pasted second block would override the first unnoticed)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"field {key!r} given twice (line {key_node.start_mark.line + 1})",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_mapping(path: Path) -> dict:
+    """Parse a YAML or JSON file into a mapping, or raise a one-line SpecError."""
+    is_json = path.suffix == ".json"
+    data = read_user_file(
+        path, f"valid {'JSON' if is_json else 'YAML'}",
+        lambda p: json.loads(p.read_text()) if is_json
+        else yaml.load(p.read_text(), Loader=_UniqueKeyLoader),   # a SafeLoader subclass
+        (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError))
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
