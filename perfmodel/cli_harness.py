@@ -255,7 +255,7 @@ def compare(
 ) -> None:
     """Predict every row of a measurement CSV and print the error per class and regime."""
     from perfmodel import load
-    from perfmodel.compare import predict_rows, read_measurements
+    from perfmodel.compare import drop_unsupported, predict_rows, read_measurements
     from perfmodel.specs import SpecError
 
     if calibrate_on is not None and split_by is not None:
@@ -264,11 +264,11 @@ def compare(
         hw = load.hardware(hardware)
         if attention_append_kv:
             hw = replace(hw, efficiency=replace(hw.efficiency, attention_append_kv=True))
-        rows = read_measurements(measured, device_filter)
-        lines = []
+        rows, lines = drop_unsupported(read_measurements(measured, device_filter), str(measured))
         if calibrate_on is not None or split_by is not None:
-            hw, rows, lines = _calibrate_split(rows, hw, timing.value, calibrate_on, split_by,
-                                               exclude_fitted_shapes)
+            hw, rows, split_lines = _calibrate_split(rows, hw, timing.value, calibrate_on,
+                                                     split_by, exclude_fitted_shapes)
+            lines += split_lines
         import pandas as pd
 
         df = pd.DataFrame(predict_rows(rows, hw, timing.value, str(measured)))

@@ -70,8 +70,33 @@ def row_op(row: dict, where: str = "row") -> Op:
     if kind == "kv_cache_write":
         return ops.kv_cache_write(kind, _int(row, "m", where), _int(row, "n", where),
                                   act_bytes=b, kv_bytes=b, dtype=dtype)
-    raise SpecError(f"{where}: column op: unsupported op {kind!r}, expected gemm, attention, "
-                    f"embedding, kv_cache_write or one of {', '.join(ELEMENTWISE_KINDS)}")
+    raise SpecError(f"{where}: column op: unsupported op {kind!r}, expected {_EXPECTED_OPS}")
+
+
+SUPPORTED_OPS = ("gemm", "attention", "embedding", "kv_cache_write", *ELEMENTWISE_KINDS)
+_EXPECTED_OPS = (f"gemm, attention, embedding, kv_cache_write or one of "
+                 f"{', '.join(ELEMENTWISE_KINDS)}")
+
+
+def drop_unsupported(rows: list[dict], where: str = "measurements") -> tuple[list[dict], list[str]]:
+    """(the rows whose op the model predicts, one line per other op: its count and first row).
+
+    A file may hold ops this model has no formula for (another project's kernels); those rows
+    are set aside and named rather than failing the whole file. No predictable row at all is a
+    SpecError (most likely not a measurement file of this schema)."""
+    kept, other = [], {}
+    for i, row in enumerate(rows):
+        if row.get("op") in SUPPORTED_OPS:
+            kept.append(row)
+        else:
+            first, count = other.get(row.get("op"), (i + 2, 0))
+            other[row.get("op")] = (first, count + 1)
+    notes = [f"skipped {count} row{'s' * (count > 1)} of op {op!r} (first at row {first}): "
+             f"no formula for it" for op, (first, count) in other.items()]
+    if not kept:
+        raise SpecError(f"{where}: column op: no row has an op the model predicts "
+                        f"({'; '.join(notes)}); expected {_EXPECTED_OPS}")
+    return kept, notes
 
 
 def op_row(op: Op) -> dict:

@@ -4,6 +4,7 @@ import pytest
 
 from perfmodel import ops
 from perfmodel.compare import (
+    drop_unsupported,
     op_row,
     predict_rows,
     read_measurements,
@@ -96,6 +97,16 @@ def test_bad_rows_name_row_and_column(toy):
         predict_rows([gemm_row(), gemm_row(m="")], toy)
     with pytest.raises(SpecError, match="column measured_s"):
         predict_rows([gemm_row(measured="-1")], toy)
+
+
+def test_drop_unsupported_keeps_predictable_rows_and_names_the_rest():
+    rows = [{"op": "conv"}, gemm_row(), {"op": "rms_norm"}, {"op": "conv"}, {"op": ""}]
+    kept, notes = drop_unsupported(rows)
+    assert [r["op"] for r in kept] == ["gemm", "rms_norm"]
+    assert notes == ["skipped 2 rows of op 'conv' (first at row 2): no formula for it",
+                     "skipped 1 row of op '' (first at row 6): no formula for it"]
+    with pytest.raises(SpecError, match=r"f\.csv: column op: no row has an op .*'conv'"):
+        drop_unsupported([{"op": "conv"}], "f.csv")
 
 
 def write_csv(path, lines):

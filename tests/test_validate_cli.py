@@ -54,6 +54,18 @@ def test_compare_can_take_the_append_kv_prefill_path(tmp_path):
     assert times[1] > 1.3 * times[0]
 
 
+def test_compare_sets_aside_ops_it_has_no_formula_for(tmp_path):
+    out = tmp_path / "p.csv"
+    rows = [*ROWS, "a100,t,m-a,1,conv2d,fp16,64,64,,,,,,,,1e-5,",
+            "a100,t,m-b,1,conv2d,fp16,32,64,,,,,,,,1e-5,"]
+    result = runner.invoke(app, ["compare", csv_file(tmp_path, rows), "-H", "a100-80gb-sxm",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "4 rows predicted" in result.stdout
+    assert "skipped 2 rows of op 'conv2d' (first at row 6)" in result.stdout
+    assert len(out.read_text().splitlines()) == 5 and "conv2d" not in out.read_text()
+
+
 @pytest.mark.parametrize("rows, header, parts", [
     (ROWS, HEADER.replace("measured_s,", "time,"), ["m.csv", "column measured_s: missing"]),
     (["a100,t,,1,conv,fp16,1,1,1,,,,,,,1e-3,"], HEADER, ["row 2", "column op", "'conv'"]),
