@@ -25,6 +25,7 @@ import yaml
 
 from perfmodel.compare import op_row, row_op, shape_key
 from perfmodel.load import load_hardware
+from perfmodel.ops import Op
 from perfmodel.roofline import op_time
 from perfmodel.specs import Efficiency, Hardware, Interconnect
 from validate.device import DeviceInfo
@@ -140,18 +141,8 @@ def fit_layer_overhead(step_rows: list[dict], hw: Hardware,
             continue
         step = Step.from_row(r, models)       # scope is "layer" (checked above)
         timing = r.get("timing") or "host"
-        kernels, predicted_ops = 0.0, []
-        for op in step.ops():
-            try:
-                key = shape_key(op_row(op))
-            except ValueError:
-                key = None
-            if key in measured_kernels:
-                kernels += measured_kernels[key] * op.count
-                used.add(key)
-            else:
-                kernels += op_time(op, base, timing).time_s
-                predicted_ops.append(op.name)
+        kernels, predicted_ops = _layer_kernel_time(step.ops(), measured_kernels, base, timing,
+                                                    used)
         measured = float(r["measured_s"])
         gaps.append(measured - kernels)
         fallbacks += len(predicted_ops)
@@ -177,6 +168,26 @@ def fit_layer_overhead(step_rows: list[dict], hw: Hardware,
               "kernel_shapes": sorted(used),
               "steps": steps}
     return replace(hw, efficiency=replace(hw.efficiency, layer_overhead_s=value)), record
+
+
+def _layer_kernel_time(layer_ops: list[Op], measured: dict[str, float], hw: Hardware, timing: str,
+                       used: set[str]) -> tuple[float, list[str]]:
+    """(seconds of the layer's operators: each at its measured kernel time when ``measured``
+    has its shape (the key is added to ``used``), else at its predicted time on ``hw``;
+    the names of the operators counted at predicted time)."""
+    total, predicted_ops = 0.0, []
+    for op in layer_ops:
+        try:
+            key = shape_key(op_row(op))
+        except ValueError:
+            key = None
+        if key in measured:
+            total += measured[key] * op.count
+            used.add(key)
+        else:
+            total += op_time(op, hw, timing).time_s
+            predicted_ops.append(op.name)
+    return total, predicted_ops
 
 
 def _efficiency_block(eff: Efficiency, source: str) -> dict:
