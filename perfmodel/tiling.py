@@ -20,7 +20,7 @@ from perfmodel.specs import Hardware
 _SPLIT_K_MIN_DEPTH = 256   # split-K slices are at least this deep (k elements)
 
 
-def pad(size: float, tile: int) -> tuple[float, int]:
+def _pad(size: float, tile: int) -> tuple[float, int]:
     """Useful fraction of the padded extent when ``size`` is covered by tiles of ``tile``.
     Small sizes use a smaller power-of-two tile (kernels for skinny shapes), down to 16."""
     used = min(tile, max(16, 2 ** math.ceil(math.log2(max(size, 1.0)))))
@@ -30,12 +30,12 @@ def pad(size: float, tile: int) -> tuple[float, int]:
 def _gemm_tiles(m: float, n: float, groups: float, hw: Hardware) -> tuple[float, float, float]:
     """(useful share of the padded rows, of the padded columns, output tiles of all groups)."""
     eff = hw.efficiency
-    pad_m, tm = pad(m, eff.gemm_tile_m)
-    pad_n, tn = pad(n, eff.gemm_tile_n)
+    pad_m, tm = _pad(m, eff.gemm_tile_m)
+    pad_n, tn = _pad(n, eff.gemm_tile_n)
     return pad_m, pad_n, math.ceil(m / tm) * math.ceil(n / tn) * max(1.0, math.ceil(groups))
 
 
-def wave_fill(programs: float, units: int) -> float:
+def _wave_fill(programs: float, units: int) -> float:
     """Busy share of the units while ``programs`` equal programs run in waves of ``units``
     (the last, partial wave idles the rest)."""
     return programs / (math.ceil(programs / units) * units)
@@ -75,7 +75,7 @@ def gemm_plan(m: float, n: float, k: float, groups: float,
     eff = hw.efficiency
     pad_m, pad_n, tiles = _gemm_tiles(m, n, groups, hw)
     split = _split_k(tiles, k, hw)
-    wave = wave_fill(tiles * split, hw.compute_units)
+    wave = _wave_fill(tiles * split, hw.compute_units)
     depth = k / split
     ramp = depth / (depth + eff.gemm_k_half) if eff.gemm_k_half else 1.0
     if eff.gemm_m_half:     # a CPU BLAS: no row tiles
@@ -104,10 +104,10 @@ def attention_efficiency(op: Op, hw: Hardware) -> float:
         return hw.efficiency.attention * prefill_tile_fraction(op, hw)
     eff = hw.efficiency
     if not eff.attention_decode_pack_gqa:       # one query head per program, no key split
-        return eff.attention * wave_fill(s["batch"] * s["n_heads"], hw.compute_units)
+        return eff.attention * _wave_fill(s["batch"] * s["n_heads"], hw.compute_units)
     blocks = _decode_programs(op) * decode_splits(op, hw)
-    pad_q, _ = pad(s["n_heads"] // s["n_kv_heads"], 128)
-    return eff.attention * wave_fill(blocks, hw.compute_units) * pad_q
+    pad_q, _ = _pad(s["n_heads"] // s["n_kv_heads"], 128)
+    return eff.attention * _wave_fill(blocks, hw.compute_units) * pad_q
 
 
 def _decode_programs(op: Op) -> int:
@@ -156,7 +156,7 @@ def decode_kv_splits(programs: int, keys: int, head_dim: int, units: int) -> int
     most = max(1, min(_SPLIT_MAX, units, tiles))
     counts = [n for n in range(1, most + 1)
               if n == 1 or math.ceil(tiles / n) != math.ceil(tiles / (n - 1))]
-    fill = {n: wave_fill(programs * n, units) for n in counts}
+    fill = {n: _wave_fill(programs * n, units) for n in counts}
     best = max(fill.values())
     return min(n for n in counts if fill[n] >= _SPLIT_NEAR_BEST * best)
 
