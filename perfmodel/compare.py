@@ -45,11 +45,18 @@ def _int(row: dict, key: str, where: str) -> int:
     return int(out)
 
 
+SUPPORTED_OPS = ("gemm", "attention", "embedding", "kv_cache_write", *ELEMENTWISE_KINDS)
+_EXPECTED_OPS = (f"gemm, attention, embedding, kv_cache_write or one of "
+                 f"{', '.join(ELEMENTWISE_KINDS)}")
+
+
 def row_op(row: dict, where: str = "row") -> Op:
     """The Op a measurement row describes (shared schema; see ARCHITECTURE.md)."""
     kind, dtype = row.get("op"), row.get("dtype") or "bf16"
     if dtype not in DTYPE_BYTES:
         raise SpecError(f"{where}: column dtype: unknown dtype {dtype!r}")
+    if kind not in SUPPORTED_OPS:       # the one list compare's skipping also reads
+        raise SpecError(f"{where}: column op: unsupported op {kind!r}, expected {_EXPECTED_OPS}")
     b = DTYPE_BYTES[dtype]
     if kind == "gemm":
         return ops.gemm("gemm", _int(row, "m", where), _int(row, "n", where),
@@ -67,15 +74,9 @@ def row_op(row: dict, where: str = "row") -> Op:
     if kind == "embedding":
         return ops.embedding(kind, _int(row, "m", where), _int(row, "n", where), act_bytes=b,
                              dtype=dtype)
-    if kind == "kv_cache_write":
-        return ops.kv_cache_write(kind, _int(row, "m", where), _int(row, "n", where),
-                                  act_bytes=b, kv_bytes=b, dtype=dtype)
-    raise SpecError(f"{where}: column op: unsupported op {kind!r}, expected {_EXPECTED_OPS}")
-
-
-SUPPORTED_OPS = ("gemm", "attention", "embedding", "kv_cache_write", *ELEMENTWISE_KINDS)
-_EXPECTED_OPS = (f"gemm, attention, embedding, kv_cache_write or one of "
-                 f"{', '.join(ELEMENTWISE_KINDS)}")
+    # kv_cache_write: the one supported op left
+    return ops.kv_cache_write(kind, _int(row, "m", where), _int(row, "n", where),
+                              act_bytes=b, kv_bytes=b, dtype=dtype)
 
 
 def drop_unsupported(rows: list[dict], where: str = "measurements") -> tuple[list[dict], list[str]]:
@@ -86,11 +87,12 @@ def drop_unsupported(rows: list[dict], where: str = "measurements") -> tuple[lis
     SpecError (most likely not a measurement file of this schema)."""
     kept, other = [], {}
     for i, row in enumerate(rows):
-        if row.get("op") in SUPPORTED_OPS:
+        op = row.get("op")
+        if op in SUPPORTED_OPS:
             kept.append(row)
         else:
-            first, count = other.get(row.get("op"), (i + 2, 0))
-            other[row.get("op")] = (first, count + 1)
+            first, count = other.get(op, (i + 2, 0))
+            other[op] = (first, count + 1)
     notes = [f"skipped {count} row{'s' * (count > 1)} of op {op!r} (first at row {first}): "
              f"no formula for it" for op, (first, count) in other.items()]
     if not kept:
