@@ -1,12 +1,15 @@
 """perfmodel: predict LLM inference speed on an accelerator, and say how wrong it is.
 
-Light at import: no torch, no matplotlib, no pandas until asked for.
+Light at import: numpy, no torch, no matplotlib, no pandas until asked for.
 """
 
-from perfmodel.estimate import Estimate, estimate
-from perfmodel.load import hardware, load_hardware, load_model, model
-from perfmodel.specs import Hardware, Model, SpecError, Workload
+from perfmodel.cost.step import Dtypes, Step, StepCost, price_step
+from perfmodel.schedules.estimate import Estimate
+from perfmodel.schedules.estimates import Estimates, estimate, estimate_many
+from perfmodel.specs import Hardware, Model, Parallelism, SpecError, Workload, Workloads
+from perfmodel.specs.load import hardware, load_hardware, load_model, model
 
-__all__ = ["Estimate", "Hardware", "Model", "SpecError", "Workload", "estimate", "hardware",
-           "load_hardware", "load_model", "model"]
+__all__ = ["Dtypes", "Estimate", "Estimates", "Hardware", "Model", "Parallelism", "SpecError",
+           "Step", "StepCost", "Workload", "Workloads", "estimate", "estimate_many",
+           "hardware", "load_hardware", "load_model", "model", "price_step"]
 __version__ = "0.1.0"

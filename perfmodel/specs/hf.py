@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfmodel.fields import Fields
-from perfmodel.load import model_from_fields
-from perfmodel.specs import Model, SpecError
+from perfmodel.specs.errors import SpecError
+from perfmodel.specs.fields import Fields
+from perfmodel.specs.model import Model
+from perfmodel.specs.schema import model_from_fields
 
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "deepseek_v3", "deepseek_v2")
 _ACT = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",

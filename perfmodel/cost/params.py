@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfmodel.specs import Model, SpecError
+from perfmodel.specs.errors import SpecError
+from perfmodel.specs.model import Model
 
 LINEAR_CLASSES = ("attention", "mlp", "experts", "shared_experts", "router")
 HEAD_CLASSES = ("embedding", "lm_head", "norms")
@@ -85,7 +86,14 @@ def norm_params(model: Model) -> int:
 
 
 def param_counts(model: Model, tp: int = 1) -> ParamCounts:
-    """Per-device parameter counts (tp=1: the whole model)."""
+    """Per-device parameter counts (tp=1: the whole model); cached on the model."""
+    key = ("params", tp)
+    if key not in model.memo:
+        model.memo[key] = _param_counts(model, tp)
+    return model.memo[key]
+
+
+def _param_counts(model: Model, tp: int) -> ParamCounts:
     check_tp(model, tp)
     d, layers = model.d_model, model.n_layers
     moe = model.moe

@@ -1,5 +1,5 @@
 """Loading hardware specs, model shapes and Hugging Face config.json (read through
-``perfmodel.fields``, the only reader of YAML and JSON).
+``specs.fields``, the only reader of YAML and JSON; the model schema is ``specs.schema``).
 
 Every error is a ``SpecError`` whose one-line message names the file, the field and what was
 expected. Unknown keys are errors, so a typo never silently falls back to a default.
@@ -9,35 +9,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfmodel.fields import Fields, read_mapping
-from perfmodel.specs import (
-    DTYPES,
-    MLA,
-    Efficiency,
-    Hardware,
-    Interconnect,
-    Model,
-    MoE,
-    SpecError,
-)
+from perfmodel.specs.dtypes import DTYPES
+from perfmodel.specs.errors import SpecError
+from perfmodel.specs.fields import Fields, read_mapping
+from perfmodel.specs.hardware import Efficiency, Hardware, Interconnect
+from perfmodel.specs.kinds import OWN_FRACTION, OWN_LATENCY
+from perfmodel.specs.model import Model
+from perfmodel.specs.schema import MODEL_KEYS, check_version, model_from_fields
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HARDWARE_DIR = ROOT / "hardware"
 MODELS_DIR = ROOT / "models"
 
 
-MODEL_KEYS = ("version", "name", "family", "source", "n_layers", "d_model", "n_heads",
-              "n_kv_heads", "head_dim", "vocab_size", "intermediate_size", "gated_mlp",
-              "activation", "norm", "norms_per_layer", "tie_embeddings", "position",
-              "max_position_embeddings", "qkv_bias", "linear_bias", "parallel_block",
-              "attention", "mla", "moe", "mtp")
 HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
                  "interconnect", "efficiency", "calibration")
-
-
-def _version(f: Fields) -> None:
-    if f.integer("version") != 1:
-        raise f.error("version", "expected 1 (the only schema version so far)")
 
 
 def _sources(block: Fields, key: str, sources: dict[str, str]) -> None:
@@ -50,7 +36,7 @@ def load_hardware(path: str | Path) -> Hardware:
     """Read one hardware YAML (schema in hardware/README.md)."""
     path = Path(path)
     f = Fields(read_mapping(path), str(path), allowed=HARDWARE_KEYS)
-    _version(f)
+    check_version(f)
     sources: dict[str, str] = {}
     compute = f.sub("compute")
     peaks_f = compute.sub("peak_flops_per_s")
@@ -162,14 +148,11 @@ def _optional_fraction(f: Fields, key: str) -> float | None:
 
 
 def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float]:
-    """A mapping kernel kind -> value (a fraction in (0, 1], or a non-negative time)."""
+    """A mapping kernel kind -> value (a fraction in (0, 1], or a non-negative time); the
+    kinds allowed are the registry's (``specs.kinds``)."""
     if f is None:
         return {}
-    from perfmodel.ops import OP_CLASS
-
-    excluded = ("gemm", "attention", "all_reduce", "layer_overhead") if memory_only \
-        else ("all_reduce", "layer_overhead")
-    kinds = [k for k in OP_CLASS if k not in excluded]
+    kinds = OWN_FRACTION if memory_only else OWN_LATENCY
     out = {}
     for kind in list(f.data):
         if kind not in kinds:
@@ -186,91 +169,14 @@ def load_model(path: str | Path) -> Model:
     path = Path(path)
     data = read_mapping(path)
     if path.suffix == ".json":
-        from perfmodel.hf import model_from_hf_config
+        from perfmodel.specs.hf import model_from_hf_config
 
         return model_from_hf_config(data, str(path), name=path.parent.name or path.stem)
     f = Fields(data, str(path), allowed=MODEL_KEYS)
-    _version(f)
+    check_version(f)
     model = model_from_fields(f)
     f.finish()
     return model
-
-
-def model_from_fields(f: Fields) -> Model:
-    """Build a Model from a mapping in the models/README.md schema (YAML or translated HF)."""
-    n_heads = f.integer("n_heads")
-    d_model = f.integer("d_model")
-    attention = f.sub("attention", required=False)
-    window, pattern, softcap = None, (), None
-    if attention is not None:
-        window = attention.integer("sliding_window", None)
-        raw_pattern = attention.raw("layer_pattern", [])
-        if not isinstance(raw_pattern, list) or any(p not in ("local", "global")
-                                                    for p in raw_pattern):
-            raise attention.error("layer_pattern", "expected a list of 'local' and 'global'")
-        pattern = tuple(raw_pattern)
-        if pattern and window is None:
-            raise attention.error("sliding_window", "required when layer_pattern is given")
-        softcap = attention.raw("logit_softcap", None)
-        attention.finish()
-    model = Model(
-        name=f.text("name"), family=f.text("family", ""), source=f.text("source", ""),
-        n_layers=f.integer("n_layers"), d_model=d_model, n_heads=n_heads,
-        n_kv_heads=f.integer("n_kv_heads"),
-        head_dim=f.integer("head_dim", d_model // n_heads if d_model % n_heads == 0 else ...),
-        vocab_size=f.integer("vocab_size"), intermediate_size=f.integer("intermediate_size"),
-        gated_mlp=f.flag("gated_mlp", True),
-        activation=f.text("activation", "silu", ("silu", "gelu", "gelu_tanh", "relu")),
-        norm=f.text("norm", "rms", ("rms", "layer")),
-        norms_per_layer=f.integer("norms_per_layer", 2),
-        tie_embeddings=f.flag("tie_embeddings", False),
-        position=f.text("position", "rope", ("rope", "learned", "alibi")),
-        max_position_embeddings=f.integer("max_position_embeddings", 0, minimum=0),
-        qkv_bias=f.flag("qkv_bias", False), linear_bias=f.flag("linear_bias", False),
-        parallel_block=f.flag("parallel_block", False),
-        sliding_window=window, layer_pattern=pattern, logit_softcap=softcap,
-        mla=_mla(f.sub("mla", required=False)), moe=_moe(f.sub("moe", required=False)),
-        mtp_modules=_mtp(f.sub("mtp", required=False)),
-    )
-    if model.n_kv_heads > model.n_heads or model.n_heads % model.n_kv_heads:
-        raise f.error("n_kv_heads", f"expected a divisor of n_heads ({model.n_heads}), "
-                      f"got {model.n_kv_heads}")
-    if model.position == "learned" and model.max_position_embeddings < 1:
-        raise f.error("max_position_embeddings", "required (>= 1) when position is learned")
-    if model.moe and model.moe.first_dense_layers > model.n_layers:
-        raise f.error("moe.first_dense_layers", f"expected at most n_layers ({model.n_layers})")
-    return model
-
-
-def _mla(f: Fields | None) -> MLA | None:
-    if f is None:
-        return None
-    out = MLA(q_lora_rank=f.integer("q_lora_rank", None), kv_lora_rank=f.integer("kv_lora_rank"),
-              qk_nope_head_dim=f.integer("qk_nope_head_dim"),
-              qk_rope_head_dim=f.integer("qk_rope_head_dim"), v_head_dim=f.integer("v_head_dim"))
-    f.finish()
-    return out
-
-
-def _moe(f: Fields | None) -> MoE | None:
-    if f is None:
-        return None
-    out = MoE(n_experts=f.integer("n_experts"), top_k=f.integer("top_k"),
-              expert_intermediate_size=f.integer("expert_intermediate_size"),
-              n_shared_experts=f.integer("n_shared_experts", 0, minimum=0),
-              first_dense_layers=f.integer("first_dense_layers", 0, minimum=0))
-    if out.top_k > out.n_experts:
-        raise f.error("top_k", f"expected at most n_experts ({out.n_experts}), got {out.top_k}")
-    f.finish()
-    return out
-
-
-def _mtp(f: Fields | None) -> int:
-    if f is None:
-        return 0
-    out = f.integer("n_modules", 0, minimum=0)
-    f.finish()
-    return out
 
 
 def _resolve(name_or_path: str, directory: Path, kind: str, suffixes: tuple[str, ...]) -> Path:

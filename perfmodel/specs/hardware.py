@@ -1,60 +1,17 @@
-"""Frozen records for everything the model reads: dtypes, hardware, model shapes, workloads.
+"""The accelerator record: peak rates, memory, interconnect and the efficiency model.
 
-Records hold validated values in base SI units (see ``units``). They are built by ``load`` from
-files, or directly from Python; constructors check invariants and raise ``SpecError``.
+Built by ``specs.load`` from a hardware YAML (schema in hardware/README.md) or directly in
+Python. Rates are dense FLOP/s and decimal SI bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, TypeVar
 
-# Bytes per element. Floats: int4/fp4 are half a byte (integer division would make them 0).
-DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0,
-    "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5,
-}
-DTYPES = tuple(DTYPE_BYTES)
+import numpy as np
 
-
-T = TypeVar("T")
-
-
-class SpecError(ValueError):
-    """A user mistake in a spec or argument; the message is one line naming file and field."""
-
-
-def read_user_file(path: Path, what: str, parse: Callable[[Path], T],
-                   errors: tuple[type[Exception], ...]) -> T:
-    """``parse(path)``, with a missing file or any of ``errors`` turned into a one-line
-    SpecError: "PATH: no such file" or "PATH: not WHAT: <first line of the error>"."""
-    if not path.is_file():
-        raise SpecError(f"{path}: no such file")
-    try:
-        return parse(path)
-    except errors as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecError(f"{path}: not {what}: {first}") from None
-
-
-def dtype_bytes(name: str, where: str = "dtype") -> float:
-    """Bytes per element of dtype ``name``; SpecError naming ``where`` if unknown."""
-    if name not in DTYPE_BYTES:
-        raise SpecError(f"{where}: unknown dtype {name!r}, expected one of {', '.join(DTYPES)}")
-    return DTYPE_BYTES[name]
-
-
-def compute_dtype(weights: str, acts: str) -> str:
-    """Dtype a matmul of ``weights`` x ``acts`` runs at: the wider of the two operands.
-
-    Weight-only quantization (int4/int8/fp8 weights, bf16 activations) dequantizes to the
-    activation dtype and runs at its rate; both operands fp8 runs at the fp8 rate.
-    """
-    if DTYPE_BYTES[weights] >= DTYPE_BYTES[acts]:
-        return weights
-    return acts
+from perfmodel.specs.dtypes import DTYPE_BYTES, DTYPES
+from perfmodel.specs.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -205,6 +162,8 @@ class Hardware:
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)
     calibration: dict | None = None
+    # derived tables the cost model keeps per device (a fresh one for every copy)
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s at ``dtype``; else the other 16-bit float (fp16 <-> bf16 share a
@@ -222,124 +181,18 @@ class Hardware:
                         f"or any wider dtype (it lists {', '.join(self.peak_flops_per_s)}); "
                         f"choose a narrower --weights-dtype / --act-dtype / --kv-dtype")
 
+    def peak_table(self) -> np.ndarray:
+        """``peak`` for every dtype code (NaN where there is no rate, wider or not)."""
+        if "peak_table" not in self.memo:
+            table = np.full(len(DTYPES), np.nan)
+            for code, name in enumerate(DTYPES):
+                try:
+                    table[code] = self.peak(name)
+                except SpecError:
+                    pass
+            self.memo["peak_table"] = table
+        return self.memo["peak_table"]
+
     def ridge_point(self, dtype: str = "bf16") -> float:
         """Arithmetic intensity (FLOP/byte) where the compute and memory roofs meet."""
         return self.peak(dtype) / self.memory_bytes_per_s
-
-
-@dataclass(frozen=True)
-class MLA:
-    """DeepSeek multi-head latent attention dimensions."""
-
-    q_lora_rank: int | None
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-
-
-@dataclass(frozen=True)
-class MoE:
-    n_experts: int
-    top_k: int
-    expert_intermediate_size: int
-    n_shared_experts: int = 0
-    first_dense_layers: int = 0
-
-
-LayerKind = Literal["global", "local"]
-
-
-@dataclass(frozen=True)
-class Model:
-    """A decoder-only transformer shape. Sizes are element counts."""
-
-    name: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    intermediate_size: int
-    gated_mlp: bool = True
-    activation: str = "silu"
-    norm: str = "rms"
-    norms_per_layer: int = 2
-    tie_embeddings: bool = False
-    position: str = "rope"
-    max_position_embeddings: int = 0       # context limit (0: unknown); learned-table rows
-    qkv_bias: bool = False
-    linear_bias: bool = False
-    parallel_block: bool = False
-    sliding_window: int | None = None
-    layer_pattern: tuple[str, ...] = ()
-    logit_softcap: float | None = None
-    mla: MLA | None = None
-    moe: MoE | None = None
-    mtp_modules: int = 0
-    family: str = ""
-    source: str = ""
-
-    def layer_kinds(self) -> list[str]:
-        """'local' or 'global' for every layer, from the window and the repeating pattern."""
-        if self.sliding_window is None:
-            return ["global"] * self.n_layers
-        pattern = self.layer_pattern or ("local",)
-        return [pattern[i % len(pattern)] for i in range(self.n_layers)]
-
-    def is_moe_layer(self, index: int) -> bool:
-        return self.moe is not None and index >= self.moe.first_dense_layers
-
-    @property
-    def attention_kind(self) -> str:
-        """mha / gqa / mqa / mla, for reports."""
-        if self.mla is not None:
-            return "mla"
-        if self.n_kv_heads == self.n_heads:
-            return "mha"
-        return "mqa" if self.n_kv_heads == 1 else "gqa"
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What is asked of the model: batch, lengths, dtypes and parallelism.
-
-    ``batch`` sequences, each a prompt of ``prompt_len`` tokens followed by ``gen_len``
-    generated tokens. The prefill emits the first generated token; the remaining
-    ``gen_len - 1`` come from decode steps.
-    """
-
-    batch: int = 1
-    prompt_len: int = 512
-    gen_len: int = 128
-    weights_dtype: str = "bf16"
-    act_dtype: str = "bf16"
-    kv_dtype: str = "bf16"
-    weight_group_size: int | None = None   # group-quantized weights carry a 16-bit scale per group
-    tp: int = 1
-    usable_memory_fraction: float = 0.9    # share of device memory the server may use
-    kv_block_tokens: int = 16              # paged-KV block size; 1 = no paging
-    cuda_graphs: bool = False              # decode launched as a graph: no per-kernel host cost
-
-    def __post_init__(self) -> None:
-        for name in ("batch", "prompt_len", "gen_len", "tp", "kv_block_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"workload: {name} must be a positive integer, got {value!r}")
-        for name in ("weights_dtype", "act_dtype", "kv_dtype"):
-            dtype_bytes(getattr(self, name), f"workload: {name}")
-        if self.weight_group_size is not None and self.weight_group_size < 1:
-            raise SpecError("workload: weight_group_size must be a positive integer")
-        if not 0 < self.usable_memory_fraction <= 1:
-            raise SpecError("workload: usable_memory_fraction must be in (0, 1]")
-
-    @property
-    def weight_bytes_per_param(self) -> float:
-        """Bytes per matmul weight, including a 16-bit scale per group when grouped."""
-        extra = 2.0 / self.weight_group_size if self.weight_group_size else 0.0
-        return DTYPE_BYTES[self.weights_dtype] + extra
-
-    @property
-    def final_len(self) -> int:
-        return self.prompt_len + self.gen_len

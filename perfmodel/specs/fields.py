@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from perfmodel import units
-from perfmodel.specs import SpecError, read_user_file
+from perfmodel.specs import units
+from perfmodel.specs.errors import SpecError, read_user_file
 
 
 class Fields:

@@ -1,0 +1,156 @@
+"""Roofline time of attention, as FlashAttention's kernels cut it into programs.
+
+An ``Attention`` instance is one kernel over groups of sequences (a varlen / paged kernel:
+a step's prefill chunks and its decodes at different contexts in one launch).
+
+- Decode groups (q_len = 1) share one pool of programs. With
+  ``attention_decode_pack_gqa`` (FlashAttention), a program holds the query heads of one
+  KV head of one sequence, padded to a row tile (``decode_programs``); when the pool fills
+  under 80% of the compute units its keys are split (flash-decoding, ``kv_splits`` on the
+  pool's program count and its longest sequence's key tiles) and a combine kernel runs.
+  Without it (PyTorch's CPU kernel) each query head is its own unsplit program and streams
+  its KV head's cache again. The pool's efficiency is useful work over the units' time when
+  the programs run longest-first: T = max(longest, total / units + idle share of the last
+  wave x shortest); for equal programs that is the wave fill.
+- Each prefill group has the tile efficiency of ``tiling.prefill_tile_fraction``.
+- The parts run one after another: compute time = sum of (FLOPs / (peak x efficiency)) over
+  the parts (for one group, the group's own efficiency); memory time = all bytes over the
+  bandwidth; time = max of the two, plus the kernel's fixed cost (x2 when it splits), plus
+  the append-KV copies (``attention_append_kv``) before the compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.cost.ops import Attention, attended_positions
+from perfmodel.cost.tiling import (
+    _keys,
+    _pad,
+    append_kv_rows,
+    append_kv_splits,
+    decode_kv_tile,
+    decode_programs,
+    kv_splits,
+    prefill_tile_fraction,
+)
+from perfmodel.cost.timebase import (
+    OpTimes,
+    divide,
+    finish,
+    kind_memory_fraction,
+    peak,
+    size_ramp,
+)
+from perfmodel.specs.hardware import Hardware
+
+
+def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(compute efficiency, key splits) of the decode groups of each instance."""
+    eff, units = hw.efficiency, hw.compute_units
+    shape = op.shape
+    if not decode.any():
+        return np.ones(shape), np.ones(shape)
+    heads, kv_heads = np.asarray(op.n_heads), np.asarray(op.n_kv_heads)
+    keys = _keys(op.kv_len, op.g("window"))
+    if eff.attention_decode_pack_gqa:
+        programs = np.where(decode, op.batch * decode_programs(op.g("n_heads"),
+                                                               op.g("n_kv_heads")), 0.0)
+        tiles = np.ceil(keys / decode_kv_tile(op.g("qk_dim")))
+        longest_tiles = np.where(decode, tiles, 0).max(axis=-1)
+        pool = programs.sum(axis=-1)
+        splits = np.where(pool > 0, kv_splits(np.maximum(pool, 1), np.maximum(longest_tiles, 1),
+                                             units), 1.0)
+        pad = _pad(np.floor_divide(heads, kv_heads), 128)[0]
+    else:
+        programs = np.where(decode, op.batch * op.g("n_heads"), 0.0)
+        pool = programs.sum(axis=-1)
+        splits, pad = np.ones(np.shape(pool)), 1.0
+    work = keys / splits[..., None]                    # per program, in key positions
+    n = pool * splits
+    total = (programs * keys).sum(axis=-1)
+    longest = np.where(decode, work, 0.0).max(axis=-1)
+    shortest = np.where(decode, work, np.inf).min(axis=-1)
+    shortest = np.where(np.isfinite(shortest), shortest, 0.0)
+    waves = np.ceil(n / units)
+    makespan = np.maximum(longest, total / units + (waves - n / units) * shortest)
+    frac = np.where(makespan > 0, total / (units * np.where(makespan > 0, makespan, 1.0)), 1.0)
+    return eff.attention * pad * frac, splits
+
+
+def _prefill_efficiency(op: Attention, hw: Hardware, prefill: np.ndarray) -> np.ndarray:
+    """Tile efficiency of each prefill group (1 elsewhere), computed where there is one."""
+    out = np.ones(prefill.shape)
+    if not prefill.any():
+        return out
+    idx = np.nonzero(prefill)
+    full = {name: np.broadcast_to(op.g(name), prefill.shape)[idx]
+            for name in ("batch", "q_len", "kv_len", "n_heads", "n_kv_heads", "qk_dim",
+                         "window")}
+    attended = attended_positions(full["q_len"], full["kv_len"], full["window"])
+    out[idx] = hw.efficiency.attention * prefill_tile_fraction(
+        hw, full["batch"], full["n_heads"], full["n_kv_heads"], full["qk_dim"], full["q_len"],
+        full["kv_len"], full["window"], attended)
+    return out
+
+
+def _append_kv(op: Attention, hw: Hardware, prefill: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes the append-KV prologue copies, whether its kernel splits) per instance."""
+    shape = op.shape
+    if not hw.efficiency.attention_append_kv or not prefill.any():
+        return np.zeros(shape), np.zeros(shape, dtype=bool)
+    idx = np.nonzero(prefill)
+    full = {name: np.broadcast_to(op.g(name), prefill.shape)[idx]
+            for name in ("batch", "q_len", "kv_len", "n_heads", "qk_dim", "window",
+                         "cache_elems", "kv_bytes", "kv_from_cache")}
+    rows = append_kv_rows(full["qk_dim"], full["q_len"], full["kv_len"], full["window"])
+    per_position = np.where(full["kv_from_cache"].astype(bool),
+                            full["cache_elems"] * full["kv_bytes"], 0.0)
+    copies = np.zeros(prefill.shape)
+    copies[idx] = 2.0 * rows * per_position * full["batch"] * full["n_heads"]
+    split = np.zeros(prefill.shape, dtype=bool)
+    split[idx] = append_kv_splits(hw, full["batch"], full["n_heads"], full["qk_dim"],
+                                  full["q_len"], full["kv_len"], full["window"]) > 1
+    return copies.sum(axis=-1), split.any(axis=-1)
+
+
+def _restreamed(op: Attention, hw: Hardware, decode: np.ndarray,
+                kv_read: np.ndarray) -> np.ndarray:
+    """KV bytes read again when each decode query head is its own program (no GQA packing):
+    every further query head of a group streams its KV head's cache once more."""
+    if hw.efficiency.attention_decode_pack_gqa:
+        return np.zeros(op.shape)
+    group = np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
+    return np.where(decode, kv_read * (group - 1), 0.0).sum(axis=-1)
+
+
+def attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
+    """Times of every ``Attention`` instance (see the module docstring)."""
+    eff = hw.efficiency
+    active = op.batch > 0
+    decode = active & (op.q_len == 1)
+    prefill = active & (op.q_len > 1)
+    flops = op.group_flops()
+    grouped = op.group_bytes()
+    pool_eff, splits = decode_pool(op, hw, decode)
+    group_eff = np.where(decode, pool_eff[..., None], _prefill_efficiency(op, hw, prefill))
+    rate = peak(hw, op.dtype)
+    compute_s = divide(flops, rate[..., None] * group_eff).sum(axis=-1)
+    total_flops = flops.sum(axis=-1)
+    c_eff = np.where(compute_s > 0, divide(total_flops, rate * compute_s), group_eff[..., 0])
+    nbytes = sum(np.sum(b, axis=-1) for b in grouped.astuple()) \
+        + _restreamed(op, hw, decode, grouped.kv_read)
+    m_eff = kind_memory_fraction("attention", hw) * size_ramp(nbytes, hw)
+    memory_s = divide(nbytes, hw.memory_bytes_per_s * m_eff)
+    body_s = np.maximum(compute_s, memory_s)
+    copies, append_split = _append_kv(op, hw, prefill)
+    if eff.attention_append_kv:      # each program copies before it computes (a barrier)
+        append_s = copies / (hw.memory_bytes_per_s * m_eff)
+        memory_s = memory_s + append_s
+        body_s = body_s + append_s
+    extra = ((splits > 1) & decode.any(axis=-1)) | append_split
+    fixed_s = eff.latency_for("attention") * (1.0 + extra)
+    return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff,
+                  m_eff * np.ones(np.shape(compute_s)))

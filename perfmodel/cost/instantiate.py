@@ -1,0 +1,180 @@
+"""Turn a step template (``layers``) into operator records (``ops``) for N steps at once.
+
+For each record type, the template's operators of that type become one record whose
+fields have shape (operators, N): constants of the template broadcast against the step
+quantities of each row (``Values``). An operator whose rows are 0 in some step (an MLA form
+no group uses) gets count 0 there, and placeholder shapes that keep the arithmetic finite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfmodel.cost.layers import (
+    AllReduceSpec,
+    AttentionSpec,
+    EmbeddingSpec,
+    GemmSpec,
+    KvWriteSpec,
+    OverheadSpec,
+    PointwiseSpec,
+    experts_touched,
+    mla_absorbed,
+)
+from perfmodel.cost.ops import (
+    AllReduce,
+    Attention,
+    Embedding,
+    Gemm,
+    KvWrite,
+    LayerOverhead,
+    OpRecord,
+    Pointwise,
+)
+from perfmodel.cost.timebase import HOST
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.kinds import POINTWISE_CODE
+from perfmodel.specs.model import Model
+
+SPEC_KIND = {GemmSpec: "gemm", AttentionSpec: "attention", EmbeddingSpec: "embedding",
+             KvWriteSpec: "kv_cache_write", AllReduceSpec: "all_reduce",
+             OverheadSpec: "layer_overhead"}
+
+
+def spec_kind(spec: object) -> str:
+    """The registry kind of a template operator."""
+    return spec.kind if isinstance(spec, PointwiseSpec) else SPEC_KIND[type(spec)]
+
+
+@dataclass
+class Values:
+    """Per-row (N,) quantities of the steps (see ``layers``) and dtype figures: bytes per
+    element of activations (``ab``), KV cache (``kvb``) and matmul weights with their group
+    scales (``wb``); compute dtype codes of elementwise work (``act``), linear layers
+    (``matmul``) and attention (``attention``)."""
+
+    tokens: np.ndarray
+    seqs: np.ndarray
+    logits: np.ndarray
+    ab: np.ndarray
+    kvb: np.ndarray
+    wb: np.ndarray
+    act: np.ndarray
+    matmul: np.ndarray
+    attention: np.ndarray
+    touched: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    expert_rows: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    expert_act_rows: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    absorbed: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    expanded_context: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    absorbed_groups: np.ndarray | None = None       # (N, G): MLA groups in latent form
+
+    def moe(self, n_experts: int, top_k: int) -> None:
+        """Routed tokens touch E(1 - (1 - k/E)^N) distinct experts, each with the rest's
+        share of the N x k (token, expert) pairs."""
+        self.touched = experts_touched(n_experts, top_k, self.tokens)
+        self.expert_rows = self.tokens * top_k / self.touched
+        self.expert_act_rows = self.expert_rows * self.touched
+
+    def mla(self, model: Model, step: object) -> None:
+        """Which groups run MLA's absorbed form, and the rows of each form."""
+        absorbed = mla_absorbed(model, step.new_tokens, step.context)
+        self.absorbed_groups = absorbed
+        live = step.count * step.new_tokens
+        self.absorbed = np.where(absorbed, live, 0).sum(axis=1).astype(float)
+        self.expanded_context = np.where(absorbed, 0, step.count * step.context) \
+            .sum(axis=1).astype(float)
+
+    def rows(self, names: list[str]) -> np.ndarray:
+        """(len(names), N) rows of the named step quantities."""
+        return np.stack([np.broadcast_to(getattr(self, n), self.tokens.shape) for n in names])
+
+
+def _column(specs: list, attr: str) -> np.ndarray:
+    return np.array([getattr(s, attr) for s in specs], dtype=float)[:, None]
+
+
+def _present(rows: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows with placeholders of 1 where there are none, count zeroed there)."""
+    live = rows > 0
+    return np.where(live, rows, 1.0), count * live
+
+
+def _gemms(specs: list[GemmSpec], v: Values) -> Gemm:
+    rows, count = _present(v.rows([s.rows for s in specs]), _column(specs, "count"))
+    touched = np.array([s.groups == "touched" for s in specs])[:, None]
+    groups = np.array([1.0 if s.groups == "touched" else s.groups for s in specs])[:, None]
+    if touched.any():
+        groups = np.where(touched, v.touched, groups)
+    act = np.array([s.weights == "act" for s in specs])[:, None]
+    return Gemm(m=rows, n=_column(specs, "n"), k=_column(specs, "k"), groups=groups,
+                weight_bytes=np.where(act, v.ab, v.wb), act_bytes=v.ab,
+                bias=_column(specs, "bias"), dtype=np.where(act, v.act, v.matmul), count=count)
+
+
+def _pointwise(specs: list[PointwiseSpec], v: Values) -> Pointwise:
+    rows, count = _present(v.rows([s.rows for s in specs]), _column(specs, "count"))
+    code = np.array([POINTWISE_CODE[s.kind] for s in specs])[:, None]
+    return Pointwise(code=code, rows=rows, n=_column(specs, "n"), act_bytes=v.ab,
+                     dtype=v.act, count=count)
+
+
+def _attention(specs: list[AttentionSpec], v: Values, step: object) -> Attention:
+    live = step.count > 0
+    masks = []
+    for s in specs:
+        if s.form == "all":
+            masks.append(live)
+        else:
+            absorbed = v.absorbed_groups
+            masks.append(live & (absorbed if s.form == "absorbed" else ~absorbed))
+    batch = np.where(np.stack(masks), step.count, 0)
+    count = _column(specs, "count") * batch.any(axis=-1)
+    return Attention(batch=batch, q_len=step.new_tokens[None], kv_len=step.context[None],
+                     n_heads=_column(specs, "heads"), n_kv_heads=_column(specs, "kv_heads"),
+                     qk_dim=_column(specs, "qk_dim"), v_dim=_column(specs, "v_dim"),
+                     cache_elems=_column(specs, "cache_elems"),
+                     window=_column(specs, "window"),
+                     kv_from_cache=np.array([s.from_cache for s in specs])[:, None],
+                     act_bytes=v.ab, kv_bytes=v.kvb, dtype=v.attention, count=count)
+
+
+def _other(specs: list, v: Values, hw: Hardware, timing: np.ndarray | int) -> OpRecord:
+    kind = type(specs[0])
+    count = _column(specs, "count")
+    if kind is EmbeddingSpec:
+        return Embedding(rows=v.tokens, n=_column(specs, "n"), act_bytes=v.ab, dtype=v.act,
+                         count=count)
+    if kind is KvWriteSpec:
+        return KvWrite(rows=v.tokens, n=_column(specs, "n"), act_bytes=v.ab, kv_bytes=v.kvb,
+                       dtype=v.act, count=count)
+    if kind is AllReduceSpec:
+        return AllReduce(payload=v.tokens * _column(specs, "width") * v.ab,
+                         devices=_column(specs, "devices"), dtype=v.act, count=count)
+    on = hw.efficiency.layer_overhead_s > 0
+    host = np.asarray(timing) == HOST
+    return LayerOverhead(dtype=v.act, count=count * (host & on) * np.ones_like(v.tokens))
+
+
+def records(specs: list, model: Model, hw: Hardware, step: object, v: Values,
+            timing: np.ndarray | int) -> list[tuple[list[int], OpRecord]]:
+    """(template positions, record) for each record type among ``specs``."""
+    by_type: dict[type, list[int]] = {}
+    for i, s in enumerate(specs):
+        by_type.setdefault(type(s), []).append(i)
+    out = []
+    for kind, index in by_type.items():
+        group = [specs[i] for i in index]
+        if kind is GemmSpec:
+            rec = _gemms(group, v)
+        elif kind is PointwiseSpec:
+            rec = _pointwise(group, v)
+        elif kind is AttentionSpec:
+            rec = _attention(group, v, step)
+        else:
+            rec = _other(group, v, hw, timing)
+        out.append((index, rec))
+    return out
+

@@ -1,0 +1,271 @@
+"""Which operators one forward step of a decoder-only transformer runs, and at what shapes.
+
+``step_template(model, tp)`` declares every operator of a step: its kind, how many layers
+run it (``count``), its dimensions per device under tensor parallelism, and which quantity
+of the step sets its rows (``rows``). A step is any mix of sequence groups (see
+``cost.step``): prefill is one group with T = C = prompt, a decode step T = 1 at its
+context, a continuous-batching step both at once; the template is the same for all of
+them, so every formula is written once. ``cost.step`` instantiates it for arrays of steps.
+
+Step quantities a template names (all per step, summed over its groups of ``count``
+sequences with T new tokens and C positions after the step):
+- ``tokens`` = sum(count x T), the rows of every linear layer and elementwise pass;
+- ``seqs`` = sum(count); ``logits``: seqs (the last token of each sequence) or tokens
+  (every new token: speculative verification);
+- MoE: ``expert_rows`` = tokens x top_k / touched, the rows of each of the ``touched``
+  distinct experts; ``expert_act_rows`` = expert_rows x touched;
+- MLA: ``absorbed`` = tokens of the groups that run the absorbed (latent) form,
+  ``expanded_context`` = sum(count x C) of those that run the expanded form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from perfmodel.cost.ops import attended_positions
+from perfmodel.cost.params import check_tp, kv_heads_per_device
+from perfmodel.specs.model import Model
+
+ROW_QUANTITIES = ("tokens", "seqs", "logits", "expert_rows", "expert_act_rows", "absorbed",
+                  "expanded_context")
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """A linear layer: [rows, k] x [k, n] (x ``groups``: a number, or "touched" experts).
+    ``weights``: "matmul" (the weight dtype, group scales) or "act" (embedding-like tables
+    and routers at the activation dtype, which is then also the compute dtype)."""
+
+    name: str
+    n: int
+    k: int
+    count: float
+    rows: str = "tokens"
+    groups: float | str = 1.0
+    weights: str = "matmul"
+    bias: bool = False
+    context: bool = False       # its shape moves with the context (priced per decode step)
+
+
+@dataclass(frozen=True)
+class PointwiseSpec:
+    context: ClassVar[bool] = False
+    name: str
+    kind: str
+    n: int
+    count: float
+    rows: str = "tokens"
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Attention of one form over the step's groups. ``form``: "all" groups, or only those
+    MLA runs "absorbed" or "expanded"."""
+
+    name: str
+    heads: int
+    kv_heads: int
+    qk_dim: int
+    v_dim: int
+    cache_elems: int
+    count: float
+    window: int = 0
+    from_cache: bool = True
+    form: str = "all"
+    context: bool = True
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    context: ClassVar[bool] = False
+    name: str
+    n: int
+    count: float = 1.0
+
+
+@dataclass(frozen=True)
+class KvWriteSpec:
+    context: ClassVar[bool] = False
+    name: str
+    n: int
+    count: float
+
+
+@dataclass(frozen=True)
+class AllReduceSpec:
+    """Ring all-reduce of ``width`` activations per token over ``devices``."""
+
+    context: ClassVar[bool] = False
+    name: str
+    width: int
+    devices: int
+    count: float
+
+
+@dataclass(frozen=True)
+class OverheadSpec:
+    """Framework glue of ``count`` decoder layers (priced on a host-timed device only)."""
+
+    context: ClassVar[bool] = False
+    name: str
+    count: float
+
+
+Spec = GemmSpec | PointwiseSpec | AttentionSpec | EmbeddingSpec | KvWriteSpec \
+    | AllReduceSpec | OverheadSpec
+
+
+def step_template(model: Model, tp: int = 1) -> tuple[Spec, ...]:
+    """Every operator of a step of ``model`` under tensor parallelism ``tp``, in the order
+    they run (embedding, attention block, MLP block, head), each with its layer count.
+    Cached on the model."""
+    key = ("template", tp)
+    if key not in model.memo:
+        model.memo[key] = tuple(_build(model, tp))
+    return model.memo[key]
+
+
+def _build(model: Model, tp: int) -> list[Spec]:
+    check_tp(model, tp)
+    d, L = model.d_model, model.n_layers
+    norm = "rms_norm" if model.norm == "rms" else "layer_norm"
+    out: list[Spec] = [EmbeddingSpec("embed", d)]
+    if model.position == "learned":
+        out.append(PointwiseSpec("pos_embed_add", "add", d, 1))
+    out.append(PointwiseSpec("attn_norm", norm, d, L))
+    out += _mla(model, tp) if model.mla is not None else _attention(model, tp)
+    reduce = 1 if model.parallel_block else 2
+    if tp > 1:
+        out.append(AllReduceSpec("all_reduce", d, tp, L * reduce))
+    out.append(PointwiseSpec("residual_add", "add", d, L * 2))
+    extra_norms = model.norms_per_layer - 1 - (0 if model.parallel_block else 1)
+    if not model.parallel_block:
+        out.append(PointwiseSpec("mlp_norm", norm, d, L))
+    if extra_norms > 0:
+        out.append(PointwiseSpec("post_norms", norm, d, L * extra_norms))
+    out += _mlp(model, tp)
+    out.append(PointwiseSpec("final_norm", norm, d, 1))
+    out.append(GemmSpec("lm_head", model.vocab_size // tp, d, 1, rows="logits",
+                        weights="act"))
+    out.append(OverheadSpec("layer_overhead", L))
+    return out
+
+
+def _attention_kernels(model: Model, **dims: int | bool | str) -> list[AttentionSpec]:
+    """The attention kernel, split into local (windowed) and global layers."""
+    kinds = model.layer_kinds()
+    out = []
+    for kind in ("global", "local"):
+        layers = kinds.count(kind)
+        if layers:
+            window = model.sliding_window if kind == "local" else 0
+            name = "attention" if layers == len(kinds) else f"attention_{kind}"
+            out.append(AttentionSpec(name, count=layers, window=window or 0, **dims))
+    return out
+
+
+def _attention(model: Model, tp: int) -> list[Spec]:
+    """MHA / GQA / MQA: fused QKV projection, rotary, cache write, attention, output."""
+    L, hd = model.n_layers, model.head_dim
+    heads, kv = model.n_heads // tp, kv_heads_per_device(model, tp)
+    out: list[Spec] = [GemmSpec("qkv_proj", (heads + 2 * kv) * hd, model.d_model, L,
+                                bias=model.qkv_bias)]
+    if model.position == "rope":
+        out.append(PointwiseSpec("rotary", "rotary", (heads + kv) * hd, L))
+    out.append(KvWriteSpec("kv_cache_write", 2 * kv * hd, L))
+    out += _attention_kernels(model, heads=heads, kv_heads=kv, qk_dim=hd, v_dim=hd,
+                              cache_elems=2 * hd)
+    out.append(GemmSpec("o_proj", model.d_model, heads * hd, L, bias=model.linear_bias))
+    return out
+
+
+def mla_absorbed(model: Model, new_tokens: np.ndarray, context: np.ndarray) -> np.ndarray:
+    """Whether the absorbed (latent-space) MLA form needs fewer FLOPs for a group.
+
+    Absorbed: attention runs over the cached latent (kv_lora + rope dims for scores,
+    kv_lora for values) after folding W_UK into Q and W_UV into the output.
+    Expanded: K and V are up-projected for every cached position, then attention runs with
+    qk = nope + rope and v = v_head_dim. Prefill (T = C) picks expanded, decode absorbed.
+    """
+    a, h = model.mla, model.n_heads
+    att = attended_positions(new_tokens, context)
+    absorbed = 2 * h * att * (2 * a.kv_lora_rank + a.qk_rope_head_dim) \
+        + 2 * new_tokens * h * a.kv_lora_rank * (a.qk_nope_head_dim + a.v_head_dim)
+    expanded = 2 * h * att * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim) \
+        + 2 * context * a.kv_lora_rank * h * (a.qk_nope_head_dim + a.v_head_dim)
+    return absorbed < expanded
+
+
+def _mla(model: Model, tp: int) -> list[Spec]:
+    """DeepSeek MLA: low-rank Q, a compressed latent KV cache, and one of two attention
+    forms per group (``mla_absorbed``); the form-dependent operators move with the context."""
+    L, a, d = model.n_layers, model.mla, model.d_model
+    heads = model.n_heads // tp
+    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    latent = a.kv_lora_rank + a.qk_rope_head_dim
+    out: list[Spec] = []
+    if a.q_lora_rank is None:
+        out.append(GemmSpec("q_proj", heads * qk, d, L))
+    else:
+        out += [GemmSpec("q_a_proj", a.q_lora_rank, d, L),
+                PointwiseSpec("q_a_norm", "rms_norm", a.q_lora_rank, L),
+                GemmSpec("q_b_proj", heads * qk, a.q_lora_rank, L)]
+    out += [GemmSpec("kv_a_proj", latent, d, L),
+            PointwiseSpec("kv_a_norm", "rms_norm", a.kv_lora_rank, L),
+            PointwiseSpec("rotary", "rotary", (heads + 1) * a.qk_rope_head_dim, L),
+            KvWriteSpec("kv_cache_write", latent, L)]
+    # absorbed form
+    out.append(GemmSpec("q_absorb", a.kv_lora_rank, a.qk_nope_head_dim, L, rows="absorbed",
+                        groups=heads, context=True))
+    out += _attention_kernels(model, heads=heads, kv_heads=1, qk_dim=latent,
+                              v_dim=a.kv_lora_rank, cache_elems=latent, form="absorbed")
+    out.append(GemmSpec("o_absorb", a.v_head_dim, a.kv_lora_rank, L, rows="absorbed",
+                        groups=heads, context=True))
+    # expanded form: up-project the cached latent of every position to K_nope and V
+    out.append(GemmSpec("kv_b_proj", heads * (a.qk_nope_head_dim + a.v_head_dim),
+                        a.kv_lora_rank, L, rows="expanded_context", context=True))
+    out.append(AttentionSpec("attention_expanded", heads, heads, qk, a.v_head_dim,
+                             qk + a.v_head_dim, L, from_cache=False, form="expanded"))
+    out.append(GemmSpec("o_proj", d, heads * a.v_head_dim, L))
+    return out
+
+
+def experts_touched(n_experts: int, top_k: int, tokens: np.ndarray) -> np.ndarray:
+    """Expected distinct experts hit when ``tokens`` each pick top_k of n_experts uniformly:
+    E * (1 - (1 - k/E)^N). One token touches k; many tokens touch all E."""
+    return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
+
+
+def _mlp_block(model: Model, tp: int, prefix: str, width: int, count: float,
+               rows: str = "tokens", groups: float | str = 1.0) -> list[Spec]:
+    """Gated (gate+up fused, act-and-mul, down) or plain (up, act, down) MLP of ``width``."""
+    w, d, bias = width // tp, model.d_model, model.linear_bias
+    act_rows = "expert_act_rows" if rows == "expert_rows" else rows
+    if model.gated_mlp:
+        act = "silu_and_mul" if model.activation == "silu" else "gelu_and_mul"
+        return [GemmSpec(f"{prefix}gate_up_proj", 2 * w, d, count, rows, groups, bias=bias),
+                PointwiseSpec(f"{prefix}{act}", act, w, count, act_rows),
+                GemmSpec(f"{prefix}down_proj", d, w, count, rows, groups, bias=bias)]
+    return [GemmSpec(f"{prefix}up_proj", w, d, count, rows, groups, bias=bias),
+            PointwiseSpec(f"{prefix}gelu", "gelu", w, count, act_rows),
+            GemmSpec(f"{prefix}down_proj", d, w, count, rows, groups, bias=bias)]
+
+
+def _mlp(model: Model, tp: int) -> list[Spec]:
+    """Dense MLP layers, then MoE layers: router, routed experts, shared experts."""
+    L, moe = model.n_layers, model.moe
+    n_moe = L - moe.first_dense_layers if moe else 0
+    out: list[Spec] = []
+    if L - n_moe:
+        out += _mlp_block(model, tp, "", model.intermediate_size, L - n_moe)
+    if n_moe:
+        out.append(GemmSpec("router", moe.n_experts, model.d_model, n_moe, weights="act"))
+        out += _mlp_block(model, tp, "experts.", moe.expert_intermediate_size, n_moe,
+                          "expert_rows", "touched")
+        if moe.n_shared_experts:
+            out += _mlp_block(model, tp, "shared.",
+                              moe.n_shared_experts * moe.expert_intermediate_size, n_moe)
+    return out

@@ -1,0 +1,123 @@
+"""Memory on one device: weights, KV cache, workspace, and the batch ceiling.
+
+    KV pool = capacity * usable_fraction - weights - workspace
+    max batch = floor((capacity * usable_fraction - weights) / (KV per sequence + workspace
+                per sequence))
+
+KV per sequence is at its final length (prompt + generated), rounded up to whole paged
+blocks, with windowed layers holding at most their window. Every function takes numpy
+arrays (one entry per configuration) as readily as numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from perfmodel.cost.params import LINEAR_CLASSES, kv_heads_per_device, param_counts
+from perfmodel.specs.dtypes import BYTES
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+from perfmodel.specs.workload import Parallelism, Workloads
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Memory of one configuration (numbers) or of many (arrays, one entry each)."""
+
+    capacity_bytes: float
+    usable_bytes: float
+    weights_bytes: float
+    kv_cache_bytes_per_token: float     # all layers, one token, full attention, one device
+    kv_cache_bytes_per_sequence: float  # at the final length, windows and paging applied
+    kv_cache_bytes: float               # batch x per sequence
+    workspace_bytes: float              # activations of the largest step
+    max_batch: int
+    fits: bool
+
+    @property
+    def free_bytes(self) -> float:
+        """What is left after weights, workspace and KV (negative: does not fit)."""
+        return self.usable_bytes - self.weights_bytes - self.workspace_bytes - self.kv_cache_bytes
+
+    def item(self, i: int) -> MemoryEstimate:
+        """The ``i``-th configuration of an array estimate, as numbers."""
+        values = {f.name: np.asarray(getattr(self, f.name)).reshape(-1) for f in fields(self)}
+        out = {k: float(v[i] if v.size > 1 else v[0]) for k, v in values.items()}
+        out["max_batch"], out["fits"] = int(out["max_batch"]), bool(out["fits"])
+        return MemoryEstimate(**out)
+
+
+def weights_bytes(model: Model, tp: int, weight_bytes: np.ndarray,
+                  act_bytes: np.ndarray) -> np.ndarray:
+    """Bytes of weights on one device: matmul weights at ``weight_bytes`` per element (with
+    group scales), embedding, LM head and norms at ``act_bytes``."""
+    counts = param_counts(model, tp)
+    linear = sum(getattr(counts, c) for c in LINEAR_CLASSES)
+    other = counts.embedding + counts.lm_head + counts.norms
+    return linear * weight_bytes + other * act_bytes
+
+
+def kv_elems_per_token_layer(model: Model, tp: int = 1) -> int:
+    """Cached elements per token per layer on one device: 2 * kv_heads * head_dim (K and V),
+    or the MLA latent kv_lora_rank + qk_rope_head_dim (shared by all heads, replicated)."""
+    if model.mla is not None:
+        return model.mla.kv_lora_rank + model.mla.qk_rope_head_dim
+    return 2 * kv_heads_per_device(model, tp) * model.head_dim
+
+
+def kv_bytes_per_token(model: Model, tp: int, kv_bytes: np.ndarray) -> np.ndarray:
+    """KV bytes one token adds across all layers (below any window)."""
+    return model.n_layers * kv_elems_per_token_layer(model, tp) * kv_bytes
+
+
+def kv_bytes_per_sequence(model: Model, tp: int, kv_bytes: np.ndarray, length: np.ndarray,
+                          block: np.ndarray | int = 16) -> np.ndarray:
+    """KV bytes of one sequence of ``length`` tokens: windowed layers keep min(length, W)
+    positions; each layer's positions round up to whole blocks of ``block`` tokens."""
+    per_layer = kv_elems_per_token_layer(model, tp) * kv_bytes
+    kinds = model.layer_kinds()
+    local = kinds.count("local")
+    total = np.ceil(length / block) * block * (len(kinds) - local)
+    if local:
+        kept = np.minimum(length, model.sliding_window)
+        total = total + np.ceil(kept / block) * block * local
+    return total * per_layer
+
+
+def workspace_bytes_per_token(model: Model, tp: int, act_bytes: np.ndarray) -> np.ndarray:
+    """Peak live activations per token of a step: residual stream, normed input and the
+    widest intermediate (QKV, or gate+up plus the activated half), at the activation dtype."""
+    d = model.d_model
+    qkv = (model.n_heads // tp + 2 * kv_heads_per_device(model, tp)) * model.head_dim
+    widths = [model.intermediate_size]
+    if model.moe:
+        widths.append(model.moe.expert_intermediate_size * model.moe.top_k)
+    mlp = max(widths) // tp * (3 if model.gated_mlp else 2)
+    return (2 * d + max(qkv, mlp)) * act_bytes
+
+
+def logits_bytes_per_sequence(model: Model, tp: int) -> float:
+    """fp32 logits of the last position of one sequence (vocabulary split under TP)."""
+    return model.vocab_size / tp * 4.0
+
+
+def memory_estimate(model: Model, hw: Hardware, plan: Parallelism,
+                    w: Workloads) -> MemoryEstimate:
+    """Memory of every configuration of ``w`` (array fields)."""
+    tp = plan.tp
+    ab, kvb = BYTES[w.act_dtype], BYTES[w.kv_dtype]
+    usable = hw.memory_bytes * w.usable_memory_fraction
+    weights = weights_bytes(model, tp, w.weight_bytes_per_param, ab)
+    per_seq = kv_bytes_per_sequence(model, tp, kvb, w.final_len, w.kv_block_tokens)
+    ws_seq = workspace_bytes_per_token(model, tp, ab) * w.prompt_len \
+        + logits_bytes_per_sequence(model, tp)
+    room = usable - weights
+    max_batch = np.where(room > 0, np.floor(np.maximum(room, 0) / (per_seq + ws_seq)), 0)
+    max_batch = max_batch.astype(np.int64)
+    return MemoryEstimate(
+        capacity_bytes=np.full(len(w), hw.memory_bytes), usable_bytes=usable,
+        weights_bytes=weights, kv_cache_bytes_per_token=kv_bytes_per_token(model, tp, kvb),
+        kv_cache_bytes_per_sequence=per_seq, kv_cache_bytes=per_seq * w.batch,
+        workspace_bytes=ws_seq * w.batch, max_batch=max_batch, fits=w.batch <= max_batch)

@@ -1,0 +1,151 @@
+"""Roofline time of operator records on one device, for every instance at once.
+
+    device_s = max(flops / (peak[dtype] * eff_compute), bytes / (bandwidth * eff_memory))
+               + kernel_latency x kernels
+    time_s   = device_s                            timing "kernel" (device time only; CUDA graphs)
+             = max(device_s, launch_overhead)      timing "stream" (host launches overlap device)
+             = device_s + launch_overhead          timing "host"   (one synchronised call)
+    (x count, the instances per step)
+
+``eff_compute`` for a GEMM is the best-shape fraction times tile padding, wave quantization
+and (if calibrated) a k-depth ramp, and on a CPU BLAS a panel-packing ramp in m in place of
+row padding; ``eff_memory`` is the streaming fraction (a GEMM's or a GEMV's own when
+calibrated, a memory-bound kind's own per ``specs.kinds``) times (if calibrated) a size
+ramp. Attention follows FlashAttention's tiles and splits (``attention``), collectives the
+interconnect, framework glue the host. Each record's rule comes from the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import numpy as np
+
+from perfmodel.cost.attention import attention_time
+from perfmodel.cost.ops import AllReduce, Gemm, OpRecord, Pointwise
+from perfmodel.cost.tiling import gemm_plan
+from perfmodel.cost.timebase import (
+    BOUNDS,
+    COMMUNICATION,
+    HOST,
+    OVERHEAD,
+    TIMINGS,
+    OpTimes,
+    divide,
+    finish,
+    kind_memory_fraction,
+    peak,
+    size_ramp,
+    timing_code,
+)
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.kinds import KINDS, POINTWISE
+
+__all__ = ["BOUNDS", "TIMINGS", "OpTimes", "busy_units", "kind_memory_fraction", "op_time"]
+
+def busy_units(op: OpRecord, hw: Hardware) -> np.ndarray | int:
+    """Compute units ``op`` runs on: all of them, except that with
+    ``parallel_grain_elements`` set a ``grain``-threaded kernel of e = rows x n elements gets
+    min(compute_units, ceil(e / grain)) threads (PyTorch's parallel_for chunking)."""
+    grain = hw.efficiency.parallel_grain_elements
+    kind = POINTWISE[0] if isinstance(op, Pointwise) else op.kind
+    if not grain or KINDS[kind].threading != "grain":
+        return hw.compute_units
+    elements = op.rows * op.n
+    return np.minimum(hw.compute_units, np.maximum(1, np.ceil(elements / grain)))
+
+
+def _kind_table(hw: Hardware, field: Callable[[str], float]) -> np.ndarray:
+    return np.array([field(k) for k in POINTWISE])
+
+
+def _stream_parameters(op: OpRecord, hw: Hardware, units: np.ndarray | int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(streaming fraction, fixed cost) of a memory pass, per instance: by kind."""
+    eff = hw.efficiency
+    if not isinstance(op, Pointwise):
+        return kind_memory_fraction(op.kind, hw, units), eff.latency_for(op.kind)
+    memo = hw.memo.setdefault("pointwise", {})
+    if not memo:
+        memo["fraction"] = _kind_table(hw, eff.memory_fraction_for)
+        memo["rate"] = _kind_table(hw, lambda k: eff.kernel_unit_bytes_per_s.get(k, 0.0))
+        memo["latency"] = _kind_table(hw, eff.latency_for)
+    code = op.code
+    frac, rate = memo["fraction"][code], memo["rate"][code]
+    capped = np.minimum(frac, rate * units / hw.memory_bytes_per_s)
+    return np.where(rate > 0, capped, frac), memo["latency"][code]
+
+
+def _gemm_time(op: Gemm, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
+    eff = hw.efficiency
+    c_eff, split = gemm_plan(op.m, op.n, op.k, op.groups, hw)
+    nbytes = op.bytes.total
+    m_eff = gemm_memory_efficiency(nbytes, hw, op.m, op.k)
+    compute_s = divide(op.flops, peak(hw, op.dtype) * c_eff)
+    memory_s = divide(nbytes, hw.memory_bytes_per_s * m_eff)
+    body_s = compute_s + memory_s if not eff.gemm_overlap else np.maximum(compute_s, memory_s)
+    fixed_s = eff.latency_for("gemm") * (1.0 + (split > 1))
+    return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff, m_eff)
+
+
+def gemm_memory_efficiency(nbytes: np.ndarray, hw: Hardware, m: np.ndarray, k: np.ndarray
+                           ) -> np.ndarray:
+    """Streaming fraction of a GEMM with ``m`` rows: the GEMV fraction for m = 1 (slowed
+    for a short ``k`` by ``gemv_k_half``), else the GEMM fraction, when calibrated."""
+    eff = hw.efficiency
+    ramp = size_ramp(nbytes, hw)
+    gemv = m <= 1
+    if eff.gemv_k_half:
+        ramp = ramp * np.where(gemv & (k > 0), k / (k + eff.gemv_k_half), 1.0)
+    frac = eff.gemm_memory_fraction_for(2.0)
+    if eff.gemv_memory_fraction is not None:
+        frac = np.where(gemv, eff.gemv_memory_fraction, frac)
+    return frac * ramp
+
+
+def _stream_time(op: OpRecord, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
+    """A memory pass (elementwise, embedding gather, KV-cache write)."""
+    eff = hw.efficiency
+    nbytes = op.bytes.total
+    fraction, fixed_s = _stream_parameters(op, hw, busy_units(op, hw))
+    m_eff = fraction * size_ramp(nbytes, hw)
+    c_eff = np.full(np.shape(m_eff), eff.gemm_fraction)
+    compute_s = divide(op.flops, peak(hw, op.dtype) * eff.gemm_fraction)
+    memory_s = divide(nbytes, hw.memory_bytes_per_s * m_eff)
+    body_s = np.maximum(compute_s, memory_s)
+    return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff, m_eff)
+
+
+def _collective_time(op: AllReduce, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
+    """Ring all-reduce: 2(n-1)/n * S over the per-direction link at the collective fraction,
+    plus latency = collective_latency + 2(n-1) hops x latency_s (NCCL's own cost model:
+    a base per collective plus a per-hop hardware latency). Launches are not added."""
+    link = hw.interconnect
+    frac = hw.efficiency.collective_fraction
+    wire_s = op.bytes.act_read / (link.link_bytes_per_s * frac)
+    latency_s = link.collective_latency_s + 2 * (op.devices - 1) * link.latency_s
+    per = wire_s + latency_s
+    zeros = np.zeros(np.shape(per))
+    return OpTimes(zeros, wire_s, latency_s + zeros, latency_s + zeros, per * op.count,
+                   np.full(np.shape(per), COMMUNICATION), zeros, zeros + frac)
+
+
+def _host_time(op: OpRecord, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
+    """Framework glue per decoder layer: ``layer_overhead_s`` per instance when host time
+    adds to the step (timing host, a sync device); 0 when the host overlaps the device."""
+    per = np.where(np.asarray(timing) == HOST, hw.efficiency.layer_overhead_s, 0.0) \
+        * np.ones(np.shape(op.count))
+    zeros = np.zeros(np.shape(per))
+    return OpTimes(zeros, zeros, per, per, per * op.count, np.full(np.shape(per), OVERHEAD),
+                   zeros, zeros)
+
+
+RULES: dict[str, Callable[[OpRecord, Hardware, np.ndarray | int], OpTimes]] = {
+    "gemm": _gemm_time, "attention": attention_time, "stream": _stream_time,
+    "collective": _collective_time, "host": _host_time,
+}
+
+
+def op_time(op: OpRecord, hw: Hardware, timing: str | np.ndarray | int = "stream") -> OpTimes:
+    """Times of every instance of ``op`` on ``hw``; ``timing`` (a name, or codes per
+    instance) says how host launches count (see the module docstring)."""
+    return RULES[op.rule](op, hw, timing_code(timing))

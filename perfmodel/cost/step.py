@@ -1,0 +1,227 @@
+"""A step is the unit the core prices: ``price_step(model, hw, plan, step, dtypes)``.
+
+A ``Step`` holds N rows (configurations, or engine steps), each a set of G groups of
+sequences: ``count`` sequences with ``new_tokens`` new tokens each and ``context`` positions
+in the cache after the step (numpy arrays of shape (N, G); a group with count 0 is
+padding). A uniform step is one group: prefill T = C = prompt; a decode step T = 1.
+Linear layers and elementwise passes run on the step's total tokens; attention and KV
+reads are priced per group (``cost.attention``). The operators come from
+``layers.step_template``; each kind's records are built for all N rows at once and priced
+by ``roofline.op_time`` in one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.cost import instantiate
+from perfmodel.cost.layers import step_template
+from perfmodel.cost.ops import ByteCounts
+from perfmodel.cost.roofline import op_time
+from perfmodel.cost.timebase import HOST, STREAM, timing_code
+from perfmodel.specs.dtypes import BYTES, CODE, compute_codes, dtype_code
+from perfmodel.specs.errors import SpecError
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.kinds import op_class
+from perfmodel.specs.model import Model
+from perfmodel.specs.workload import Parallelism
+
+PARTS = ("all", "static", "context")
+
+
+@dataclass(frozen=True)
+class Step:
+    """N steps of G sequence groups each (arrays of shape (N, G)); see the module docstring.
+    ``logits_all``: logits for every new token (speculative verification), not only the
+    last of each sequence."""
+
+    count: np.ndarray
+    new_tokens: np.ndarray
+    context: np.ndarray
+    logits_all: bool = False
+
+    def __post_init__(self) -> None:
+        arrays = [np.asarray(getattr(self, k)) for k in ("count", "new_tokens", "context")]
+        if any(a.dtype.kind not in "iu" for a in arrays):
+            raise SpecError("step: count, new_tokens and context must be integers")
+        count, new, ctx = np.broadcast_arrays(*(np.atleast_2d(a) for a in arrays))
+        if count.ndim != 2:
+            raise SpecError(f"step: expected arrays of shape (steps, groups), got {count.shape}")
+        live = count > 0
+        if np.any(count < 0) or not np.all(live.any(axis=1)):
+            raise SpecError("step: every step needs at least one sequence (count >= 0)")
+        if np.any(live & ((new < 1) | (new > ctx))):
+            raise SpecError("step: need 1 <= new_tokens <= context in every group")
+        for name, value in zip(("count", "new_tokens", "context"), (count, new, ctx),
+                               strict=True):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def uniform(cls, batch: object, new_tokens: object, context: object,
+                logits_all: bool = False) -> Step:
+        """One group per step: ``batch`` sequences, each with ``new_tokens`` at ``context``."""
+        b, t, c = np.broadcast_arrays(*(np.atleast_1d(np.asarray(x)) for x in
+                                        (batch, new_tokens, context)))
+        return cls(b[:, None], t[:, None], c[:, None], logits_all)
+
+    @classmethod
+    def mixed(cls, groups: list[tuple[int, int, int]], logits_all: bool = False) -> Step:
+        """One step of several groups, each (count, new_tokens, context)."""
+        count, new, ctx = (np.array([[g[i] for g in groups]]) for i in range(3))
+        return cls(count, new, ctx, logits_all)
+
+    def __len__(self) -> int:
+        return self.count.shape[0]
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Per-row dtypes (codes, see ``specs.dtypes``) and weight group size (0: none)."""
+
+    weights: np.ndarray
+    acts: np.ndarray
+    kv: np.ndarray
+    group_size: np.ndarray
+
+    @classmethod
+    def of(cls, weights: str = "bf16", acts: str = "bf16", kv: str = "bf16",
+           group_size: int | None = None) -> Dtypes:
+        codes = [np.array([dtype_code(d, f"dtypes: {n}")]) for n, d in
+                 (("weights", weights), ("acts", acts), ("kv", kv))]
+        return cls(*codes, np.array([group_size or 0]))
+
+    @classmethod
+    def of_workloads(cls, w: object) -> Dtypes:
+        """The dtypes of every configuration of a ``Workloads``."""
+        return cls(w.weights_dtype, w.act_dtype, w.kv_dtype, w.weight_group_size)
+
+    def take(self, index: np.ndarray) -> Dtypes:
+        return Dtypes(*(np.broadcast_to(a, self.weights.shape)[index] for a in
+                        (self.weights, self.acts, self.kv, self.group_size)))
+
+    @property
+    def weight_bytes(self) -> np.ndarray:
+        """Bytes per matmul weight, including a 16-bit scale per group when grouped."""
+        g = self.group_size
+        return BYTES[self.weights] + np.where(g > 0, 2.0 / np.maximum(g, 1), 0.0)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Every operator of N steps: arrays of shape (operators, N), operators in the
+    template's order (``names``, ``kinds``, ``classes``). ``count``: instances in the step
+    (0: the operator does not run in that row); ``flops``, ``bytes`` and ``time_s`` cover all
+    instances; ``compute_s``, ``memory_s``, ``fixed_s`` are per instance; ``bound`` codes
+    (``roofline.BOUNDS``)."""
+
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]
+    classes: tuple[str, ...]
+    count: np.ndarray
+    flops: np.ndarray
+    bytes: ByteCounts
+    time_s: np.ndarray
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    fixed_s: np.ndarray
+    bound: np.ndarray
+    compute_efficiency: np.ndarray
+    memory_efficiency: np.ndarray
+
+    def take(self, index: slice | np.ndarray) -> StepCost:
+        """The steps at ``index`` (along N)."""
+        arrays = {k: getattr(self, k)[:, index] for k in (
+            "count", "flops", "time_s", "compute_s", "memory_s", "fixed_s", "bound",
+            "compute_efficiency", "memory_efficiency")}
+        return StepCost(self.names, self.kinds, self.classes, bytes=ByteCounts(
+            *(b[:, index] for b in self.bytes.astuple())), **arrays)
+
+    @property
+    def time(self) -> np.ndarray:
+        """Seconds of each step (N,)."""
+        return self.time_s.sum(axis=0)
+
+    @property
+    def total_flops(self) -> np.ndarray:
+        return self.flops.sum(axis=0)
+
+    @property
+    def total_bytes(self) -> ByteCounts:
+        return ByteCounts(*(b.sum(axis=0) for b in self.bytes.astuple()))
+
+
+def default_timing(hw: Hardware) -> int:
+    """How host launches count on ``hw``: added on a sync device, overlapped elsewhere."""
+    return HOST if hw.efficiency.launch_mode == "sync" else STREAM
+
+
+def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes: Dtypes,
+               timing: str | np.ndarray | int | None = None, part: str = "all") -> StepCost:
+    """Time, FLOPs and bytes of every operator of every row of ``step``.
+
+    ``timing``: how host launches count (``roofline``; None: the device's own, a name, or
+    codes per row). ``part``: "all" operators, or only the "context" ones (whose shape moves
+    with the context: attention, MLA's form-dependent projections) or the "static" rest."""
+    plan.require_modelled()
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
+    specs = [s for s in step_template(model, plan.tp)
+             if part == "all" or s.context == (part == "context")]
+    t = default_timing(hw) if timing is None else timing_code(timing)
+    values = _values(model, step, dtypes)
+    records = instantiate.records(specs, model, hw, step, values, t)
+    return _assemble(specs, records, hw, t, len(step))
+
+
+def _values(model: Model, step: Step, dtypes: Dtypes) -> instantiate.Values:
+    """The step quantities and per-row dtype figures the template's records need."""
+    count, new, ctx = step.count, step.new_tokens, step.context
+    tokens = (count * new).sum(axis=1).astype(float)
+    seqs = count.sum(axis=1).astype(float)
+    values = instantiate.Values(
+        tokens=tokens, seqs=seqs, logits=tokens if step.logits_all else seqs,
+        ab=BYTES[dtypes.acts], kvb=BYTES[dtypes.kv], wb=dtypes.weight_bytes,
+        act=dtypes.acts, matmul=compute_codes(dtypes.weights, dtypes.acts),
+        attention=compute_codes(dtypes.kv, dtypes.acts))
+    if model.moe is not None:
+        values.moe(model.moe.n_experts, model.moe.top_k)
+    if model.mla is not None:
+        values.mla(model, step)
+    return values
+
+
+def _assemble(specs: list, records: list, hw: Hardware, timing: np.ndarray | int,
+              n_rows: int) -> StepCost:
+    """Price each kind's record and lay the results out in the template's order."""
+    n = len(specs)
+    shape = (n, n_rows)
+    out = {k: np.zeros(shape) for k in ("count", "flops", "time_s", "compute_s", "memory_s",
+                                        "fixed_s", "c", "m")}
+    nbytes = [np.zeros(shape) for _ in range(5)]
+    bound = np.zeros(shape, dtype=np.int8)
+    kinds = [instantiate.spec_kind(s) for s in specs]
+    for index, rec in records:
+        count = np.broadcast_to(rec.count, (len(index), n_rows))
+        if not count.any():
+            continue
+        times = op_time(rec, hw, timing)
+        out["count"][index] = count
+        out["flops"][index] = rec.flops * count
+        for j, b in enumerate(rec.bytes.astuple()):
+            nbytes[j][index] = b * count
+        for key, value in (("time_s", times.time_s), ("compute_s", times.compute_s),
+                           ("memory_s", times.memory_s), ("fixed_s", times.fixed_s),
+                           ("c", times.compute_efficiency), ("m", times.memory_efficiency)):
+            out[key][index] = value
+        bound[index] = times.bound
+    return StepCost(
+        names=tuple(s.name for s in specs), kinds=tuple(kinds),
+        classes=tuple(op_class(k) for k in kinds), count=out["count"], flops=out["flops"],
+        bytes=ByteCounts(*nbytes), time_s=out["time_s"], compute_s=out["compute_s"],
+        memory_s=out["memory_s"], fixed_s=out["fixed_s"], bound=bound,
+        compute_efficiency=out["c"], memory_efficiency=out["m"])
+
+
+__all__ = ["CODE", "Dtypes", "Step", "StepCost", "default_timing", "price_step"]

@@ -1,0 +1,182 @@
+"""The decode steps of a request, summed exactly: contexts S+1 ... S+G-1 for N configurations.
+
+Only the context operators (attention, MLA's form-dependent projections) change from step
+to step; the others are priced once and multiplied by the step count. A context operator's
+time is piecewise linear in the context: its FLOPs and bytes grow linearly (until a window
+is full), its efficiency changes only where the key-tile count changes the flash-decoding
+split (multiples of the split kernel's key tile, and only while the programs leave the
+compute units short), and the roofline's max() terms bend where compute meets memory, where
+the device time meets the launch overhead and where the bound label changes. Between such
+points the sum over integer contexts is exact from the end points,
+sum_{c=a}^{b} f(c) = (b - a + 1) (f(a) + f(b)) / 2, which is a weighted sum over the points
+(``_weights``). So decode is priced at the structural points (``_samples``), the bends are
+found on the lines between them (``_bends``), and, where one falls inside a segment, priced
+again with them. Where the time is not piecewise linear (a calibrated bandwidth ramp,
+``memory_half_bytes``, or an MLA form that changes inside the range) every context is priced.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.cost.layers import AttentionSpec, mla_absorbed, step_template
+from perfmodel.cost.ops import ByteCounts
+from perfmodel.cost.step import Dtypes, Step, StepCost, price_step
+from perfmodel.cost.tiling import decode_kv_tile, decode_programs
+from perfmodel.cost.timebase import BOUNDS
+from perfmodel.schedules.phases import PhaseCost
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+from perfmodel.specs.workload import Parallelism, Workloads
+
+_SPLIT_FULL = 0.8      # decode programs filling this share of the units never split
+
+
+def _ranges(owner: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(owner, value) for every integer of each inclusive range [lo, hi] (empty if hi < lo)."""
+    n = np.maximum(hi - lo + 1, 0)
+    starts = np.repeat(lo - (np.cumsum(n) - n), n)
+    return np.repeat(owner, n), starts + np.arange(n.sum())
+
+
+def _every_context(model: Model, hw: Hardware, c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
+    """Configurations whose decode time is not piecewise linear in the context."""
+    if hw.efficiency.memory_half_bytes:
+        return np.ones(len(c0), dtype=bool)
+    if model.mla is not None:
+        one = np.ones(len(c0), dtype=int)
+        return mla_absorbed(model, one, c0) != mla_absorbed(model, one, c1)
+    return np.zeros(len(c0), dtype=bool)
+
+
+def _samples(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, c0: np.ndarray,
+             c1: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct (configuration, context) points: both ends, every context where the
+    time is not piecewise linear, the two sides of each key-tile boundary where a split may
+    change, and of each window's end."""
+    full = live & _every_context(model, hw, c0, c1)
+    rest = np.flatnonzero(live & ~full)
+    every_cfg, every_ctx = _ranges(np.flatnonzero(full), c0[full], c1[full])
+    cfg, ctx = [rest, rest, every_cfg], [c0[rest], c1[rest], every_ctx]
+    specs = [s for s in step_template(model, plan.tp) if isinstance(s, AttentionSpec)]
+    units = hw.compute_units
+    if hw.efficiency.attention_decode_pack_gqa:
+        for s in specs:
+            split = w.batch[rest] * decode_programs(s.heads, s.kv_heads) < _SPLIT_FULL * units
+            own, lo, hi = rest[split], c0[rest][split], c1[rest][split]
+            tile = int(decode_kv_tile(s.qk_dim))
+            who, m = _ranges(own, -(-lo // tile), (hi - 1) // tile)
+            cfg += [who, who]
+            ctx += [m * tile, m * tile + 1]
+    for window in {s.window for s in specs if s.window}:
+        inside = (c0[rest] <= window) & (window < c1[rest])
+        cfg += [rest[inside]] * 2
+        ctx += [np.full(inside.sum(), window), np.full(inside.sum(), window + 1)]
+    return _unique(np.concatenate(cfg), np.concatenate(ctx))
+
+
+def _unique(cfg: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    span = int(ctx.max()) + 2 if len(ctx) else 1
+    key = np.unique(cfg.astype(np.int64) * span + ctx)
+    return key // span, key % span
+
+
+def _bends(cfg: np.ndarray, ctx: np.ndarray, cost: StepCost,
+           hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
+    """Points on both sides of each bend inside a segment between consecutive samples: where
+    compute time meets memory time, or either meets the launch overhead minus the fixed
+    cost, the fixed cost, half the launch overhead or their sum (where the time's max()
+    terms switch or the bound label changes)."""
+    pairs = np.flatnonzero((cfg[1:] == cfg[:-1]) & (ctx[1:] - ctx[:-1] >= 2))
+    if not len(pairs):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    a, b = ctx[pairs].astype(float), ctx[pairs + 1].astype(float)
+    c_a, c_b = cost.compute_s[:, pairs], cost.compute_s[:, pairs + 1]
+    m_a, m_b = cost.memory_s[:, pairs], cost.memory_s[:, pairs + 1]
+    fixed, launch = cost.fixed_s[:, pairs], hw.efficiency.launch_overhead_s
+    lines = [(c_a - m_a, c_b - m_b)]
+    for level in (launch - fixed, fixed, launch / 2 + 0 * fixed, fixed + launch):
+        lines += [(c_a - level, c_b - level), (m_a - level, m_b - level)]
+    runs = cost.count[:, pairs] > 0
+    points = []
+    for lo, hi in lines:            # a line from lo at a to hi at b crosses 0 where lo/(lo-hi)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = lo / (lo - hi)
+        inside = runs & (lo * hi < 0) & (frac > 0) & (frac < 1)
+        x = np.floor(a + (b - a) * frac)
+        op, at = np.nonzero(inside)
+        points.append((at, x[op, at]))
+    at = np.concatenate([p[0] for p in points])
+    x = np.concatenate([p[1] for p in points])
+    lo, hi = ctx[pairs][at], ctx[pairs + 1][at]
+    owner = cfg[pairs][at]
+    return (np.concatenate([owner, owner]),
+            np.concatenate([np.clip(x, lo, hi), np.clip(x + 1, lo, hi)]).astype(np.int64))
+
+
+def _weights(cfg: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+    """Each point once, plus half of the integer contexts strictly between it and each
+    neighbour of the same configuration (exact for a function linear between points)."""
+    w = np.ones(len(ctx))
+    inner = np.where(cfg[1:] == cfg[:-1], ctx[1:] - ctx[:-1] - 1, 0) / 2.0
+    w[:-1] += inner
+    w[1:] += inner
+    return w
+
+
+def _price(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dtypes: Dtypes,
+           timing: np.ndarray, cfg: np.ndarray, ctx: np.ndarray) -> StepCost:
+    step = Step.uniform(w.batch[cfg], np.ones(len(cfg), dtype=np.int64), ctx)
+    return price_step(model, hw, plan, step, dtypes.take(cfg), timing[cfg], part="context")
+
+
+def _sum_context(cfg: np.ndarray, ctx: np.ndarray, cost: StepCost, n: int) -> dict:
+    """Per context operator and configuration: weighted sums, and the last point's time."""
+    weights = _weights(cfg, ctx)
+    starts = np.flatnonzero(np.r_[True, cfg[1:] != cfg[:-1]])
+    owners = cfg[starts]
+    labels = [np.where(cost.bound == b, cost.time_s, 0.0) for b in range(len(BOUNDS))]
+    stacked = np.stack([cost.time_s, cost.flops, *cost.bytes.astuple(), *labels])
+    sums = np.add.reduceat(stacked * weights, starts, axis=-1)
+    out = np.zeros(stacked.shape[:2] + (n,))
+    out[:, :, owners] = sums
+    last = np.zeros((cost.time_s.shape[0], n))
+    ends = np.r_[starts[1:], len(cfg)] - 1
+    last[:, owners] = cost.time_s[:, ends]
+    return {"time": out[0], "flops": out[1], "bytes": out[2:7], "labels": out[7:],
+            "last": last}
+
+
+def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dtypes: Dtypes,
+                 timing: np.ndarray, first: StepCost) -> PhaseCost:
+    """The G - 1 decode steps of every configuration; ``first`` prices all operators of the
+    first step (context S + 1) at ``timing`` (codes per configuration)."""
+    n = len(w)
+    steps = w.gen_len - 1
+    c0 = w.prompt_len + 1
+    c1 = c0 + np.maximum(steps, 1) - 1
+    live = steps >= 1
+    context = [i for i, s in enumerate(step_template(model, plan.tp)) if s.context]
+    time = first.time_s * steps
+    flops = first.flops * steps
+    nbytes = [b * steps for b in first.bytes.astuple()]
+    bound = first.bound.copy()
+    static_step = np.delete(first.time_s, context, axis=0).sum(axis=0)
+    last_step = first.time.copy()
+    if live.any() and context:
+        cfg, ctx = _samples(model, hw, plan, w, c0, c1, live)
+        cost = _price(model, hw, plan, w, dtypes, timing, cfg, ctx)
+        more = _bends(cfg, ctx, cost, hw)
+        if len(more[0]):
+            cfg, ctx = _unique(np.concatenate([cfg, more[0]]), np.concatenate([ctx, more[1]]))
+            cost = _price(model, hw, plan, w, dtypes, timing, cfg, ctx)
+        sums = _sum_context(cfg, ctx, cost, n)
+        time[context] = sums["time"]
+        flops[context] = sums["flops"]
+        for j in range(5):
+            nbytes[j][context] = sums["bytes"][j]
+        bound[context] = np.where(live, sums["labels"].argmax(axis=0), bound[context])
+        last_step = np.where(live, static_step + sums["last"].sum(axis=0), last_step)
+    return PhaseCost("decode", np.maximum(steps, 0), first.names, first.kinds, first.classes,
+                     first.count, time, flops, ByteCounts(*nbytes), bound, first.time,
+                     last_step, first.time_s)

@@ -1,0 +1,177 @@
+"""The estimate of one configuration, as typed records: phases, operators, memory, warnings.
+
+``Estimate`` is what ``perfmodel estimate`` reports; it holds a list of phases (a static
+request has "prefill" and "decode"), each with its operators summed over the phase.
+``to_dict`` is the JSON output (SI units). ``estimates.Estimates.item`` builds these from
+the arrays the vectorised core returns; ``estimate`` is the length-1 case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from perfmodel.cost.memory import MemoryEstimate
+from perfmodel.cost.ops import ByteCounts
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+from perfmodel.specs.workload import Parallelism, Workload
+
+
+@dataclass(frozen=True)
+class OpSummary:
+    """One operator summed over a phase (all layers, all steps); ``count`` is per step."""
+
+    phase: str
+    name: str
+    kind: str
+    op_class: str
+    count: float
+    flops: float
+    bytes: ByteCounts
+    time_s: float
+    bound: str
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes.total if self.bytes.total else float("inf")
+
+    def to_dict(self) -> dict:
+        row = {k: v for k, v in asdict(self).items() if k != "bytes"}
+        row.update({f"bytes_{k}": v for k, v in asdict(self.bytes).items()})
+        row["bytes"] = self.bytes.total
+        row["intensity"] = self.intensity
+        return row
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A run of steps: its total time, FLOPs and bytes, the bound of most of its time, its
+    first and last step, and its operators."""
+
+    name: str
+    steps: int
+    time_s: float
+    flops: float
+    bytes: ByteCounts
+    bound: str
+    first_step_s: float
+    last_step_s: float
+    ops: tuple[OpSummary, ...]
+
+    def to_dict(self) -> dict:
+        return {"time_s": self.time_s, "flops": self.flops, "bytes": self.bytes.total,
+                "bytes_by_source": asdict(self.bytes), "bound": self.bound,
+                "steps": self.steps, "first_step_s": self.first_step_s,
+                "last_step_s": self.last_step_s}
+
+
+def context_warning(model: Model, final_len: int) -> str | None:
+    """Set when prompt + generation runs past the model's trained context."""
+    limit = model.max_position_embeddings
+    if limit and final_len > limit:
+        return (f"prompt + generated = {final_len} tokens exceeds {model.name}'s "
+                f"context limit (max_position_embeddings = {limit})")
+    return None
+
+
+def memory_warning(mem: MemoryEstimate) -> str | None:
+    """Set when weights + workspace + KV exceed the usable memory (the sum spelled out)."""
+    if mem.fits:
+        return None
+    return (f"does not fit: weights {mem.weights_bytes:.4g} B + workspace "
+            f"{mem.workspace_bytes:.4g} B + KV {mem.kv_cache_bytes:.4g} B > usable "
+            f"{mem.usable_bytes:.4g} B (max batch {mem.max_batch})")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Everything ``perfmodel estimate`` reports for one configuration."""
+
+    hardware: Hardware
+    model: Model
+    workload: Workload
+    plan: Parallelism
+    params_total: float
+    params_active: float
+    memory: MemoryEstimate
+    phases: tuple[Phase, ...]
+
+    def phase(self, name: str) -> Phase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(f"no phase {name!r} (phases: {', '.join(p.name for p in self.phases)})")
+
+    @property
+    def prefill(self) -> Phase:
+        return self.phase("prefill")
+
+    @property
+    def decode(self) -> Phase:
+        return self.phase("decode")
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill.time_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean decode step time (the step at context S+1 when only one token is generated)."""
+        steps = self.decode.steps
+        return self.decode.time_s / steps if steps else self.decode.first_step_s
+
+    @property
+    def e2e_s(self) -> float:
+        return sum(p.time_s for p in self.phases)
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        """Generated tokens per second over the whole request batch, prefill included."""
+        return self.workload.batch * self.workload.gen_len / self.e2e_s
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.workload.batch / self.tpot_s
+
+    @property
+    def context_warning(self) -> str | None:
+        return context_warning(self.model, self.workload.final_len)
+
+    @property
+    def memory_warning(self) -> str | None:
+        return memory_warning(self.memory)
+
+    @property
+    def warnings(self) -> list[str]:
+        """Things the user should know the numbers rest on (one line each)."""
+        return [w for w in (self.context_warning, self.memory_warning) if w]
+
+    @property
+    def ops(self) -> tuple[OpSummary, ...]:
+        """Every operator of every phase."""
+        return tuple(o for p in self.phases for o in p.ops)
+
+    def to_dict(self) -> dict:
+        mem = asdict(self.memory)
+        out = {
+            "model": self.model.name, "hardware": self.hardware.name,
+            "workload": asdict(self.workload), "parallelism": asdict(self.plan),
+            "params_total": self.params_total, "params_active": self.params_active,
+            "weights_bytes": self.memory.weights_bytes,
+            "kv_cache_bytes_per_token": self.memory.kv_cache_bytes_per_token,
+            "kv_cache_bytes": self.memory.kv_cache_bytes,
+            "max_batch": self.memory.max_batch, "fits": self.memory.fits,
+            "memory": mem | {"free_bytes": self.memory.free_bytes},
+            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s,
+            "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+        }
+        out |= {p.name: p.to_dict() for p in self.phases}
+        out["warnings"] = self.warnings
+        return out
+
+    def operators(self):  # -> pandas.DataFrame (pandas imported lazily: keeps the CLI fast)
+        """Every operator of every phase, one row each, as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame([o.to_dict() for o in self.ops])

@@ -1,0 +1,162 @@
+"""Estimates of N configurations at once, and the public ``estimate`` / ``estimate_many``.
+
+``estimate_many(hardware, model, workloads, plan)`` prices every configuration of a
+``Workloads`` (arrays of batch, prompt, generated length, dtypes, ...) in one vectorised
+call of the static-request schedule and returns ``Estimates``: arrays of every reported
+number, ``columns()`` (one flat record per configuration, pandas-ready) and ``item(i)``,
+the typed ``Estimate`` of one. ``estimate`` is the length-1 case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from perfmodel.cost.memory import MemoryEstimate, memory_estimate
+from perfmodel.cost.ops import ByteCounts
+from perfmodel.cost.params import param_counts
+from perfmodel.cost.timebase import BOUNDS
+from perfmodel.schedules.estimate import (
+    Estimate,
+    OpSummary,
+    Phase,
+    context_warning,
+    memory_warning,
+)
+from perfmodel.schedules.phases import PhaseCost
+from perfmodel.schedules.static import static_request
+from perfmodel.specs.dtypes import DTYPES
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+from perfmodel.specs.workload import Parallelism, Workload, Workloads
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """N estimates of one model on one device under one plan, as arrays (one entry each)."""
+
+    hardware: Hardware
+    model: Model
+    plan: Parallelism
+    workloads: Workloads
+    params_total: float
+    params_active: float
+    memory: MemoryEstimate
+    phases: tuple[PhaseCost, ...]
+
+    def __len__(self) -> int:
+        return len(self.workloads)
+
+    def phase(self, name: str) -> PhaseCost:
+        return next(p for p in self.phases if p.name == name)
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.phase("prefill").time
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Mean decode step (the step at context S+1 when only one token is generated)."""
+        decode = self.phase("decode")
+        steps = decode.steps
+        return np.where(steps > 0, decode.time / np.maximum(steps, 1), decode.first_step_s)
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        return sum(p.time for p in self.phases)
+
+    @property
+    def throughput_tokens_per_s(self) -> np.ndarray:
+        w = self.workloads
+        return w.batch * w.gen_len / self.e2e_s
+
+    @property
+    def decode_tokens_per_s(self) -> np.ndarray:
+        return self.workloads.batch / self.tpot_s
+
+    def item(self, i: int) -> Estimate:
+        """The typed estimate of configuration ``i``."""
+        return Estimate(self.hardware, self.model, self.workloads.item(i), self.plan,
+                        self.params_total, self.params_active, self.memory.item(i),
+                        tuple(_phase(p, i) for p in self.phases))
+
+    def warnings(self) -> list[str]:
+        """Per configuration: its warnings joined by "; " ('' for none)."""
+        out = [""] * len(self)
+        final = self.workloads.final_len
+        limit = self.model.max_position_embeddings
+        for i in np.flatnonzero(final > limit) if limit else ():
+            out[i] = context_warning(self.model, int(final[i]))
+        for i in np.flatnonzero(~self.memory.fits):
+            text = memory_warning(self.memory.item(i))
+            out[i] = f"{out[i]}; {text}" if out[i] else text
+        return out
+
+    def columns(self) -> dict[str, np.ndarray | list]:
+        """One flat record per configuration, as columns: the scalars of ``to_dict`` (model,
+        hardware, params, memory figures, latencies, throughputs, warnings), ``workload_*``,
+        the plan (``tp``, ``pp``, ``ep``, ``dp``), and ``<phase>_*`` per phase."""
+        n, mem, w = len(self), self.memory, self.workloads
+        out: dict[str, np.ndarray | list] = {
+            "model": [self.model.name] * n, "hardware": [self.hardware.name] * n,
+            "params_total": np.full(n, self.params_total),
+            "params_active": np.full(n, self.params_active),
+            "weights_bytes": mem.weights_bytes,
+            "kv_cache_bytes_per_token": mem.kv_cache_bytes_per_token * np.ones(n),
+            "kv_cache_bytes": mem.kv_cache_bytes, "max_batch": mem.max_batch,
+            "fits": mem.fits, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+            "e2e_s": self.e2e_s, "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s, "warnings": self.warnings(),
+            "kv_cache_bytes_per_sequence": mem.kv_cache_bytes_per_sequence,
+            "usable_bytes": mem.usable_bytes}
+        for f in fields(w):
+            value = getattr(w, f.name)
+            if f.name.endswith("_dtype"):
+                value = np.asarray(DTYPES)[value]
+            elif f.name == "weight_group_size":
+                value = np.where(value > 0, value, None)
+            out[f"workload_{f.name}"] = value
+        for f in fields(self.plan):
+            out[f.name] = np.full(n, getattr(self.plan, f.name))
+        for p in self.phases:
+            total = p.total_bytes.total
+            out |= {f"{p.name}_time_s": p.time, f"{p.name}_flops": p.total_flops,
+                    f"{p.name}_bytes": total,
+                    f"{p.name}_bound": np.asarray(BOUNDS)[p.phase_bound],
+                    f"{p.name}_steps": p.steps, f"{p.name}_first_step_s": p.first_step_s,
+                    f"{p.name}_last_step_s": p.last_step_s}
+        return out
+
+
+def _phase(p: PhaseCost, i: int) -> Phase:
+    ops = []
+    nbytes = [b[:, i] for b in p.bytes.astuple()]
+    for j in np.flatnonzero(p.count[:, i] > 0):
+        ops.append(OpSummary(
+            p.name, p.names[j], p.kinds[j], p.classes[j], float(p.count[j, i]),
+            float(p.flops[j, i]), ByteCounts(*(float(b[j]) for b in nbytes)),
+            float(p.time_s[j, i]), BOUNDS[int(p.bound[j, i])]))
+    total = ByteCounts(*(float(b.sum()) for b in nbytes))
+    return Phase(p.name, int(p.steps[i]), float(p.time_s[:, i].sum()),
+                 float(p.flops[:, i].sum()), total, BOUNDS[int(p.phase_bound[i])],
+                 float(p.first_step_s[i]), float(p.last_step_s[i]), tuple(ops))
+
+
+def estimate_many(hardware: Hardware, model: Model, workloads: Workloads,
+                  plan: Parallelism | None = None) -> Estimates:
+    """Predict every configuration of ``workloads`` in one vectorised call. Pure."""
+    plan = plan or Parallelism()
+    plan.require_modelled()
+    counts = param_counts(model)
+    phases = static_request(model, hardware, plan, workloads)
+    return Estimates(hardware, model, plan, workloads, counts.total, counts.active(model),
+                     memory_estimate(model, hardware, plan, workloads), phases)
+
+
+def estimate(hardware: Hardware, model: Model, workload: Workload | None = None,
+             plan: Parallelism | None = None) -> Estimate:
+    """Predict one configuration (the length-1 case of ``estimate_many``). Pure: reads
+    nothing, writes nothing."""
+    return estimate_many(hardware, model, Workloads.from_list([workload or Workload()]),
+                         plan).item(0)

@@ -1,0 +1,69 @@
+"""A phase: a run of steps of N configurations, summed per operator (arrays).
+
+``PhaseCost`` is what every schedule returns for each of its phases: per operator (in the
+step template's order) and per configuration, the time, FLOPs and bytes summed over the
+phase's steps, the instances per step, and the bound that held for most of the time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.cost.ops import ByteCounts
+from perfmodel.cost.step import StepCost
+from perfmodel.cost.timebase import BOUNDS
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """One phase of N configurations. Operator arrays have shape (operators, N)."""
+
+    name: str
+    steps: np.ndarray           # (N,) steps in the phase
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]
+    classes: tuple[str, ...]
+    count: np.ndarray           # instances per step (0: the operator does not run)
+    time_s: np.ndarray          # summed over the steps
+    flops: np.ndarray
+    bytes: ByteCounts
+    bound: np.ndarray           # codes (``BOUNDS``): the bound of most of the time
+    first_step_s: np.ndarray    # (N,)
+    last_step_s: np.ndarray     # (N,)
+    first_step_ops_s: np.ndarray    # (operators, N) each operator's time in the first step
+
+    @property
+    def time(self) -> np.ndarray:
+        return self.time_s.sum(axis=0)
+
+    @property
+    def total_flops(self) -> np.ndarray:
+        return self.flops.sum(axis=0)
+
+    @property
+    def total_bytes(self) -> ByteCounts:
+        return ByteCounts(*(b.sum(axis=0) for b in self.bytes.astuple()))
+
+    @property
+    def phase_bound(self) -> np.ndarray:
+        """(N,) the bound of most of the phase's time, operators counted by their own (a
+        phase of no steps: the bound of most of its first step)."""
+        time = np.where(self.steps > 0, self.time_s, self.first_step_ops_s)
+        per = np.stack([np.where(self.bound == b, time, 0.0).sum(axis=0)
+                        for b in range(len(BOUNDS))])
+        return per.argmax(axis=0)
+
+    def class_time(self, op_class: str) -> np.ndarray:
+        """(N,) seconds of the operators of ``op_class`` over the phase."""
+        rows = [i for i, c in enumerate(self.classes) if c == op_class]
+        return self.time_s[rows].sum(axis=0) if rows else np.zeros(self.time_s.shape[1])
+
+
+def single_step_phase(name: str, cost: StepCost) -> PhaseCost:
+    """A phase of one step per configuration (a prefill)."""
+    time = cost.time
+    return PhaseCost(name, np.ones(len(time), dtype=np.int64), cost.names, cost.kinds,
+                     cost.classes, cost.count, cost.time_s, cost.flops, cost.bytes, cost.bound,
+                     time, time, cost.time_s)

@@ -1,0 +1,40 @@
+"""The static-request schedule: one prefill step over the prompt, then the decode steps.
+
+Prefill runs the prompt in one step (T = C = prompt) and emits the first token, so
+TTFT = prefill time. The other G - 1 tokens each take one decode step; the step that emits
+token i + 1 processes token i at context S + i, so decode reads contexts S+1 ... S+G-1, summed
+exactly (``decode``). Decode steps run as a CUDA graph when asked (no host launch cost);
+prefill and decode otherwise count launches as the device does (``step.default_timing``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.cost.step import Dtypes, Step, default_timing, price_step
+from perfmodel.cost.timebase import KERNEL
+from perfmodel.schedules.decode import decode_phase
+from perfmodel.schedules.phases import PhaseCost, single_step_phase
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+from perfmodel.specs.workload import Parallelism, Workloads
+
+
+def static_request(model: Model, hw: Hardware, plan: Parallelism,
+                   w: Workloads) -> tuple[PhaseCost, PhaseCost]:
+    """(prefill, decode) of every configuration of ``w``. The prefill step and the first
+    decode step are priced together in one call (2N rows)."""
+    plan.require_modelled()
+    n = len(w)
+    base = default_timing(hw)
+    decode_timing = np.where(w.cuda_graphs, KERNEL, base)
+    both = np.concatenate
+    step = Step.uniform(both([w.batch, w.batch]), both([w.prompt_len, np.ones(n, np.int64)]),
+                        both([w.prompt_len, w.prompt_len + 1]))
+    dtypes = Dtypes.of_workloads(w)
+    twice = Dtypes(*(both([a, a]) for a in (dtypes.weights, dtypes.acts, dtypes.kv,
+                                           dtypes.group_size)))
+    cost = price_step(model, hw, plan, step, twice, both([np.full(n, base), decode_timing]))
+    prefill = single_step_phase("prefill", cost.take(slice(0, n)))
+    decode = decode_phase(model, hw, plan, w, dtypes, decode_timing, cost.take(slice(n, 2 * n)))
+    return prefill, decode

@@ -1,0 +1,46 @@
+"""Data types: bytes per element, the code each dtype has in arrays, and the matmul rule.
+
+Arrays of configurations carry dtypes as small integer codes (the index in ``DTYPES``) so
+that numpy can look up bytes and peak rates per row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.specs.errors import SpecError
+
+# Bytes per element. Floats: int4/fp4 are half a byte (integer division would make them 0).
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0,
+    "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5,
+}
+DTYPES = tuple(DTYPE_BYTES)
+CODE = {name: i for i, name in enumerate(DTYPES)}
+BYTES = np.array([DTYPE_BYTES[d] for d in DTYPES])     # code -> bytes per element
+
+
+def dtype_bytes(name: str, where: str = "dtype") -> float:
+    """Bytes per element of dtype ``name``; SpecError naming ``where`` if unknown."""
+    return DTYPE_BYTES[DTYPES[dtype_code(name, where)]]
+
+
+def dtype_code(name: str, where: str = "dtype") -> int:
+    """The array code of dtype ``name``; SpecError naming ``where`` if unknown."""
+    if name not in CODE:
+        raise SpecError(f"{where}: unknown dtype {name!r}, expected one of {', '.join(DTYPES)}")
+    return CODE[name]
+
+
+def compute_dtype(weights: str, acts: str) -> str:
+    """Dtype a matmul of ``weights`` x ``acts`` runs at: the wider of the two operands.
+
+    Weight-only quantization (int4/int8/fp8 weights, bf16 activations) dequantizes to the
+    activation dtype and runs at its rate; both operands fp8 runs at the fp8 rate.
+    """
+    return DTYPES[int(compute_codes(CODE[weights], CODE[acts]))]
+
+
+def compute_codes(weights: np.ndarray | int, acts: np.ndarray | int) -> np.ndarray:
+    """``compute_dtype`` on arrays of codes (ties go to the weights' dtype)."""
+    return np.where(BYTES[weights] >= BYTES[acts], weights, acts)

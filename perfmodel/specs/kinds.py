@@ -1,0 +1,82 @@
+"""The registry of operator kinds: the one place a kind is declared.
+
+A kind is a kernel type. Hardware YAMLs key their per-kind tables by it, the cost model
+builds records and picks the roofline rule by it, calibration decides what to fit by it,
+and ``compare`` reads measurement rows by it. Adding a kind is one ``Kind`` line here (plus a
+record type in ``cost.ops`` when no existing one has its byte formula).
+
+Fields of a ``Kind``:
+- ``op_class``: the class reports group it under (error tables, stacked figures);
+- ``rule``: the roofline rule that times it (``cost.roofline``): ``gemm`` (tiles, waves,
+  split-K), ``attention`` (FlashAttention tiles and splits), ``stream`` (a memory pass),
+  ``collective`` (the interconnect) or ``host`` (framework glue, no device work);
+- ``threading``: ``own`` when the kernel spreads over the compute units its own way (GEMMs,
+  attention), ``grain`` when a host framework splits it by a minimum chunk of elements
+  (PyTorch's ``parallel_for`` grain; elementwise passes), ``none`` for no kernel;
+- ``own_fraction``: the hardware file and calibration give it its own streaming fraction
+  and per-unit rate (memory-bound kernels whose loads differ: a two-pass norm reaches less
+  than a vector add); otherwise it streams at the shared ``memory_fraction``;
+- ``own_latency``: calibration fits its own fixed cost (``kernel_latency_by_kind``);
+- ``row``: the measurement-schema columns ``compare`` reads for it (None: not predicted from
+  measurement rows);
+- ``reads``, ``writes``, ``flops``: for elementwise passes, elements read and written per
+  output element (in units of the row width n) and FLOPs per output element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    op_class: str
+    rule: str
+    threading: str = "grain"
+    own_fraction: bool = True
+    own_latency: bool = True
+    row: tuple[str, ...] | None = ("m", "n")
+    reads: int = 0
+    writes: int = 0
+    flops: int = 0
+
+
+_MN = ("m", "n")
+_ATTENTION = ("batch", "q_len", "kv_len", "n_heads", "n_kv_heads", "head_dim")
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("gemm", "gemm", "gemm", "own", own_fraction=False, row=("m", "n", "k")),
+    Kind("attention", "attention", "attention", "own", own_fraction=False, row=_ATTENTION),
+    Kind("rms_norm", "norm", "stream", reads=1, writes=1, flops=4),
+    Kind("layer_norm", "norm", "stream", reads=1, writes=1, flops=7),
+    Kind("silu_and_mul", "activation", "stream", reads=2, writes=1, flops=5),
+    Kind("gelu_and_mul", "activation", "stream", reads=2, writes=1, flops=9),
+    Kind("gelu", "activation", "stream", reads=1, writes=1, flops=8),
+    Kind("softmax", "elementwise", "stream", reads=1, writes=1, flops=5),
+    Kind("add", "elementwise", "stream", reads=2, writes=1, flops=1),
+    Kind("rotary", "elementwise", "stream", reads=1, writes=1, flops=3),
+    Kind("kv_cache_write", "elementwise", "stream"),
+    Kind("embedding", "embedding", "stream"),
+    Kind("all_reduce", "communication", "collective", "own", own_fraction=False,
+         own_latency=False, row=None),
+    Kind("layer_overhead", "framework", "host", "none", own_fraction=False, own_latency=False,
+         row=None),
+)}
+
+# elementwise passes: one record type (``cost.ops.Pointwise``), bytes and FLOPs from the table
+POINTWISE = tuple(k for k, v in KINDS.items() if v.reads)
+# kinds with their own streaming fraction and per-unit rate in a hardware file
+OWN_FRACTION = tuple(k for k, v in KINDS.items() if v.own_fraction)
+# kinds with their own fitted fixed cost
+OWN_LATENCY = tuple(k for k, v in KINDS.items() if v.own_latency)
+# kinds ``compare`` predicts from measurement rows
+ROW_KINDS = tuple(k for k, v in KINDS.items() if v.row is not None)
+OP_CLASSES = tuple(dict.fromkeys(v.op_class for v in KINDS.values()))
+POINTWISE_CODE = {k: i for i, k in enumerate(POINTWISE)}
+
+
+def op_class(kind: str) -> str:
+    """The report class of ``kind`` (elementwise for a kind not in the registry)."""
+    entry = KINDS.get(kind)
+    return entry.op_class if entry else "elementwise"

@@ -1,0 +1,86 @@
+"""The model record: a decoder-only transformer's shape (sizes are element counts).
+
+Built by ``specs.schema`` from a model YAML (models/README.md) or a translated Hugging Face
+config, or directly in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class MLA:
+    """DeepSeek multi-head latent attention dimensions."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class MoE:
+    n_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    n_shared_experts: int = 0
+    first_dense_layers: int = 0
+
+
+LayerKind = Literal["global", "local"]
+
+
+@dataclass(frozen=True)
+class Model:
+    """A decoder-only transformer shape. Sizes are element counts."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int
+    gated_mlp: bool = True
+    activation: str = "silu"
+    norm: str = "rms"
+    norms_per_layer: int = 2
+    tie_embeddings: bool = False
+    position: str = "rope"
+    max_position_embeddings: int = 0       # context limit (0: unknown); learned-table rows
+    qkv_bias: bool = False
+    linear_bias: bool = False
+    parallel_block: bool = False
+    sliding_window: int | None = None
+    layer_pattern: tuple[str, ...] = ()
+    logit_softcap: float | None = None
+    mla: MLA | None = None
+    moe: MoE | None = None
+    mtp_modules: int = 0
+    family: str = ""
+    source: str = ""
+    # derived structure the cost model keeps per model (a fresh one for every copy)
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def layer_kinds(self) -> list[str]:
+        """'local' or 'global' for every layer, from the window and the repeating pattern."""
+        if self.sliding_window is None:
+            return ["global"] * self.n_layers
+        pattern = self.layer_pattern or ("local",)
+        return [pattern[i % len(pattern)] for i in range(self.n_layers)]
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and index >= self.moe.first_dense_layers
+
+    @property
+    def attention_kind(self) -> str:
+        """mha / gqa / mqa / mla, for reports."""
+        if self.mla is not None:
+            return "mla"
+        if self.n_kv_heads == self.n_heads:
+            return "mha"
+        return "mqa" if self.n_kv_heads == 1 else "gqa"

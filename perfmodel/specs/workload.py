@@ -1,0 +1,199 @@
+"""What is asked of the model: one workload, many workloads as arrays, and the parallelism plan.
+
+``Workload`` is one configuration (batch, lengths, dtypes, serving options). ``Workloads``
+holds N of them as numpy arrays, so the cost model prices all N in one call; a single
+``Workload`` is the length-1 case. ``Parallelism`` is how one replica is split over devices.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from perfmodel.specs.dtypes import BYTES, CODE, DTYPE_BYTES, DTYPES, dtype_code
+from perfmodel.specs.errors import SpecError
+
+_INT_FIELDS = ("batch", "prompt_len", "gen_len", "kv_block_tokens")
+_DTYPE_FIELDS = ("weights_dtype", "act_dtype", "kv_dtype")
+
+
+def _positive_int(value: object, where: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < 1:
+        raise SpecError(f"{where} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One configuration: ``batch`` sequences, each a prompt of ``prompt_len`` tokens followed
+    by ``gen_len`` generated tokens. The prefill emits the first generated token; the remaining
+    ``gen_len - 1`` come from decode steps."""
+
+    batch: int = 1
+    prompt_len: int = 512
+    gen_len: int = 128
+    weights_dtype: str = "bf16"
+    act_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    weight_group_size: int | None = None   # group-quantized weights carry a 16-bit scale per group
+    usable_memory_fraction: float = 0.9    # share of device memory the server may use
+    kv_block_tokens: int = 16              # paged-KV block size; 1 = no paging
+    cuda_graphs: bool = False              # decode launched as a graph: no per-kernel host cost
+
+    def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            object.__setattr__(self, name, _positive_int(getattr(self, name),
+                                                         f"workload: {name}"))
+        for name in _DTYPE_FIELDS:
+            dtype_code(getattr(self, name), f"workload: {name}")
+        if self.weight_group_size is not None:
+            object.__setattr__(self, "weight_group_size", _positive_int(
+                self.weight_group_size, "workload: weight_group_size"))
+        if not 0 < self.usable_memory_fraction <= 1:
+            raise SpecError("workload: usable_memory_fraction must be in (0, 1]")
+
+    @property
+    def weight_bytes_per_param(self) -> float:
+        """Bytes per matmul weight, including a 16-bit scale per group when grouped."""
+        extra = 2.0 / self.weight_group_size if self.weight_group_size else 0.0
+        return DTYPE_BYTES[self.weights_dtype] + extra
+
+    @property
+    def final_len(self) -> int:
+        return self.prompt_len + self.gen_len
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How one model replica is split: tensor (``tp``), pipeline (``pp``) and expert (``ep``)
+    parallel degrees, and ``dp`` replicas. Tensor parallelism is modelled; the others are
+    accepted here and priced by the serving-levers work (``require_modelled`` says so)."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _positive_int(getattr(self, f.name),
+                                                           f"parallelism: {f.name}"))
+
+    def require_modelled(self) -> None:
+        """SpecError for a degree the cost model does not price yet (never a silent answer)."""
+        names = {"pp": "pipeline parallelism", "ep": "expert parallelism",
+                 "dp": "data parallelism (replicas)"}
+        for key, what in names.items():
+            if getattr(self, key) > 1:
+                raise SpecError(f"parallelism: {key}={getattr(self, key)}: {what} is not yet "
+                                f"modelled (only tensor parallelism, --tp, is); use {key}=1")
+
+
+@dataclass(frozen=True)
+class Workloads:
+    """N workloads as arrays (one entry per configuration); dtypes as codes (``DTYPES``),
+    ``weight_group_size`` 0 for none. Build with ``of``, ``grid`` or ``from_list``."""
+
+    batch: np.ndarray
+    prompt_len: np.ndarray
+    gen_len: np.ndarray
+    weights_dtype: np.ndarray
+    act_dtype: np.ndarray
+    kv_dtype: np.ndarray
+    weight_group_size: np.ndarray
+    usable_memory_fraction: np.ndarray
+    kv_block_tokens: np.ndarray
+    cuda_graphs: np.ndarray
+
+    @classmethod
+    def of(cls, **values: object) -> Workloads:
+        """Workloads from per-field scalars or sequences, broadcast together (missing fields
+        take ``Workload``'s defaults; dtypes by name). SpecError names a bad field."""
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise SpecError(f"workload: unknown field {sorted(unknown)[0]!r}")
+        default = Workload()
+        raw = {f.name: values.get(f.name, getattr(default, f.name)) for f in fields(cls)}
+        if raw["weight_group_size"] is None:
+            raw["weight_group_size"] = 0
+        elif isinstance(raw["weight_group_size"], (list, tuple)):
+            raw["weight_group_size"] = [g or 0 for g in raw["weight_group_size"]]
+        arrays = dict(zip(raw, np.broadcast_arrays(*(_column(k, v) for k, v in raw.items())),
+                          strict=True))
+        return cls(**{k: np.ascontiguousarray(v) for k, v in arrays.items()})
+
+    @classmethod
+    def grid(cls, **axes: Sequence[object]) -> Workloads:
+        """The cartesian product of per-field value lists (the last field varies fastest)."""
+        names = list(axes)
+        combos = list(itertools.product(*(list(v) for v in axes.values())))
+        return cls.of(**{n: [c[i] for c in combos] for i, n in enumerate(names)})
+
+    @classmethod
+    def from_list(cls, workloads: Sequence[Workload]) -> Workloads:
+        values = {f.name: [getattr(w, f.name) for w in workloads] for f in fields(Workload)}
+        values["weight_group_size"] = [g or 0 for g in values["weight_group_size"]]
+        return cls.of(**values)
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def item(self, i: int) -> Workload:
+        """The ``i``-th configuration as a ``Workload``."""
+        values = {f.name: getattr(self, f.name)[i] for f in fields(self)}
+        for name in _DTYPE_FIELDS:
+            values[name] = DTYPES[int(values[name])]
+        for name in (*_INT_FIELDS, "weight_group_size"):
+            values[name] = int(values[name])
+        values["weight_group_size"] = values["weight_group_size"] or None
+        values["usable_memory_fraction"] = float(values["usable_memory_fraction"])
+        values["cuda_graphs"] = bool(values["cuda_graphs"])
+        return Workload(**values)
+
+    def take(self, index: np.ndarray) -> Workloads:
+        """The configurations at ``index`` (an integer or boolean array)."""
+        return Workloads(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    @property
+    def weight_bytes_per_param(self) -> np.ndarray:
+        """Bytes per matmul weight, including a 16-bit scale per group when grouped."""
+        group = self.weight_group_size
+        return BYTES[self.weights_dtype] + np.where(group > 0, 2.0 / np.maximum(group, 1), 0.0)
+
+    @property
+    def final_len(self) -> np.ndarray:
+        return self.prompt_len + self.gen_len
+
+
+def _column(name: str, value: object) -> np.ndarray:
+    """One field as a checked array (names the field and the first bad value)."""
+    where = f"workload: {name}"
+    if name in _DTYPE_FIELDS:
+        names = np.asarray(value, dtype=object)
+        flat = names.reshape(-1)
+        for item in dict.fromkeys(flat.tolist()):
+            dtype_code(item if isinstance(item, str) else repr(item), where)
+        if flat.size == 1:
+            return np.full(names.shape, CODE[flat[0]], dtype=np.int8)
+        uniq, inverse = np.unique(flat.astype(str), return_inverse=True)
+        codes = np.array([CODE[u] for u in uniq], dtype=np.int8)[inverse]
+        return codes.reshape(names.shape)
+    arr = np.asarray(value)
+    if name == "cuda_graphs":
+        if arr.dtype != bool:
+            raise SpecError(f"{where} must be true or false, got {value!r}")
+        return arr
+    if name == "usable_memory_fraction":
+        if arr.dtype.kind not in "fi" or not np.all((arr > 0) & (arr <= 1)):
+            raise SpecError(f"{where} must be in (0, 1], got {value!r}")
+        return arr.astype(float)
+    minimum = 0 if name == "weight_group_size" else 1
+    if arr.dtype.kind not in "iu" or np.any(arr < minimum):
+        bad = arr.reshape(-1)[0] if arr.dtype.kind not in "iu" else arr[arr < minimum][0]
+        what = "a non-negative integer (0: none)" if minimum == 0 else "a positive integer"
+        raise SpecError(f"{where} must be {what}, got {bad!r}")
+    return arr.astype(np.int64)
