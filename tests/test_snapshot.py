@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-compare_rows = None  # TEMP
+from perfmodel.compare import rows as compare_rows
 from perfmodel.cost.roofline import op_time
 from tests.snapshot.configs import DEVICES, OP_DEVICES, configs
 

@@ -1,85 +1,135 @@
-"""Predict every row of a measurement CSV (shared schema) and summarise the error.
+"""Measurement rows (the shared schema) and operator records, both ways.
 
-Each row is rebuilt into the same ``Op`` the transformer model emits (``ops`` constructors),
-timed with ``roofline.op_time``, and compared: error = predicted / measured - 1.
-Rows are grouped by operator class and regime:
-- regime: ``memory`` when the op's arithmetic intensity is below the device's ridge point at
-  its dtype, else ``compute`` (a property of the shape, not of the fitted efficiencies);
-- size: ``small`` when the ideal roofline time (peak rates, no overheads) is under 20 us, where
-  fixed per-kernel costs dominate, else ``large``.
-
-Rows also carry how they were timed (column ``timing``: kernel | stream | host, see
-``roofline``); ``timing="auto"`` predicts each row the way it was measured. ``op_row`` is the
-inverse of ``row_op``: the harness turns model operators into rows, measures them, and reads
-them back through the same path as anyone else's measurements.
+``row_op`` rebuilds the operator record a row describes, with the same constructors the
+model's step template uses; ``records`` does it for many rows at once, one record per
+record type; ``op_row`` is the inverse: the harness turns model operators into rows,
+measures them, and reads them back through the same path as anyone else's measurements.
+Which kinds have a row form, and with which columns, is the registry's (``specs.kinds``).
 """
 
 from __future__ import annotations
 
 import math
-import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from perfmodel import ops
-from perfmodel.ops import ELEMENTWISE_KINDS, Op
-from perfmodel.roofline import TIMINGS, op_time
-from perfmodel.specs import DTYPE_BYTES, Hardware, SpecError, read_user_file
+import numpy as np
+
+from perfmodel.cost.ops import (
+    Attention,
+    Embedding,
+    Gemm,
+    KvWrite,
+    OpRecord,
+    Pointwise,
+    kind_names,
+)
+from perfmodel.specs.dtypes import BYTES, CODE
+from perfmodel.specs.errors import SpecError, read_user_file
+from perfmodel.specs.kinds import KINDS, POINTWISE, POINTWISE_CODE, ROW_KINDS
 
 SCHEMA = ("device", "source", "model", "tp", "op", "dtype", "m", "n", "k", "batch", "q_len",
           "kv_len", "n_heads", "n_kv_heads", "head_dim", "measured_s", "measured_std_s")
-SMALL_IDEAL_S = 20e-6
 # the columns that identify a kernel configuration (resume keys, fit/held-out bookkeeping)
 SHAPE_COLUMNS = ("op", "dtype", "m", "n", "k", "batch", "q_len", "kv_len", "n_heads",
                  "n_kv_heads", "head_dim")
+SUPPORTED_OPS = ROW_KINDS
+_EXPECTED_OPS = ", ".join(ROW_KINDS)
+TIMINGS = ("kernel", "stream", "host")
 
 
-def _int(row: dict, key: str, where: str) -> int:
-    value = row.get(key)
+def _number(value: object) -> float:
     try:
         out = float(value)
     except (TypeError, ValueError):
-        out = math.nan
-    if not math.isfinite(out) or out < 1:
-        raise SpecError(f"{where}: column {key}: expected a positive number, got {value!r}")
-    return int(out)
+        return math.nan
+    return out
 
 
-SUPPORTED_OPS = ("gemm", "attention", "embedding", "kv_cache_write", *ELEMENTWISE_KINDS)
-_EXPECTED_OPS = (f"gemm, attention, embedding, kv_cache_write or one of "
-                 f"{', '.join(ELEMENTWISE_KINDS)}")
+def _column(rows: Sequence[dict], key: str, where: str, first_row: int) -> np.ndarray:
+    """Column ``key`` of ``rows`` as positive numbers, or a SpecError naming the row."""
+    values = np.array([_number(r.get(key)) for r in rows], dtype=float)
+    bad = ~(np.isfinite(values) & (values >= 1))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise SpecError(f"{where}: row {first_row[i]}: column {key}: expected a positive "
+                        f"number, got {rows[i].get(key)!r}")
+    return np.floor(values)
 
 
-def row_op(row: dict, where: str = "row") -> Op:
-    """The Op a measurement row describes (shared schema; see ARCHITECTURE.md)."""
-    kind, dtype = row.get("op"), row.get("dtype") or "bf16"
-    if dtype not in DTYPE_BYTES:
-        raise SpecError(f"{where}: column dtype: unknown dtype {dtype!r}")
-    if kind not in SUPPORTED_OPS:       # the one list compare's skipping also reads
-        raise SpecError(f"{where}: column op: unsupported op {kind!r}, expected {_EXPECTED_OPS}")
-    b = DTYPE_BYTES[dtype]
+def _dtypes(rows: Sequence[dict], where: str, first_row: Sequence[int]) -> np.ndarray:
+    names = [r.get("dtype") or "bf16" for r in rows]
+    for i, name in enumerate(names):
+        if name not in CODE:
+            raise SpecError(f"{where}: row {first_row[i]}: column dtype: unknown dtype "
+                            f"{name!r}")
+    return np.array([CODE[n] for n in names])
+
+
+def _record(kind: str, rows: Sequence[dict], where: str, line: Sequence[int]) -> OpRecord:
+    """One record of ``rows``, all of op ``kind``'s record type (elements at the row dtype)."""
+    dtype = _dtypes(rows, where, line)
+    b = BYTES[dtype]
+
+    def col(key: str) -> np.ndarray:
+        return _column(rows, key, where, line)
+
     if kind == "gemm":
-        return ops.gemm("gemm", _int(row, "m", where), _int(row, "n", where),
-                        _int(row, "k", where), weight_bytes=b, act_bytes=b, dtype=dtype)
+        return Gemm(m=col("m"), n=col("n"), k=col("k"), weight_bytes=b, act_bytes=b,
+                    dtype=dtype)
     if kind == "attention":
-        hd = _int(row, "head_dim", where)
-        return ops.attention("attention", batch=_int(row, "batch", where),
-                             q_len=_int(row, "q_len", where), kv_len=_int(row, "kv_len", where),
-                             n_heads=_int(row, "n_heads", where),
-                             n_kv_heads=_int(row, "n_kv_heads", where), qk_dim=hd, v_dim=hd,
-                             act_bytes=b, kv_bytes=b, dtype=dtype, cache_elems=2 * hd)
-    if kind in ELEMENTWISE_KINDS:
-        return ops.elementwise(kind, kind, _int(row, "m", where), _int(row, "n", where),
-                               act_bytes=b, dtype=dtype)
+        hd = col("head_dim")
+        return Attention(batch=col("batch")[:, None], q_len=col("q_len")[:, None],
+                         kv_len=col("kv_len")[:, None], n_heads=col("n_heads"),
+                         n_kv_heads=col("n_kv_heads"), qk_dim=hd, v_dim=hd,
+                         cache_elems=2 * hd, act_bytes=b, kv_bytes=b, dtype=dtype)
+    if kind in POINTWISE:
+        code = np.array([POINTWISE_CODE[r["op"]] for r in rows])
+        return Pointwise(code=code, rows=col("m"), n=col("n"), act_bytes=b, dtype=dtype)
     if kind == "embedding":
-        return ops.embedding(kind, _int(row, "m", where), _int(row, "n", where), act_bytes=b,
-                             dtype=dtype)
-    # kv_cache_write: the one supported op left
-    return ops.kv_cache_write(kind, _int(row, "m", where), _int(row, "n", where),
-                              act_bytes=b, kv_bytes=b, dtype=dtype)
+        return Embedding(rows=col("m"), n=col("n"), act_bytes=b, dtype=dtype)
+    return KvWrite(rows=col("m"), n=col("n"), act_bytes=b, kv_bytes=b, dtype=dtype)
 
 
-def drop_unsupported(rows: list[dict], where: str = "measurements") -> tuple[list[dict], list[str]]:
+def _check_op(row: dict, where: str) -> str:
+    kind = row.get("op")
+    if kind not in SUPPORTED_OPS:       # the one list compare's skipping also reads
+        raise SpecError(f"{where}: column op: unsupported op {kind!r}, expected one of "
+                        f"{_EXPECTED_OPS}")
+    return kind
+
+
+def records(rows: Sequence[dict], where: str = "measurements"
+            ) -> list[tuple[np.ndarray, OpRecord]]:
+    """(row indices, record) per record type: every row rebuilt as the operator it describes
+    (SpecError naming the row and column for a bad value)."""
+    groups: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        kind = _check_op(row, f"{where}: row {i + 2}")
+        groups.setdefault("pointwise" if kind in POINTWISE else kind, []).append(i)
+    out = []
+    for index in groups.values():
+        part = [rows[i] for i in index]
+        first = part[0]["op"]
+        out.append((np.array(index), _record(first, part, where, [i + 2 for i in index])))
+    return out
+
+
+def row_op(row: dict, where: str = "row") -> OpRecord:
+    """The record (one instance) a measurement row describes."""
+    kind = _check_op(row, where)
+    dtype = row.get("dtype") or "bf16"
+    if dtype not in CODE:
+        raise SpecError(f"{where}: column dtype: unknown dtype {dtype!r}")
+    for key in KINDS[kind].row:
+        if not (math.isfinite(_number(row.get(key))) and _number(row.get(key)) >= 1):
+            raise SpecError(f"{where}: column {key}: expected a positive number, got "
+                            f"{row.get(key)!r}")
+    return _record(kind, [row], where, [0])
+
+
+def drop_unsupported(rows: list[dict], where: str = "measurements"
+                     ) -> tuple[list[dict], list[str]]:
     """(the rows whose op the model predicts, one line per other op: its count and first row).
 
     A file may hold ops this model has no formula for (another project's kernels); those rows
@@ -97,29 +147,36 @@ def drop_unsupported(rows: list[dict], where: str = "measurements") -> tuple[lis
              f"no formula for it" for op, (first, count) in other.items()]
     if not kept:
         raise SpecError(f"{where}: column op: no row has an op the model predicts "
-                        f"({'; '.join(notes)}); expected {_EXPECTED_OPS}")
+                        f"({'; '.join(notes)}); expected one of {_EXPECTED_OPS}")
     return kept, notes
 
 
-def op_row(op: Op) -> dict:
-    """The measurement-schema row of ``op`` (the inverse of ``row_op``; one instance).
+def op_row(op: OpRecord, i: int = 0) -> dict:
+    """The measurement-schema row of instance ``i`` of ``op`` (the inverse of ``row_op``).
 
-    GEMMs over several weight groups and windowed attention have no row form: ValueError.
-    """
-    s = op.shape
-    row: dict = {"op": op.kind, "dtype": op.dtype}
-    if op.kind == "gemm":
-        if s.get("groups", 1.0) != 1.0:
-            raise ValueError(f"{op.name}: grouped GEMMs have no measurement-row form")
-        return row | {"m": round(s["m"]), "n": int(s["n"]), "k": int(s["k"])}
-    if op.kind == "attention":
-        if s.get("window"):
-            raise ValueError(f"{op.name}: windowed attention has no measurement-row form")
-        return row | {c: int(s[c]) for c in ("batch", "q_len", "kv_len", "n_heads",
-                                            "n_kv_heads", "head_dim")}
-    if op.kind in (*ELEMENTWISE_KINDS, "embedding", "kv_cache_write"):
-        return row | {"m": round(s["m"]), "n": int(s["n"])}
-    raise ValueError(f"{op.name}: op kind {op.kind!r} has no measurement-row form")
+    GEMMs over several weight groups, windowed or multi-group attention and kinds without a
+    row form (``specs.kinds``) have none: ValueError."""
+    kind = str(np.ravel(kind_names(op))[i])
+    row: dict = {"op": kind, "dtype": op.dtype_name(i)}
+
+    def at(value: object) -> float:
+        return float(np.ravel(np.broadcast_to(value, op.shape))[i])
+
+    if isinstance(op, Gemm):
+        if at(op.groups) != 1.0:
+            raise ValueError(f"{op.name or kind}: grouped GEMMs have no measurement-row form")
+        return row | {"m": round(at(op.m)), "n": int(at(op.n)), "k": int(at(op.k))}
+    if isinstance(op, Attention):
+        one = op.take(i) if op.shape else op
+        if at(op.window) or np.shape(one.batch)[-1] != 1:
+            raise ValueError(f"{op.name or kind}: windowed or multi-group attention has no "
+                             "measurement-row form")
+        return row | {"batch": int(np.ravel(one.batch)[0]), "q_len": int(np.ravel(one.q_len)[0]),
+                      "kv_len": int(np.ravel(one.kv_len)[0]), "n_heads": int(at(op.n_heads)),
+                      "n_kv_heads": int(at(op.n_kv_heads)), "head_dim": int(at(op.qk_dim))}
+    if isinstance(op, (Pointwise, Embedding, KvWrite)):
+        return row | {"m": round(at(op.rows)), "n": int(at(op.n))}
+    raise ValueError(f"{op.name or kind}: op kind {kind!r} has no measurement-row form")
 
 
 def canonical(value: object) -> str:
@@ -142,15 +199,6 @@ def shape_key(row: dict, columns: tuple[str, ...] = SHAPE_COLUMNS) -> str:
     return " ".join(parts)
 
 
-def ideal_time(op: Op, hw: Hardware) -> float:
-    """Pure roofline: peak FLOP/s and peak bandwidth, no efficiencies, no overheads."""
-    return max(op.flops / hw.peak(op.dtype), op.bytes.total / hw.memory_bytes_per_s)
-
-
-def regime(op: Op, hw: Hardware) -> str:
-    return "compute" if op.intensity >= hw.ridge_point(op.dtype) else "memory"
-
-
 def row_timing(row: dict, timing: str) -> str:
     """The timing a row is predicted with: ``timing``, or for ``auto`` the row's own
     ``timing`` column when it names one of kernel | stream | host, else kernel."""
@@ -158,56 +206,6 @@ def row_timing(row: dict, timing: str) -> str:
         return timing
     own = row.get("timing")
     return own if own in TIMINGS else "kernel"
-
-
-def _measured(row: dict, where: str) -> float:
-    try:
-        value = float(row["measured_s"])
-    except (KeyError, TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise SpecError(f"{where}: column measured_s: expected a positive number of seconds, "
-                        f"got {row.get('measured_s')!r}")
-    return value
-
-
-def predict_rows(rows: Iterable[dict], hw: Hardware, timing: str = "kernel",
-                 where: str = "measurements") -> list[dict]:
-    """Rows with ``predicted_s``, ``error``, ``op_class``, ``regime``, ``size`` added.
-
-    ``timing`` is kernel | stream | host, or ``auto`` (each row's ``timing`` column).
-    """
-    if timing not in (*TIMINGS, "auto"):
-        raise SpecError(f"--timing: expected one of {', '.join(TIMINGS)} or auto, "
-                        f"got {timing!r}")
-    out = []
-    for i, row in enumerate(rows):
-        here = f"{where}: row {i + 2}"
-        op = row_op(row, here)
-        measured = _measured(row, here)
-        predicted = op_time(op, hw, row_timing(row, timing)).time_s
-        out.append(dict(row) | {
-            "predicted_s": predicted,
-            "error": predicted / measured - 1.0,
-            "op_class": op.op_class, "regime": regime(op, hw),
-            "size": "small" if ideal_time(op, hw) < SMALL_IDEAL_S else "large",
-            "intensity": op.intensity, "flops": op.flops, "bytes": op.bytes.total})
-    return out
-
-
-def summarize(df, by: tuple[str, ...] = ("op_class", "regime", "size")):
-    """Median and p90 absolute error, signed median (bias) and count per group (pandas)."""
-    import pandas as pd
-
-    df = df.assign(abs_error=df["error"].abs())
-    grouped = df.groupby(list(by), observed=True)
-    out = pd.DataFrame({
-        "n": grouped.size(),
-        "median_abs_error": grouped["abs_error"].median(),
-        "p90_abs_error": grouped["abs_error"].quantile(0.9),
-        "median_error": grouped["error"].median(),
-    }).reset_index()
-    return out
 
 
 def read_measurements(path: str | Path, devices: Iterable[str] | None = None) -> list[dict]:
@@ -240,32 +238,3 @@ def read_measurements(path: str | Path, devices: Iterable[str] | None = None) ->
     if df.empty:
         raise SpecError(f"{path}: no measurement rows")
     return df.to_dict("records")
-
-
-def split_by_model(rows: list[dict]) -> tuple[list[dict], list[dict], list[str], list[str]]:
-    """Deterministic half split by model: sorted model names alternate fit, evaluate.
-
-    Returns (fit rows, evaluation rows, fit models, evaluation models). Needs two models.
-    """
-    models = sorted({r.get("model") or "" for r in rows} - {""})
-    if len(models) < 2:
-        raise SpecError(f"column model: --split-by model needs rows of at least two models, "
-                        f"found {len(models)}")
-    fit_models, eval_models = models[0::2], models[1::2]
-    chosen = set(fit_models)
-    fit = [r for r in rows if (r.get("model") or "") in chosen]
-    rest = [r for r in rows if (r.get("model") or "") not in chosen]
-    return fit, rest, fit_models, eval_models
-
-
-def split_fraction(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict]]:
-    """Deterministic split by configuration: a shape goes to the fitting set when the CRC32
-    of its ``shape_key`` falls in the first ``fraction`` of the range (all repeats of one
-    shape land on the same side, so no shape is both fitted and evaluated)."""
-    if not 0 < fraction < 1:
-        raise SpecError(f"--calibrate-on: expected a fraction in (0, 1), got {fraction}")
-    fit, rest = [], []
-    for row in rows:
-        h = zlib.crc32(f"{shape_key(row)} tp={canonical(row.get('tp'))}".encode())
-        (fit if h < fraction * 2**32 else rest).append(row)
-    return fit, rest

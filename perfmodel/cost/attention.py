@@ -49,34 +49,30 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(compute efficiency, key splits) of the decode groups of each instance."""
     eff, units = hw.efficiency, hw.compute_units
-    shape = op.shape
-    if not decode.any():
-        return np.ones(shape), np.ones(shape)
-    heads, kv_heads = np.asarray(op.n_heads), np.asarray(op.n_kv_heads)
     keys = _keys(op.kv_len, op.g("window"))
     if eff.attention_decode_pack_gqa:
-        programs = np.where(decode, op.batch * decode_programs(op.g("n_heads"),
-                                                               op.g("n_kv_heads")), 0.0)
-        tiles = np.ceil(keys / decode_kv_tile(op.g("qk_dim")))
-        longest_tiles = np.where(decode, tiles, 0).max(axis=-1)
+        per_seq = decode_programs(op.g("n_heads"), op.g("n_kv_heads"))
+        programs = op.batch * per_seq * decode
+        longest_tiles = (np.ceil(keys / decode_kv_tile(op.g("qk_dim"))) * decode).max(axis=-1)
         pool = programs.sum(axis=-1)
-        splits = np.where(pool > 0, kv_splits(np.maximum(pool, 1), np.maximum(longest_tiles, 1),
-                                             units), 1.0)
-        pad = _pad(np.floor_divide(heads, kv_heads), 128)[0]
+        splits = kv_splits(np.maximum(pool, 1), np.maximum(longest_tiles, 1), units)
+        pad = _pad(np.floor_divide(op.n_heads, op.n_kv_heads), 128)[0]
     else:
-        programs = np.where(decode, op.batch * op.g("n_heads"), 0.0)
+        programs = op.batch * op.g("n_heads") * decode
         pool = programs.sum(axis=-1)
-        splits, pad = np.ones(np.shape(pool)), 1.0
-    work = keys / splits[..., None]                    # per program, in key positions
+        splits, pad = np.ones(pool.shape), 1.0
     n = pool * splits
     total = (programs * keys).sum(axis=-1)
-    longest = np.where(decode, work, 0.0).max(axis=-1)
-    shortest = np.where(decode, work, np.inf).min(axis=-1)
-    shortest = np.where(np.isfinite(shortest), shortest, 0.0)
-    waves = np.ceil(n / units)
-    makespan = np.maximum(longest, total / units + (waves - n / units) * shortest)
-    frac = np.where(makespan > 0, total / (units * np.where(makespan > 0, makespan, 1.0)), 1.0)
-    return eff.attention * pad * frac, splits
+    if decode.shape[-1] == 1:            # one group: equal programs, the makespan is the waves
+        work = keys[..., 0] / splits
+        longest = shortest = work
+    else:
+        work = keys / splits[..., None]  # per program, in key positions
+        longest = (work * decode).max(axis=-1)
+        shortest = np.where(decode, work, np.inf).min(axis=-1)
+        shortest = np.where(np.isfinite(shortest), shortest, 0.0)
+    makespan = np.maximum(longest, total / units + (np.ceil(n / units) - n / units) * shortest)
+    return eff.attention * pad * divide(total, units * makespan), splits
 
 
 def _prefill_efficiency(op: Attention, hw: Hardware, prefill: np.ndarray) -> np.ndarray:
@@ -98,9 +94,6 @@ def _prefill_efficiency(op: Attention, hw: Hardware, prefill: np.ndarray) -> np.
 def _append_kv(op: Attention, hw: Hardware, prefill: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
     """(bytes the append-KV prologue copies, whether its kernel splits) per instance."""
-    shape = op.shape
-    if not hw.efficiency.attention_append_kv or not prefill.any():
-        return np.zeros(shape), np.zeros(shape, dtype=bool)
     idx = np.nonzero(prefill)
     full = {name: np.broadcast_to(op.g(name), prefill.shape)[idx]
             for name in ("batch", "q_len", "kv_len", "n_heads", "qk_dim", "window",
@@ -116,14 +109,11 @@ def _append_kv(op: Attention, hw: Hardware, prefill: np.ndarray
     return copies.sum(axis=-1), split.any(axis=-1)
 
 
-def _restreamed(op: Attention, hw: Hardware, decode: np.ndarray,
-                kv_read: np.ndarray) -> np.ndarray:
+def _restreamed(op: Attention, decode: np.ndarray) -> np.ndarray:
     """KV bytes read again when each decode query head is its own program (no GQA packing):
     every further query head of a group streams its KV head's cache once more."""
-    if hw.efficiency.attention_decode_pack_gqa:
-        return np.zeros(op.shape)
     group = np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
-    return np.where(decode, kv_read * (group - 1), 0.0).sum(axis=-1)
+    return (op.group_bytes().kv_read * (group - 1) * decode).sum(axis=-1)
 
 
 def attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
@@ -133,24 +123,30 @@ def attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpT
     decode = active & (op.q_len == 1)
     prefill = active & (op.q_len > 1)
     flops = op.group_flops()
-    grouped = op.group_bytes()
-    pool_eff, splits = decode_pool(op, hw, decode)
-    group_eff = np.where(decode, pool_eff[..., None], _prefill_efficiency(op, hw, prefill))
+    any_decode, any_prefill = decode.any(), prefill.any()
     rate = peak(hw, op.dtype)
+    if any_decode:
+        pool_eff, splits = decode_pool(op, hw, decode)
+        group_eff = pool_eff[..., None]
+        if any_prefill:
+            group_eff = np.where(decode, group_eff, _prefill_efficiency(op, hw, prefill))
+    else:
+        group_eff = _prefill_efficiency(op, hw, prefill)
     compute_s = divide(flops, rate[..., None] * group_eff).sum(axis=-1)
-    total_flops = flops.sum(axis=-1)
-    c_eff = np.where(compute_s > 0, divide(total_flops, rate * compute_s), group_eff[..., 0])
-    nbytes = sum(np.sum(b, axis=-1) for b in grouped.astuple()) \
-        + _restreamed(op, hw, decode, grouped.kv_read)
+    c_eff = divide(op.flops, rate * compute_s)
+    nbytes = op.bytes.total
+    if any_decode and not eff.attention_decode_pack_gqa:
+        nbytes = nbytes + _restreamed(op, decode)
     m_eff = kind_memory_fraction("attention", hw) * size_ramp(nbytes, hw)
     memory_s = divide(nbytes, hw.memory_bytes_per_s * m_eff)
     body_s = np.maximum(compute_s, memory_s)
-    copies, append_split = _append_kv(op, hw, prefill)
-    if eff.attention_append_kv:      # each program copies before it computes (a barrier)
+    extra = (splits > 1) & decode.any(axis=-1) if any_decode else False
+    if eff.attention_append_kv and any_prefill:     # each program copies before it computes
+        copies, append_split = _append_kv(op, hw, prefill)
         append_s = copies / (hw.memory_bytes_per_s * m_eff)
         memory_s = memory_s + append_s
         body_s = body_s + append_s
-    extra = ((splits > 1) & decode.any(axis=-1)) | append_split
+        extra = extra | append_split
     fixed_s = eff.latency_for("attention") * (1.0 + extra)
     return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff,
                   m_eff * np.ones(np.shape(compute_s)))

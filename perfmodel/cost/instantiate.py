@@ -96,85 +96,116 @@ def _column(specs: list, attr: str) -> np.ndarray:
     return np.array([getattr(s, attr) for s in specs], dtype=float)[:, None]
 
 
+_CONSTANTS = {
+    GemmSpec: ("n", "k", "count", "bias"),
+    PointwiseSpec: ("n", "count"),
+    AttentionSpec: ("heads", "kv_heads", "qk_dim", "v_dim", "cache_elems", "window", "count"),
+    EmbeddingSpec: ("n", "count"),
+    KvWriteSpec: ("n", "count"),
+    AllReduceSpec: ("width", "devices", "count"),
+    OverheadSpec: ("count",),
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    """The template operators of one spec type: their template positions, their constants
+    as (operators, 1) arrays, and the step quantities that set their rows."""
+
+    spec_type: type
+    positions: tuple[int, ...]
+    specs: tuple
+    const: dict[str, np.ndarray]
+    rows: tuple[str, ...]
+
+
+def compile_template(specs: list) -> tuple[Block, ...]:
+    """Group a template's operators by spec type, constants precomputed (cache the result)."""
+    by_type: dict[type, list[int]] = {}
+    for i, s in enumerate(specs):
+        by_type.setdefault(type(s), []).append(i)
+    blocks = []
+    for kind, index in by_type.items():
+        group = [specs[i] for i in index]
+        const = {a: _column(group, a) for a in _CONSTANTS[kind]}
+        if kind is GemmSpec:
+            touched = np.array([s.groups == "touched" for s in group])[:, None]
+            const["touched"] = touched if touched.any() else None
+            const["groups"] = np.array([1.0 if s.groups == "touched" else s.groups
+                                        for s in group])[:, None]
+            const["act"] = np.array([s.weights == "act" for s in group])[:, None]
+        if kind is PointwiseSpec:
+            const["code"] = np.array([POINTWISE_CODE[s.kind] for s in group])[:, None]
+        if kind is AttentionSpec:
+            const["from_cache"] = np.array([s.from_cache for s in group])[:, None]
+        rows = tuple(getattr(s, "rows", "tokens") for s in group)
+        blocks.append(Block(kind, tuple(index), tuple(group), const, rows))
+    return tuple(blocks)
+
+
 def _present(rows: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(rows with placeholders of 1 where there are none, count zeroed there)."""
     live = rows > 0
     return np.where(live, rows, 1.0), count * live
 
 
-def _gemms(specs: list[GemmSpec], v: Values) -> Gemm:
-    rows, count = _present(v.rows([s.rows for s in specs]), _column(specs, "count"))
-    touched = np.array([s.groups == "touched" for s in specs])[:, None]
-    groups = np.array([1.0 if s.groups == "touched" else s.groups for s in specs])[:, None]
-    if touched.any():
-        groups = np.where(touched, v.touched, groups)
-    act = np.array([s.weights == "act" for s in specs])[:, None]
-    return Gemm(m=rows, n=_column(specs, "n"), k=_column(specs, "k"), groups=groups,
-                weight_bytes=np.where(act, v.ab, v.wb), act_bytes=v.ab,
-                bias=_column(specs, "bias"), dtype=np.where(act, v.act, v.matmul), count=count)
+def _gemms(b: Block, v: Values) -> Gemm:
+    c = b.const
+    rows, count = _present(v.rows(b.rows), c["count"])
+    groups = c["groups"] if c["touched"] is None else np.where(c["touched"], v.touched,
+                                                                 c["groups"])
+    return Gemm(m=rows, n=c["n"], k=c["k"], groups=groups,
+                weight_bytes=np.where(c["act"], v.ab, v.wb), act_bytes=v.ab, bias=c["bias"],
+                dtype=np.where(c["act"], v.act, v.matmul), count=count)
 
 
-def _pointwise(specs: list[PointwiseSpec], v: Values) -> Pointwise:
-    rows, count = _present(v.rows([s.rows for s in specs]), _column(specs, "count"))
-    code = np.array([POINTWISE_CODE[s.kind] for s in specs])[:, None]
-    return Pointwise(code=code, rows=rows, n=_column(specs, "n"), act_bytes=v.ab,
+def _pointwise(b: Block, v: Values) -> Pointwise:
+    rows, count = _present(v.rows(b.rows), b.const["count"])
+    return Pointwise(code=b.const["code"], rows=rows, n=b.const["n"], act_bytes=v.ab,
                      dtype=v.act, count=count)
 
 
-def _attention(specs: list[AttentionSpec], v: Values, step: object) -> Attention:
+def _attention(b: Block, v: Values, step: object) -> Attention:
+    c = b.const
     live = step.count > 0
     masks = []
-    for s in specs:
+    for s in b.specs:
         if s.form == "all":
             masks.append(live)
         else:
             absorbed = v.absorbed_groups
             masks.append(live & (absorbed if s.form == "absorbed" else ~absorbed))
     batch = np.where(np.stack(masks), step.count, 0)
-    count = _column(specs, "count") * batch.any(axis=-1)
     return Attention(batch=batch, q_len=step.new_tokens[None], kv_len=step.context[None],
-                     n_heads=_column(specs, "heads"), n_kv_heads=_column(specs, "kv_heads"),
-                     qk_dim=_column(specs, "qk_dim"), v_dim=_column(specs, "v_dim"),
-                     cache_elems=_column(specs, "cache_elems"),
-                     window=_column(specs, "window"),
-                     kv_from_cache=np.array([s.from_cache for s in specs])[:, None],
-                     act_bytes=v.ab, kv_bytes=v.kvb, dtype=v.attention, count=count)
+                     n_heads=c["heads"], n_kv_heads=c["kv_heads"], qk_dim=c["qk_dim"],
+                     v_dim=c["v_dim"], cache_elems=c["cache_elems"], window=c["window"],
+                     kv_from_cache=c["from_cache"], act_bytes=v.ab, kv_bytes=v.kvb,
+                     dtype=v.attention, count=c["count"] * batch.any(axis=-1))
 
 
-def _other(specs: list, v: Values, hw: Hardware, timing: np.ndarray | int) -> OpRecord:
-    kind = type(specs[0])
-    count = _column(specs, "count")
+def _other(b: Block, v: Values, hw: Hardware, timing: np.ndarray | int) -> OpRecord:
+    c, kind = b.const, b.spec_type
     if kind is EmbeddingSpec:
-        return Embedding(rows=v.tokens, n=_column(specs, "n"), act_bytes=v.ab, dtype=v.act,
-                         count=count)
+        return Embedding(rows=v.tokens, n=c["n"], act_bytes=v.ab, dtype=v.act,
+                         count=c["count"])
     if kind is KvWriteSpec:
-        return KvWrite(rows=v.tokens, n=_column(specs, "n"), act_bytes=v.ab, kv_bytes=v.kvb,
-                       dtype=v.act, count=count)
+        return KvWrite(rows=v.tokens, n=c["n"], act_bytes=v.ab, kv_bytes=v.kvb, dtype=v.act,
+                       count=c["count"])
     if kind is AllReduceSpec:
-        return AllReduce(payload=v.tokens * _column(specs, "width") * v.ab,
-                         devices=_column(specs, "devices"), dtype=v.act, count=count)
+        return AllReduce(payload=v.tokens * c["width"] * v.ab, devices=c["devices"],
+                         dtype=v.act, count=c["count"])
     on = hw.efficiency.layer_overhead_s > 0
     host = np.asarray(timing) == HOST
-    return LayerOverhead(dtype=v.act, count=count * (host & on) * np.ones_like(v.tokens))
+    return LayerOverhead(dtype=v.act, count=c["count"] * (host & on) * np.ones_like(v.tokens))
 
 
-def records(specs: list, model: Model, hw: Hardware, step: object, v: Values,
-            timing: np.ndarray | int) -> list[tuple[list[int], OpRecord]]:
-    """(template positions, record) for each record type among ``specs``."""
-    by_type: dict[type, list[int]] = {}
-    for i, s in enumerate(specs):
-        by_type.setdefault(type(s), []).append(i)
-    out = []
-    for kind, index in by_type.items():
-        group = [specs[i] for i in index]
-        if kind is GemmSpec:
-            rec = _gemms(group, v)
-        elif kind is PointwiseSpec:
-            rec = _pointwise(group, v)
-        elif kind is AttentionSpec:
-            rec = _attention(group, v, step)
-        else:
-            rec = _other(group, v, hw, timing)
-        out.append((index, rec))
-    return out
-
+def build(block: Block, v: Values, step: object, hw: Hardware,
+          timing: np.ndarray | int) -> OpRecord:
+    """The record of ``block``'s operators for every row of ``step``."""
+    if block.spec_type is GemmSpec:
+        return _gemms(block, v)
+    if block.spec_type is PointwiseSpec:
+        return _pointwise(block, v)
+    if block.spec_type is AttentionSpec:
+        return _attention(block, v, step)
+    return _other(block, v, hw, timing)

@@ -18,6 +18,7 @@ they describe, so the model and its validation cannot drift apart.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -26,6 +27,7 @@ from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.kinds import KINDS, POINTWISE, POINTWISE_CODE
 
 Num = float | np.ndarray
+_BF16 = DTYPES.index("bf16")
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class OpRecord:
 
     kind: ClassVar[str] = ""
     name: str = ""
-    dtype: Num = DTYPES.index("bf16")
+    dtype: Num = _BF16
     count: Num = 1.0
 
     @property
@@ -180,6 +182,10 @@ class Attention(OpRecord):
 
     _GROUPED: ClassVar[tuple[str, ...]] = ("batch", "q_len", "kv_len")
 
+    def __post_init__(self) -> None:
+        for name in self._GROUPED:
+            object.__setattr__(self, name, np.asarray(getattr(self, name)))
+
     def g(self, name: str) -> np.ndarray:
         """Field ``name`` with a groups axis: grouped fields as they are, the others with a
         trailing axis of 1 (so the two broadcast)."""
@@ -199,26 +205,33 @@ class Attention(OpRecord):
         return np.where(w > 0, np.minimum(self.kv_len, w), self.kv_len)
 
     def group_flops(self) -> np.ndarray:
-        att = attended_positions(self.q_len, self.kv_len, self.g("window"))
-        return 2.0 * self.batch * self.g("n_heads") * att * (self.g("qk_dim") + self.g("v_dim"))
+        """FLOPs of each group (the groups axis kept)."""
+        return self._per_group[0]
 
     def group_bytes(self) -> ByteCounts:
         """Bytes of each group (the groups axis kept)."""
+        return self._per_group[1]
+
+    @cached_property
+    def _per_group(self) -> tuple[np.ndarray, ByteCounts]:
+        heads, ab = self.g("n_heads"), self.g("act_bytes")
+        att = attended_positions(self.q_len, self.kv_len, self.g("window"))
+        flops = 2.0 * self.batch * heads * att * (self.g("qk_dim") + self.g("v_dim"))
         from_cache = self.g("kv_from_cache").astype(bool)
-        elem = np.where(from_cache, self.g("kv_bytes"), self.g("act_bytes"))
-        kv = self.batch * self.g("n_kv_heads") * self.kept() * self.g("cache_elems") * elem
-        q_in = self.batch * self.q_len * self.g("n_heads") * self.g("qk_dim") * self.g("act_bytes")
-        out = self.batch * self.q_len * self.g("n_heads") * self.g("v_dim") * self.g("act_bytes")
-        return ByteCounts(act_read=q_in + np.where(from_cache, 0.0, kv), act_write=out,
-                          kv_read=np.where(from_cache, kv, 0.0))
+        kv = self.batch * self.g("n_kv_heads") * self.kept() * self.g("cache_elems") \
+            * np.where(from_cache, self.g("kv_bytes"), ab)
+        rows = self.batch * self.q_len * heads * ab
+        return flops, ByteCounts(act_read=rows * self.g("qk_dim") + np.where(from_cache, 0.0, kv),
+                                 act_write=rows * self.g("v_dim"),
+                                 kv_read=np.where(from_cache, kv, 0.0))
 
-    @property
+    @cached_property
     def flops(self) -> Num:
-        return self.group_flops().sum(axis=-1)
+        return self._per_group[0].sum(axis=-1)
 
-    @property
+    @cached_property
     def bytes(self) -> ByteCounts:
-        return ByteCounts(*(np.sum(b, axis=-1) for b in self.group_bytes().astuple()))
+        return ByteCounts(*(np.sum(b, axis=-1) for b in self._per_group[1].astuple()))
 
     def take(self, index: int | np.ndarray) -> Attention:
         shape = self.shape

@@ -18,6 +18,7 @@ interconnect, framework glue the host. Each record's rule comes from the registr
 from __future__ import annotations
 
 from collections.abc import Callable
+
 import numpy as np
 
 from perfmodel.cost.attention import attention_time

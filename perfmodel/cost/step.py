@@ -12,13 +12,13 @@ by ``roofline.op_time`` in one call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from perfmodel.cost import instantiate
 from perfmodel.cost.layers import step_template
-from perfmodel.cost.ops import ByteCounts
+from perfmodel.cost.ops import ByteCounts, OpRecord
 from perfmodel.cost.roofline import op_time
 from perfmodel.cost.timebase import HOST, STREAM, timing_code
 from perfmodel.specs.dtypes import BYTES, CODE, compute_codes, dtype_code
@@ -165,19 +165,77 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
     codes per row). ``part``: "all" operators, or only the "context" ones (whose shape moves
     with the context: attention, MLA's form-dependent projections) or the "static" rest."""
     plan.require_modelled()
-    if part not in PARTS:
-        raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
-    specs = [s for s in step_template(model, plan.tp)
-             if part == "all" or s.context == (part == "context")]
+    names, kinds, blocks, order = compiled(model, plan.tp, part)
     t = default_timing(hw) if timing is None else timing_code(timing)
     values = _values(model, step, dtypes)
-    records = instantiate.records(specs, model, hw, step, values, t)
-    return _assemble(specs, records, hw, t, len(step))
+    out = np.zeros((_FIELDS, len(names), len(step)))
+    start = 0
+    for block in blocks:
+        rec = instantiate.build(block, values, step, hw, t)
+        end = start + len(block.positions)
+        out[0, start:end] = rec.count
+        if out[0, start:end].any():
+            _priced(out[:, start:end], rec, hw, t)
+        start = end
+    out = out[:, order]
+    return StepCost(names, kinds, tuple(op_class(k) for k in kinds), out[0], out[1],
+                    ByteCounts(*out[2:7]), *out[7:])
+
+
+def step_records(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes: Dtypes,
+                 timing: str | np.ndarray | int | None = None) -> list[OpRecord]:
+    """Every operator of ``step`` as its own named record over the N rows, in template
+    order (what the harness times and ``compare`` reads); operators that run in no row are
+    left out. ``roofline.op_time`` of each, summed, is ``price_step``'s time."""
+    plan.require_modelled()
+    names, _, blocks, _ = compiled(model, plan.tp, "all")
+    t = default_timing(hw) if timing is None else timing_code(timing)
+    values = _values(model, step, dtypes)
+    out = {}
+    for block in blocks:
+        rec = instantiate.build(block, values, step, hw, t)
+        for j, pos in enumerate(block.positions):
+            one = replace(rec.take(j), name=names[pos])
+            if np.any(one.count):
+                out[pos] = one
+    return [out[p] for p in sorted(out)]
+
+
+def compiled(model: Model, tp: int, part: str) -> tuple:
+    """(names, kinds, blocks, order) of the template's ``part``: operator names and kinds in
+    template order, the blocks of ``instantiate.compile_template``, and the permutation from
+    block order back to template order. Cached on the model."""
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
+    key = ("compiled", tp, part)
+    if key not in model.memo:
+        specs = [s for s in step_template(model, tp)
+                 if part == "all" or s.context == (part == "context")]
+        blocks = instantiate.compile_template(specs)
+        order = np.argsort(np.concatenate([b.positions for b in blocks]), kind="stable")
+        model.memo[key] = (tuple(s.name for s in specs),
+                           tuple(instantiate.spec_kind(s) for s in specs), blocks, order)
+    return model.memo[key]
+
+
+_FIELDS = 14    # count, flops, 5 byte sources, time, compute, memory, fixed, bound, c, m
+
+
+def _priced(out: np.ndarray, rec: object, hw: Hardware, timing: np.ndarray | int) -> None:
+    """Fill ``out`` (fields x operators x rows; the count already in field 0)."""
+    count = out[0]
+    times = op_time(rec, hw, timing)
+    out[1] = rec.flops * count
+    for j, b in enumerate(rec.bytes.astuple()):
+        out[2 + j] = b * count
+    for j, x in enumerate((times.time_s, times.compute_s, times.memory_s, times.fixed_s,
+                           times.bound, times.compute_efficiency, times.memory_efficiency)):
+        out[7 + j] = x
 
 
 def _values(model: Model, step: Step, dtypes: Dtypes) -> instantiate.Values:
     """The step quantities and per-row dtype figures the template's records need."""
-    count, new, ctx = step.count, step.new_tokens, step.context
+    count, new, _ctx = step.count, step.new_tokens, step.context
     tokens = (count * new).sum(axis=1).astype(float)
     seqs = count.sum(axis=1).astype(float)
     values = instantiate.Values(
@@ -192,36 +250,4 @@ def _values(model: Model, step: Step, dtypes: Dtypes) -> instantiate.Values:
     return values
 
 
-def _assemble(specs: list, records: list, hw: Hardware, timing: np.ndarray | int,
-              n_rows: int) -> StepCost:
-    """Price each kind's record and lay the results out in the template's order."""
-    n = len(specs)
-    shape = (n, n_rows)
-    out = {k: np.zeros(shape) for k in ("count", "flops", "time_s", "compute_s", "memory_s",
-                                        "fixed_s", "c", "m")}
-    nbytes = [np.zeros(shape) for _ in range(5)]
-    bound = np.zeros(shape, dtype=np.int8)
-    kinds = [instantiate.spec_kind(s) for s in specs]
-    for index, rec in records:
-        count = np.broadcast_to(rec.count, (len(index), n_rows))
-        if not count.any():
-            continue
-        times = op_time(rec, hw, timing)
-        out["count"][index] = count
-        out["flops"][index] = rec.flops * count
-        for j, b in enumerate(rec.bytes.astuple()):
-            nbytes[j][index] = b * count
-        for key, value in (("time_s", times.time_s), ("compute_s", times.compute_s),
-                           ("memory_s", times.memory_s), ("fixed_s", times.fixed_s),
-                           ("c", times.compute_efficiency), ("m", times.memory_efficiency)):
-            out[key][index] = value
-        bound[index] = times.bound
-    return StepCost(
-        names=tuple(s.name for s in specs), kinds=tuple(kinds),
-        classes=tuple(op_class(k) for k in kinds), count=out["count"], flops=out["flops"],
-        bytes=ByteCounts(*nbytes), time_s=out["time_s"], compute_s=out["compute_s"],
-        memory_s=out["memory_s"], fixed_s=out["fixed_s"], bound=bound,
-        compute_efficiency=out["c"], memory_efficiency=out["m"])
-
-
-__all__ = ["CODE", "Dtypes", "Step", "StepCost", "default_timing", "price_step"]
+__all__ = ["CODE", "Dtypes", "Step", "StepCost", "default_timing", "price_step", "step_records"]

@@ -78,12 +78,20 @@ def _per_key(fn: Callable[..., tuple[float, ...]], *columns: np.ndarray) -> np.n
     evaluated once per distinct tuple of values; returns shape + (outputs,)."""
     arrays = np.broadcast_arrays(*(np.asarray(c, dtype=np.int64) for c in columns))
     shape = arrays[0].shape
-    keys = np.stack([a.reshape(-1) for a in arrays], axis=1)
-    if len(keys) <= 16:
-        out = np.array([fn(*map(int, row)) for row in keys], dtype=float)
-    else:
-        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-        out = np.array([fn(*map(int, row)) for row in uniq], dtype=float)[inverse.reshape(-1)]
+    flat = [a.reshape(-1) for a in arrays]
+    if flat[0].size <= 16:
+        out = np.array([fn(*map(int, row)) for row in zip(*flat, strict=True)], dtype=float)
+        return out.reshape(*shape, -1)
+    key, span = np.zeros(flat[0].size, dtype=np.int64), 1
+    for column in flat:                  # mixed-radix code of the distinct values per column
+        values, inverse = np.unique(column, return_inverse=True)
+        if span * len(values) > 2**62:   # keep the code in range: renumber what we have
+            key = np.unique(key, return_inverse=True)[1].reshape(-1)
+            span = int(key.max()) + 1
+        key, span = key * len(values) + inverse.reshape(-1), span * len(values)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    rows = zip(*(c[first] for c in flat), strict=True)
+    out = np.array([fn(*map(int, row)) for row in rows], dtype=float)[inverse.reshape(-1)]
     return out.reshape(*shape, -1)
 
 
@@ -112,11 +120,12 @@ def kv_splits(programs: np.ndarray, tiles: np.ndarray, units: int) -> np.ndarray
     otherwise the fewest splits whose last wave is within 85% of the best wave fill, counting
     only split counts that shorten each split (fewer key tiles per split than one split
     fewer). At most min(128, units, key tiles) splits."""
-    programs = np.asarray(programs)
+    programs, tiles = np.broadcast_arrays(np.asarray(programs), np.asarray(tiles))
+    out = np.ones(programs.shape)
     need = programs < _SPLIT_FULL * units
-    if not np.any(need):
-        return np.ones(np.broadcast_shapes(programs.shape, np.shape(tiles)))
-    return _per_key(_kv_splits, programs, tiles, units)[..., 0]
+    if np.any(need):
+        out[need] = _per_key(_kv_splits, programs[need], tiles[need], units)[..., 0]
+    return out
 
 
 def q_tile(eff: Efficiency, q_len: np.ndarray) -> np.ndarray:

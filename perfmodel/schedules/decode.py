@@ -138,7 +138,7 @@ def _sum_context(cfg: np.ndarray, ctx: np.ndarray, cost: StepCost, n: int) -> di
     labels = [np.where(cost.bound == b, cost.time_s, 0.0) for b in range(len(BOUNDS))]
     stacked = np.stack([cost.time_s, cost.flops, *cost.bytes.astuple(), *labels])
     sums = np.add.reduceat(stacked * weights, starts, axis=-1)
-    out = np.zeros(stacked.shape[:2] + (n,))
+    out = np.zeros((*stacked.shape[:2], n))
     out[:, :, owners] = sums
     last = np.zeros((cost.time_s.shape[0], n))
     ends = np.r_[starts[1:], len(cfg)] - 1

@@ -7,6 +7,19 @@ from perfmodel.specs.hardware import Efficiency, Hardware, Interconnect
 from perfmodel.specs.model import MLA, Model, MoE
 from perfmodel.specs.workload import Parallelism, Workload, Workloads
 
-__all__ = ["DTYPES", "DTYPE_BYTES", "MLA", "Efficiency", "Hardware", "Interconnect", "Model",
-           "MoE", "Parallelism", "SpecError", "Workload", "Workloads", "compute_dtype",
-           "dtype_bytes"]
+__all__ = [
+           "DTYPES",
+           "DTYPE_BYTES",
+           "MLA",
+           "Efficiency",
+           "Hardware",
+           "Interconnect",
+           "MoE",
+           "Model",
+           "Parallelism",
+           "SpecError",
+           "Workload",
+           "Workloads",
+           "compute_dtype",
+           "dtype_bytes",
+]
