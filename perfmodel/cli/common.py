@@ -1,7 +1,9 @@
-"""What every CLI module shares: the one-line user error and the reproducing command line.
+"""What every CLI module shares: the one-line user error, the reproducing command line, the
+options of estimate-like commands and the records they build.
 
-Kept apart from ``perfmodel.cli`` so the command modules can import it at the top without
-an import cycle (``cli`` imports them to register their commands)."""
+Command modules import this one; ``cli.app`` imports the command modules to register them,
+so nothing imports ``app`` back (no cycle). Module level: typer and the standard library.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from perfmodel.specs import DTYPES
+from perfmodel.specs.dtypes import DTYPES
 
 
 def fail(message: str) -> NoReturn:
@@ -33,15 +35,30 @@ def command_line(command: str, **options: Any) -> str:
     return shlex.join(parts)
 
 
+def workload(batch: int, prompt: int, gen: int, weights_dtype: str, act_dtype: str,
+             kv_dtype: str, group_size: int | None = None, cuda_graphs: bool = False,
+             memory_fraction: float = 0.9, kv_block: int = 16) -> Any:
+    """The ``Workload`` of an estimate-like command's options."""
+    from perfmodel.specs.workload import Workload
+
+    return Workload(batch=batch, prompt_len=prompt, gen_len=gen, weights_dtype=weights_dtype,
+                    act_dtype=act_dtype, kv_dtype=kv_dtype, weight_group_size=group_size,
+                    cuda_graphs=cuda_graphs, usable_memory_fraction=memory_fraction,
+                    kv_block_tokens=kv_block)
+
+
+def plan(tp: int = 1, pp: int = 1, ep: int = 1, dp: int = 1) -> Any:
+    """The ``Parallelism`` of the options (degrees not yet modelled raise SpecError)."""
+    from perfmodel.specs.workload import Parallelism
+
+    out = Parallelism(tp=tp, pp=pp, ep=ep, dp=dp)
+    out.require_modelled()
+    return out
+
+
 def _dtype(value: str) -> str:
     if value not in DTYPES:
         raise typer.BadParameter(f"unknown dtype {value!r}, expected one of {', '.join(DTYPES)}")
-    return value
-
-
-def _decode_samples(value: int) -> int:
-    if value == 1 or value < 0:
-        raise typer.BadParameter(f"expected 0 or at least 2, got {value}")
     return value
 
 
@@ -55,12 +72,12 @@ Prompt = Annotated[int, typer.Option(min=1, help="prompt tokens per sequence")]
 Gen = Annotated[int, typer.Option(min=1, help="generated tokens per sequence")]
 DtypeOpt = Annotated[str, typer.Option(callback=_dtype, help=f"one of {', '.join(DTYPES)}")]
 Tp = Annotated[int, typer.Option(min=1, help="tensor-parallel degree")]
+Pp = Annotated[int, typer.Option(min=1, help="pipeline-parallel degree (not yet modelled)")]
+Ep = Annotated[int, typer.Option(min=1, help="expert-parallel degree (not yet modelled)")]
+Dp = Annotated[int, typer.Option(min=1, help="data-parallel replicas (not yet modelled)")]
 GroupSize = Annotated[int | None, typer.Option(
     min=1, help="weight quantization group size (adds a 16-bit scale per group)")]
 Graphs = Annotated[bool, typer.Option(help="decode launched as a CUDA graph")]
 MemFrac = Annotated[float, typer.Option(
     min=0.01, max=1.0, help="share of device memory usable by the server")]
 KvBlock = Annotated[int, typer.Option(min=1, help="paged-KV block, tokens")]
-DecodeSamples = Annotated[int, typer.Option(
-    callback=_decode_samples,
-    help="decode contexts integrated per sweep point (trapezoid); 0 = exact estimate()")]

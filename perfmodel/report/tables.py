@@ -5,10 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
-from perfmodel.estimate import Estimate, OpSummary
-from perfmodel.units import fmt_bytes, fmt_count, fmt_rate, fmt_time
+import numpy as np
+
+from perfmodel.schedules.estimate import Estimate, OpSummary
+from perfmodel.specs.units import fmt_bytes, fmt_count, fmt_rate, fmt_time
 
 
 def rows(e: Estimate) -> list[tuple[str, str]]:
@@ -20,7 +22,8 @@ def rows(e: Estimate) -> list[tuple[str, str]]:
     return [
         ("model", f"{e.model.name} ({fmt_count(e.params_total)} params, "
                   f"{fmt_count(e.params_active)} active, {e.model.attention_kind})"),
-        ("hardware", f"{e.hardware.name} x{wl.tp} (TP)" if wl.tp > 1 else e.hardware.name),
+        ("hardware", f"{e.hardware.name} x{e.plan.tp} (TP)" if e.plan.tp > 1
+         else e.hardware.name),
         ("workload", f"batch {wl.batch}, prompt {wl.prompt_len}, generate {wl.gen_len}; "
                      f"weights {wl.weights_dtype}, activations {wl.act_dtype}, KV {wl.kv_dtype}"),
         ("weights / device", fmt_bytes(mem.weights_bytes)),
@@ -63,7 +66,7 @@ _BREAKDOWN_COLS = ("phase", "name", "op_class", "count", "flops", "bytes", "inte
 
 
 def _breakdown_cells(e: Estimate, o: OpSummary) -> list[str]:
-    phase_time = e.prefill.time_s if o.phase == "prefill" else e.decode.time_s
+    phase_time = e.phase(o.phase).time_s
     share = o.time_s / phase_time if phase_time else 0.0
     return [o.phase, o.name, o.op_class, f"{o.count:g}", fmt_count(o.flops),
             fmt_bytes(o.bytes.total), f"{o.intensity:.3g}", fmt_time(o.time_s),
@@ -72,8 +75,7 @@ def _breakdown_cells(e: Estimate, o: OpSummary) -> list[str]:
 
 def breakdown(e: Estimate) -> str:
     """Every operator of both phases: FLOPs, bytes, intensity, time, share and bound."""
-    cells = [list(_BREAKDOWN_COLS)] + [_breakdown_cells(e, o)
-                                       for o in e.prefill.ops + e.decode.ops]
+    cells = [list(_BREAKDOWN_COLS)] + [_breakdown_cells(e, o) for o in e.ops]
     widths = [max(len(row[i]) for row in cells) for i in range(len(_BREAKDOWN_COLS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
                      for row in cells)
@@ -81,14 +83,13 @@ def breakdown(e: Estimate) -> str:
 
 def breakdown_markdown(e: Estimate) -> str:
     """The breakdown as a markdown table."""
-    return markdown_table(_BREAKDOWN_COLS,
-                          (_breakdown_cells(e, o) for o in e.prefill.ops + e.decode.ops))
+    return markdown_table(_BREAKDOWN_COLS, (_breakdown_cells(e, o) for o in e.ops))
 
 
 def to_json(e: Estimate, with_ops: bool = False) -> str:
     out = e.to_dict()
     if with_ops:
-        out["operators"] = [o.to_dict() for o in e.prefill.ops + e.decode.ops]
+        out["operators"] = [o.to_dict() for o in e.ops]
     return json.dumps(out, indent=2)
 
 
@@ -100,15 +101,34 @@ def flat_record(e: Estimate) -> dict:
     row["kv_cache_bytes_per_sequence"] = e.memory.kv_cache_bytes_per_sequence
     row["usable_bytes"] = e.memory.usable_bytes
     row.update({f"workload_{k}": v for k, v in d["workload"].items()})
-    for phase in ("prefill", "decode"):
-        row.update({f"{phase}_{k}": v for k, v in d[phase].items() if not isinstance(v, dict)})
+    row.update(d["parallelism"])
+    for phase in e.phases:
+        row.update({f"{phase.name}_{k}": v for k, v in d[phase.name].items()
+                    if not isinstance(v, dict)})
     return row
 
 
 def to_csv(e: Estimate, with_ops: bool = False) -> str:
     buf = io.StringIO()
-    rows = [o.to_dict() for o in e.prefill.ops + e.decode.ops] if with_ops else [flat_record(e)]
+    rows = [o.to_dict() for o in e.ops] if with_ops else [flat_record(e)]
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
+
+
+def column_cells(columns: dict[str, np.ndarray | list]) -> Iterator[list[str]]:
+    """The header, then one row of text cells per point of ``columns`` (as ``sweep``
+    returns them): floats to 10 significant digits, None and NaN blank, for csv.writer."""
+    cells = []
+    for values in columns.values():
+        if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+            text = ["%.10g" % x for x in values.tolist()]
+            for i in np.flatnonzero(np.isnan(values)).tolist():
+                text[i] = ""
+        else:
+            text = ["" if x is None else str(x) for x in np.asarray(values, dtype=object)
+                    .tolist()]
+        cells.append(text)
+    yield list(columns)
+    yield from (list(row) for row in zip(*cells, strict=True))

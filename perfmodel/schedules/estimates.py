@@ -88,8 +88,13 @@ class Estimates:
         limit = self.model.max_position_embeddings
         for i in np.flatnonzero(final > limit) if limit else ():
             out[i] = context_warning(self.model, int(final[i]))
-        for i in np.flatnonzero(~self.memory.fits):
-            text = memory_warning(self.memory.item(i))
+        mem = self.memory
+        bad = np.flatnonzero(~np.asarray(mem.fits))
+        figures = [np.broadcast_to(getattr(mem, k), (len(self),))[bad].tolist() for k in (
+            "weights_bytes", "workspace_bytes", "kv_cache_bytes", "usable_bytes", "max_batch")]
+        for i, *values in zip(bad.tolist(), *figures, strict=True):
+            text = memory_warning(MemoryEstimate(0.0, values[3], values[0], 0.0, 0.0,
+                                                 values[2], values[1], values[4], False))
             out[i] = f"{out[i]}; {text}" if out[i] else text
         return out
 

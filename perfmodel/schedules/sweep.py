@@ -1,121 +1,106 @@
-"""Sweeps over model, device, batch, context and dtypes: pure functions returning records.
+"""Sweeps over model, device, batch, context and dtypes: pure functions returning columns.
 
-What one sweep point means
---------------------------
-A point is exactly what ``perfmodel estimate`` predicts for the same flags (``batch``
-sequences, a prompt of ``prompt_len`` tokens, ``gen_len`` generated tokens), with one
-difference, for speed: the decode phase is integrated over ``decode_samples`` evenly spaced
-contexts between the first (S+1) and last (S+G-1) decode step, trapezoid rule, instead of
-the core's 65 (``estimate(..., decode_samples=)``). Each extra context re-evaluates
-only the attention ops (the others are cached); measured on a 2-core machine,
-``estimate()`` costs ~8.5 ms a point and the sampled form ~1.8 ms
-(benchmarks/bench_figures.py: 1,000 points ~2 s). With at most
-``decode_samples`` decode steps the sum is exact; beyond, the per-step time is piecewise
-linear in the context and 9 samples stay within 0.1% of ``estimate()``'s TPOT (measured
-over dense, sliding-window, hybrid and MLA/MoE models, batch 1-256, contexts 128-11k;
-tested in tests/test_sweep.py).
-``decode_samples=None`` calls ``estimate()`` itself.
+A sweep point is exactly what ``perfmodel estimate`` predicts for the same flags (``batch``
+sequences, a prompt of ``prompt_len`` tokens, ``gen_len`` generated tokens, decode summed
+exactly). Each (model, device) pair is one vectorised ``estimate_many`` call over the grid
+of the other axes, so 10^5 points take seconds (benchmarks/bench_core.py).
 
-Each record is ``perfmodel.report.flat_record`` (the columns of ``estimate --format csv``)
-plus ``decode_samples``, ``attention_kind``, ``kv_cache_bytes_per_sequence``,
+``sweep`` returns columns (name -> array, one entry per point; ``pandas.DataFrame(cols)``
+makes the table): ``Estimates.columns`` (the scalars of ``estimate --format json``,
+``workload_*``, ``tp``/``pp``/``ep``/``dp``, ``<phase>_*``) plus ``attention_kind``,
 ``context_len`` (= prompt + generated, the length the KV cache is sized for), and the time
 per operator class: ``ttft_<class>_s`` (prefill) and ``tpot_<class>_s`` (mean decode step),
-which sum to ``ttft_s`` and ``tpot_s`` (``tpot_<class>_s`` is NaN when gen_len is 1: there
-is no decode step to split).
+which sum to ``ttft_s`` and ``tpot_s`` (``tpot_<class>_s`` is NaN when gen_len is 1: there is
+no decode step to split). ``rows`` turns columns into records for the figures.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
-from perfmodel.estimate import DECODE_SAMPLES, Estimate, Phase, estimate
-from perfmodel.memory import kv_bytes_per_sequence, kv_bytes_per_token, memory_estimate
-from perfmodel.ops import OP_CLASS
-from perfmodel.report import flat_record
-from perfmodel.specs import Hardware, Model, Workload
+import numpy as np
 
-DEFAULT_DECODE_SAMPLES = 9
-OP_CLASSES: tuple[str, ...] = tuple(dict.fromkeys(OP_CLASS.values()))
-
-
-def point_estimate(model: Model, hw: Hardware, wl: Workload,
-                   decode_samples: int | None = DEFAULT_DECODE_SAMPLES) -> Estimate:
-    """One sweep point as an Estimate (decode sampled; ``None``: the core default)."""
-    return estimate(hw, model, wl,
-                    DECODE_SAMPLES if decode_samples is None else decode_samples)
-
-
-def class_times(phase: Phase) -> dict[str, float]:
-    """Seconds per operator class over a phase (every class in OP_CLASSES, zeros kept)."""
-    out = dict.fromkeys(OP_CLASSES, 0.0)
-    for op in phase.ops:
-        out[op.op_class] = out.get(op.op_class, 0.0) + op.time_s
-    return out
-
-
-def point_record(e: Estimate, decode_samples: int | None) -> dict:
-    """flat_record plus the columns listed in the module docstring."""
-    row = flat_record(e)
-    wl = e.workload
-    row["decode_samples"] = 0 if decode_samples is None else decode_samples
-    row["attention_kind"] = e.model.attention_kind
-    row["context_len"] = wl.final_len
-    for cls, t in class_times(e.prefill).items():
-        row[f"ttft_{cls}_s"] = t
-    steps = e.decode.steps
-    for cls, t in class_times(e.decode).items():
-        # one generated token: tpot is the first step, not sampled here
-        row[f"tpot_{cls}_s"] = t / steps if steps else float("nan")
-    return row
+from perfmodel.cost.memory import kv_bytes_per_sequence, kv_bytes_per_token, memory_estimate
+from perfmodel.schedules.estimates import estimate_many
+from perfmodel.specs.dtypes import BYTES, CODE
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.kinds import OP_CLASSES
+from perfmodel.specs.model import Model
+from perfmodel.specs.workload import Parallelism, Workload, Workloads
 
 
 def sweep(models: Sequence[Model], hardware: Sequence[Hardware], batches: Iterable[int],
           prompts: Iterable[int], base: Workload | None = None,
           weights_dtypes: Iterable[str] | None = None, kv_dtypes: Iterable[str] | None = None,
-          decode_samples: int | None = DEFAULT_DECODE_SAMPLES) -> list[dict]:
-    """Records for the product model x hardware x weights dtype x kv dtype x prompt x batch.
-
-    ``base`` supplies every other workload field (gen_len, act dtype, tp, ...); the dtype
-    lists default to its dtypes. Order: batch varies fastest. Invalid workloads raise
-    SpecError before any point is evaluated.
-    """
+          plan: Parallelism | None = None) -> dict[str, np.ndarray | list]:
+    """Columns for the product model x hardware x weights dtype x kv dtype x prompt x batch
+    (batch varies fastest). ``base`` supplies every other workload field (gen_len, act dtype,
+    ...); the dtype lists default to its dtypes. Invalid workloads raise SpecError before
+    any point is evaluated."""
     base = base or Workload()
-    batches, prompts = list(batches), list(prompts)
-    wdts = list(weights_dtypes or [base.weights_dtype])
-    kdts = list(kv_dtypes or [base.kv_dtype])
-    grid = list(itertools.product(models, hardware, wdts, kdts, prompts, batches))
-    workloads = [replace(base, batch=b, prompt_len=s, weights_dtype=w, kv_dtype=k)
-                 for _, _, w, k, s, b in grid]
-    return [point_record(point_estimate(m, hw, wl, decode_samples), decode_samples)
-            for (m, hw, *_), wl in zip(grid, workloads, strict=True)]
+    w = Workloads.grid(**{**_fields(base), "weights_dtype": list(weights_dtypes
+                                                                  or [base.weights_dtype]),
+                          "kv_dtype": list(kv_dtypes or [base.kv_dtype]),
+                          "prompt_len": list(prompts), "batch": list(batches)})
+    parts = [point_columns(estimate_many(hw, m, w, plan)) for m in models for hw in hardware]
+    return {k: _concat([p[k] for p in parts]) for k in parts[0]}
+
+
+def _concat(values: list) -> np.ndarray | list:
+    if isinstance(values[0], list):
+        return [x for v in values for x in v]
+    return np.concatenate(values)
+
+
+def point_columns(e: object) -> dict[str, np.ndarray | list]:
+    """``Estimates.columns`` plus the columns listed in the module docstring."""
+    cols = e.columns()
+    n = len(e)
+    cols["attention_kind"] = [e.model.attention_kind] * n
+    cols["context_len"] = e.workloads.final_len
+    prefill, decode = e.phase("prefill"), e.phase("decode")
+    steps = decode.steps
+    for cls in OP_CLASSES:
+        cols[f"ttft_{cls}_s"] = prefill.class_time(cls)
+        cols[f"tpot_{cls}_s"] = np.where(steps > 0, decode.class_time(cls)
+                                         / np.maximum(steps, 1), np.nan)
+    return cols
+
+
+def rows(columns: dict[str, np.ndarray | list]) -> list[dict]:
+    """Columns as one record (dict of Python values) per point."""
+    keys = list(columns)
+    values = [np.asarray(columns[k], dtype=object).tolist() if isinstance(columns[k], list)
+              else columns[k].tolist() for k in keys]
+    return [dict(zip(keys, v, strict=True)) for v in zip(*values, strict=True)]
 
 
 def kv_cache_table(models: Sequence[Model], contexts: Iterable[int],
-                   base: Workload | None = None) -> list[dict]:
+                   base: Workload | None = None, tp: int = 1) -> list[dict]:
     """KV cache of one sequence against its length, per model (windows and paging applied).
 
     Rows: model, attention_kind, context (tokens held: prompt + generated),
     beyond_max_position (longer than the model's max_position_embeddings, when known),
-    kv_bytes_per_token (all layers, below any window, one device under base.tp) and
+    kv_bytes_per_token (all layers, below any window, one device under ``tp``) and
     kv_bytes_per_sequence (memory.kv_bytes_per_sequence at that length).
     """
     base = base or Workload()
-    contexts = list(contexts)
-    rows = []
+    contexts = np.array(list(contexts))
+    kvb = BYTES[CODE[base.kv_dtype]]
+    out = []
     for m in models:
-        per_token = kv_bytes_per_token(m, base)
-        for c in contexts:
-            rows.append({"model": m.name, "attention_kind": _kind_label(m), "context": c,
-                         "beyond_max_position": _beyond(m, c),
-                         "kv_bytes_per_token": per_token,
-                         "kv_bytes_per_sequence": kv_bytes_per_sequence(m, base, c)})
-    return rows
+        per_token = float(kv_bytes_per_token(m, tp, kvb))
+        per_seq = kv_bytes_per_sequence(m, tp, kvb, contexts, base.kv_block_tokens)
+        out += [{"model": m.name, "attention_kind": _kind_label(m), "context": int(c),
+                 "beyond_max_position": _beyond(m, c), "kv_bytes_per_token": per_token,
+                 "kv_bytes_per_sequence": float(s)} for c, s in zip(contexts, per_seq,
+                                                                    strict=True)]
+    return out
 
 
 def max_batch_table(models: Sequence[Model], hw: Hardware, contexts: Iterable[int],
-                    base: Workload | None = None) -> list[dict]:
+                    base: Workload | None = None, plan: Parallelism | None = None
+                    ) -> list[dict]:
     """Batch ceiling against context (prompt + gen = context, gen from ``base``), per model.
 
     Contexts not longer than gen_len are skipped. Rows: model, attention_kind, context,
@@ -123,25 +108,36 @@ def max_batch_table(models: Sequence[Model], hw: Hardware, contexts: Iterable[in
     (usable - weights), kv_bytes_per_sequence, fits_weights.
     """
     base = base or Workload()
-    rows = []
+    plan = plan or Parallelism()
+    kept = [c for c in contexts if c > base.gen_len]
+    if not kept:
+        return []
+    w = Workloads.of(**{**_fields(base), "prompt_len": [c - base.gen_len for c in kept]})
+    out = []
     for m in models:
-        for c in contexts:
-            if c <= base.gen_len:
-                continue
-            wl = replace(base, prompt_len=c - base.gen_len)
-            mem = memory_estimate(m, hw, wl)
-            rows.append({"model": m.name, "attention_kind": _kind_label(m), "context": c,
-                         "prompt_len": wl.prompt_len, "max_batch": mem.max_batch,
-                         "beyond_max_position": _beyond(m, c),
-                         "weights_bytes": mem.weights_bytes,
-                         "kv_pool_bytes": mem.usable_bytes - mem.weights_bytes,
-                         "kv_bytes_per_sequence": mem.kv_cache_bytes_per_sequence,
-                         "fits_weights": mem.usable_bytes > mem.weights_bytes})
-    return rows
+        mem = memory_estimate(m, hw, plan, w)
+        for i, c in enumerate(kept):
+            item = mem.item(i)
+            out.append({"model": m.name, "attention_kind": _kind_label(m), "context": c,
+                        "prompt_len": c - base.gen_len, "max_batch": item.max_batch,
+                        "beyond_max_position": _beyond(m, c),
+                        "weights_bytes": item.weights_bytes,
+                        "kv_pool_bytes": item.usable_bytes - item.weights_bytes,
+                        "kv_bytes_per_sequence": item.kv_cache_bytes_per_sequence,
+                        "fits_weights": item.usable_bytes > item.weights_bytes})
+    return out
+
+
+def _fields(base: Workload) -> dict:
+    from dataclasses import asdict
+
+    out = asdict(base)
+    out["weight_group_size"] = out["weight_group_size"] or 0
+    return out
 
 
 def _beyond(m: Model, context: int) -> bool:
-    return 0 < m.max_position_embeddings < context
+    return bool(0 < m.max_position_embeddings < context)
 
 
 def _kind_label(m: Model) -> str:
@@ -167,10 +163,10 @@ def powers_of_two(lo: int, hi: int) -> list[int]:
 
 
 SERIES_COLUMNS = ("model", "hardware", "workload_weights_dtype", "workload_act_dtype",
-                  "workload_kv_dtype", "workload_prompt_len", "workload_gen_len", "workload_tp")
+                  "workload_kv_dtype", "workload_prompt_len", "workload_gen_len", "tp")
 _SERIES_LABELS = {"workload_weights_dtype": "W {}", "workload_act_dtype": "A {}",
                   "workload_kv_dtype": "KV {}", "workload_prompt_len": "prompt {}",
-                  "workload_gen_len": "gen {}", "workload_tp": "TP {}"}
+                  "workload_gen_len": "gen {}", "tp": "TP {}"}
 
 
 def varying(rows: Sequence[dict], columns: Sequence[str] = SERIES_COLUMNS) -> list[str]:

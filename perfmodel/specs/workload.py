@@ -7,7 +7,6 @@ holds N of them as numpy arrays, so the cost model prices all N in one call; a s
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -127,11 +126,21 @@ class Workloads:
         return cls(**{k: np.ascontiguousarray(v) for k, v in arrays.items()})
 
     @classmethod
-    def grid(cls, **axes: Sequence[object]) -> Workloads:
-        """The cartesian product of per-field value lists (the last field varies fastest)."""
+    def grid(cls, **axes: object) -> Workloads:
+        """The cartesian product of per-field value lists (the last field varies fastest); a
+        single value (a number, a dtype name, None) is an axis of one."""
         names = list(axes)
-        combos = list(itertools.product(*(list(v) for v in axes.values())))
-        return cls.of(**{n: [c[i] for c in combos] for i, n in enumerate(names)})
+        lists = [list(v) if isinstance(v, (list, tuple, range, np.ndarray)) else [v]
+                 for v in axes.values()]
+        sizes = [len(v) for v in lists]
+        columns = {}
+        for i, (name, values) in enumerate(zip(names, lists, strict=True)):
+            inner = int(np.prod(sizes[i + 1:], dtype=np.int64))
+            outer = int(np.prod(sizes[:i], dtype=np.int64))
+            column = _column(name, [0 if v is None else v for v in values]) \
+                if name == "weight_group_size" else _column(name, values)
+            columns[name] = np.tile(np.repeat(column, inner), outer)
+        return cls.of(**columns)
 
     @classmethod
     def from_list(cls, workloads: Sequence[Workload]) -> Workloads:
@@ -172,6 +181,10 @@ class Workloads:
 def _column(name: str, value: object) -> np.ndarray:
     """One field as a checked array (names the field and the first bad value)."""
     where = f"workload: {name}"
+    if name in _DTYPE_FIELDS and isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        if value.size and (value.min() < 0 or value.max() >= len(DTYPES)):
+            raise SpecError(f"{where}: dtype codes must be in 0..{len(DTYPES) - 1}")
+        return value.astype(np.int8)
     if name in _DTYPE_FIELDS:
         names = np.asarray(value, dtype=object)
         flat = names.reshape(-1)

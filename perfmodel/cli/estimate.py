@@ -1,0 +1,110 @@
+"""CLI commands ``estimate`` (one configuration) and ``list`` (the shipped specs).
+
+Module level: typer and the standard library only; the model is imported inside the
+commands, so ``perfmodel --help`` stays fast. No ``from __future__ import annotations``:
+typer reads the Annotated option types at registration time.
+"""
+
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from perfmodel.cli.common import (
+    Batch,
+    Dp,
+    DtypeOpt,
+    Ep,
+    Gen,
+    Graphs,
+    GroupSize,
+    HardwareOpt,
+    KvBlock,
+    MemFrac,
+    ModelOpt,
+    Pp,
+    Prompt,
+    Tp,
+    fail,
+    plan,
+    workload,
+)
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+    markdown = "markdown"
+
+
+def estimate(
+    model: ModelOpt,
+    hardware: HardwareOpt,
+    batch: Batch = 1,
+    prompt: Prompt = 512,
+    gen: Gen = 128,
+    weights_dtype: DtypeOpt = "bf16",
+    act_dtype: DtypeOpt = "bf16",
+    kv_dtype: DtypeOpt = "bf16",
+    tp: Tp = 1,
+    pp: Pp = 1,
+    ep: Ep = 1,
+    dp: Dp = 1,
+    group_size: GroupSize = None,
+    cuda_graphs: Graphs = False,
+    memory_fraction: MemFrac = 0.9,
+    kv_block: KvBlock = 16,
+    fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
+    breakdown: Annotated[bool, typer.Option(help="list every operator")] = False,
+) -> None:
+    """Estimate TTFT, per-token latency, throughput and memory for one configuration."""
+    from perfmodel.report import tables
+    from perfmodel.schedules.estimates import estimate as run
+    from perfmodel.specs import load
+    from perfmodel.specs.errors import SpecError
+
+    try:
+        wl = workload(batch, prompt, gen, weights_dtype, act_dtype, kv_dtype, group_size,
+                      cuda_graphs, memory_fraction, kv_block)
+        result = run(load.hardware(hardware), load.model(model), wl, plan(tp, pp, ep, dp))
+    except SpecError as exc:
+        fail(str(exc))
+    if fmt is Format.json:
+        typer.echo(tables.to_json(result, with_ops=breakdown))
+    elif fmt is Format.csv:
+        typer.echo(tables.to_csv(result, with_ops=breakdown), nl=False)
+    elif fmt is Format.markdown:
+        typer.echo(tables.markdown(result))
+        if breakdown:
+            typer.echo("")
+            typer.echo(tables.breakdown_markdown(result))
+    else:
+        typer.echo(tables.table(result))
+        if breakdown:
+            typer.echo("")
+            typer.echo(tables.breakdown(result))
+
+
+def list_specs() -> None:
+    """List shipped hardware and models, one line each."""
+    from perfmodel.cost.params import param_counts
+    from perfmodel.specs import load
+    from perfmodel.specs.units import fmt_bytes, fmt_count, fmt_rate
+
+    typer.echo("hardware:")
+    for name in load.shipped(load.HARDWARE_DIR):
+        hw = load.hardware(name)
+        bf16 = hw.peak_flops_per_s.get("bf16")
+        rate = fmt_rate(bf16, "FLOP/s") if bf16 else "n/a"
+        typer.echo(f"  {name:<16} {fmt_bytes(hw.memory_bytes):>9}  "
+                   f"{fmt_rate(hw.memory_bytes_per_s):>11}  bf16 {rate:>13}  {hw.description}")
+    typer.echo("models:")
+    for name in load.shipped(load.MODELS_DIR):
+        m = load.model(name)
+        counts = param_counts(m)
+        typer.echo(f"  {name:<16} {fmt_count(counts.total):>7} params "
+                   f"({fmt_count(counts.active(m))} active)  {m.n_layers} layers, "
+                   f"d={m.d_model}, {m.attention_kind}"
+                   + (f", MoE {m.moe.n_experts}x top-{m.moe.top_k}" if m.moe else "")
+                   + (f", window {m.sliding_window}" if m.sliding_window else ""))
