@@ -129,12 +129,13 @@ class StepCost:
     bound: np.ndarray
     compute_efficiency: np.ndarray
     memory_efficiency: np.ndarray
+    dtype: np.ndarray            # compute dtype codes (``specs.dtypes``)
 
     def take(self, index: slice | np.ndarray) -> StepCost:
         """The steps at ``index`` (along N)."""
         arrays = {k: getattr(self, k)[:, index] for k in (
             "count", "flops", "time_s", "compute_s", "memory_s", "fixed_s", "bound",
-            "compute_efficiency", "memory_efficiency")}
+            "compute_efficiency", "memory_efficiency", "dtype")}
         return StepCost(self.names, self.kinds, self.classes, bytes=ByteCounts(
             *(b[:, index] for b in self.bytes.astuple())), **arrays)
 
@@ -218,7 +219,8 @@ def compiled(model: Model, tp: int, part: str) -> tuple:
     return model.memo[key]
 
 
-_FIELDS = 14    # count, flops, 5 byte sources, time, compute, memory, fixed, bound, c, m
+_FIELDS = 15    # count, flops, 5 byte sources, time, compute, memory, fixed, bound, c, m,
+                # the compute dtype
 
 
 def _priced(out: np.ndarray, rec: object, hw: Hardware, timing: np.ndarray | int) -> None:
@@ -229,7 +231,8 @@ def _priced(out: np.ndarray, rec: object, hw: Hardware, timing: np.ndarray | int
     for j, b in enumerate(rec.bytes.astuple()):
         out[2 + j] = b * count
     for j, x in enumerate((times.time_s, times.compute_s, times.memory_s, times.fixed_s,
-                           times.bound, times.compute_efficiency, times.memory_efficiency)):
+                           times.bound, times.compute_efficiency, times.memory_efficiency,
+                           rec.dtype)):
         out[7 + j] = x
 
 
