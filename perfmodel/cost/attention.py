@@ -75,20 +75,37 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
     return eff.attention * pad * divide(total, units * makespan), splits
 
 
+_SHAPE = ("batch", "n_heads", "n_kv_heads", "qk_dim", "q_len", "kv_len", "window")
+
+
 def _prefill_efficiency(op: Attention, hw: Hardware, prefill: np.ndarray) -> np.ndarray:
-    """Tile efficiency of each prefill group (1 elsewhere), computed where there is one."""
+    """Tile efficiency of each prefill group (1 elsewhere), computed where there is one.
+    A few groups are looked up by shape in a table kept on the device (the fraction is a
+    pure function of seven integers), many are computed together."""
     out = np.ones(prefill.shape)
     if not prefill.any():
         return out
     idx = np.nonzero(prefill)
-    full = {name: np.broadcast_to(op.g(name), prefill.shape)[idx]
-            for name in ("batch", "q_len", "kv_len", "n_heads", "n_kv_heads", "qk_dim",
-                         "window")}
-    attended = attended_positions(full["q_len"], full["kv_len"], full["window"])
-    out[idx] = hw.efficiency.attention * prefill_tile_fraction(
-        hw, full["batch"], full["n_heads"], full["n_kv_heads"], full["qk_dim"], full["q_len"],
-        full["kv_len"], full["window"], attended)
+    full = [np.broadcast_to(op.g(name), prefill.shape)[idx] for name in _SHAPE]
+    if len(full[0]) > 16:
+        out[idx] = _tile_efficiency(hw, *full)
+        return out
+    memo = hw.memo.setdefault("prefill_efficiency", {})
+    keys = list(zip(*(f.tolist() for f in full), strict=True))
+    missing = [k for k in dict.fromkeys(keys) if k not in memo]
+    if missing:
+        values = _tile_efficiency(hw, *(np.array(c) for c in zip(*missing, strict=True)))
+        memo.update(zip(missing, values.tolist(), strict=True))
+    out[idx] = [memo[k] for k in keys]
     return out
+
+
+def _tile_efficiency(hw: Hardware, batch: np.ndarray, heads: np.ndarray, kv_heads: np.ndarray,
+                     head_dim: np.ndarray, q: np.ndarray, kv: np.ndarray,
+                     window: np.ndarray) -> np.ndarray:
+    attended = attended_positions(q, kv, window)
+    return hw.efficiency.attention * prefill_tile_fraction(hw, batch, heads, kv_heads, head_dim,
+                                                           q, kv, window, attended)
 
 
 def _append_kv(op: Attention, hw: Hardware, prefill: np.ndarray

@@ -146,6 +146,8 @@ def attended_positions(q_len: Num, kv_len: Num, window: Num = 0) -> Num:
     q, kv, w = (np.asarray(x, dtype=float) for x in (q_len, kv_len, window))
     prior = kv - q
     full = q * prior + q * (q + 1) / 2.0
+    if not w.any():
+        return full
     lo = prior + 1
     below = np.maximum(0.0, np.minimum(kv, w) - lo + 1)       # positions p <= window
     below_sum = below * (lo + lo + below - 1) / 2.0

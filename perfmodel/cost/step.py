@@ -110,8 +110,9 @@ class Dtypes:
 
 @dataclass(frozen=True)
 class StepCost:
-    """Every operator of N steps: arrays of shape (operators, N), operators in the
-    template's order (``names``, ``kinds``, ``classes``). ``count``: instances in the step
+    """Every operator of N steps: arrays of shape (operators, N), operators grouped by
+    record type (``names``, ``kinds``, ``classes``; ``positions``: each one's place in the
+    step template, the order to show them in). ``count``: instances in the step
     (0: the operator does not run in that row); ``flops``, ``bytes`` and ``time_s`` cover all
     instances; ``compute_s``, ``memory_s``, ``fixed_s`` are per instance; ``bound`` codes
     (``roofline.BOUNDS``)."""
@@ -119,6 +120,7 @@ class StepCost:
     names: tuple[str, ...]
     kinds: tuple[str, ...]
     classes: tuple[str, ...]
+    positions: np.ndarray
     count: np.ndarray
     flops: np.ndarray
     bytes: ByteCounts
@@ -136,7 +138,7 @@ class StepCost:
         arrays = {k: getattr(self, k)[:, index] for k in (
             "count", "flops", "time_s", "compute_s", "memory_s", "fixed_s", "bound",
             "compute_efficiency", "memory_efficiency", "dtype")}
-        return StepCost(self.names, self.kinds, self.classes, bytes=ByteCounts(
+        return StepCost(self.names, self.kinds, self.classes, self.positions, bytes=ByteCounts(
             *(b[:, index] for b in self.bytes.astuple())), **arrays)
 
     @property
@@ -166,7 +168,7 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
     codes per row). ``part``: "all" operators, or only the "context" ones (whose shape moves
     with the context: attention, MLA's form-dependent projections) or the "static" rest."""
     plan.require_modelled()
-    names, kinds, blocks, order = compiled(model, plan.tp, part)
+    names, kinds, blocks, positions = compiled(model, plan.tp, part)
     t = default_timing(hw) if timing is None else timing_code(timing)
     values = _values(model, step, dtypes)
     out = np.zeros((_FIELDS, len(names), len(step)))
@@ -178,8 +180,7 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
         if out[0, start:end].any():
             _priced(out[:, start:end], rec, hw, t)
         start = end
-    out = out[:, order]
-    return StepCost(names, kinds, tuple(op_class(k) for k in kinds), out[0], out[1],
+    return StepCost(names, kinds, tuple(op_class(k) for k in kinds), positions, out[0], out[1],
                     ByteCounts(*out[2:7]), *out[7:])
 
 
@@ -189,23 +190,24 @@ def step_records(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtyp
     order (what the harness times and ``compare`` reads); operators that run in no row are
     left out. ``roofline.op_time`` of each, summed, is ``price_step``'s time."""
     plan.require_modelled()
-    names, _, blocks, _ = compiled(model, plan.tp, "all")
+    names, _, blocks, positions = compiled(model, plan.tp, "all")
+    name_at = dict(zip(positions.tolist(), names, strict=True))
     t = default_timing(hw) if timing is None else timing_code(timing)
     values = _values(model, step, dtypes)
     out = {}
     for block in blocks:
         rec = instantiate.build(block, values, step, hw, t)
         for j, pos in enumerate(block.positions):
-            one = replace(rec.take(j), name=names[pos])
+            one = replace(rec.take(j), name=name_at[pos])
             if np.any(one.count):
                 out[pos] = one
     return [out[p] for p in sorted(out)]
 
 
 def compiled(model: Model, tp: int, part: str) -> tuple:
-    """(names, kinds, blocks, order) of the template's ``part``: operator names and kinds in
-    template order, the blocks of ``instantiate.compile_template``, and the permutation from
-    block order back to template order. Cached on the model."""
+    """(names, kinds, blocks, positions) of the template's ``part``: the blocks of
+    ``instantiate.compile_template``, and the operator names, kinds and template positions in
+    block order (the order of a ``StepCost``'s rows). Cached on the model."""
     if part not in PARTS:
         raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
     key = ("compiled", tp, part)
@@ -213,9 +215,11 @@ def compiled(model: Model, tp: int, part: str) -> tuple:
         specs = [s for s in step_template(model, tp)
                  if part == "all" or s.context == (part == "context")]
         blocks = instantiate.compile_template(specs)
-        order = np.argsort(np.concatenate([b.positions for b in blocks]), kind="stable")
-        model.memo[key] = (tuple(s.name for s in specs),
-                           tuple(instantiate.spec_kind(s) for s in specs), blocks, order)
+        at = [i for b in blocks for i in b.positions]     # positions within ``specs``
+        template = {id(s): i for i, s in enumerate(step_template(model, tp))}
+        model.memo[key] = (tuple(specs[i].name for i in at),
+                           tuple(instantiate.spec_kind(specs[i]) for i in at), blocks,
+                           np.array([template[id(specs[i])] for i in at]))
     return model.memo[key]
 
 

@@ -73,6 +73,21 @@ def gemm_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
     return eff.gemm_fraction * pad_m * pad_n * wave * ramp, split
 
 
+def distinct(values: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """(number of distinct values, each element's rank among them, the first element of
+    each): ``np.unique(return_inverse=True, return_index=True)`` by a stable sort, several
+    times faster than numpy 2's hash-based unique on 10^5-10^6 integers."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    new = np.empty(len(values), dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    rank = np.cumsum(new) - 1
+    inverse = np.empty(len(values), dtype=np.int64)
+    inverse[order] = rank
+    return int(rank[-1]) + 1 if len(values) else 0, inverse, order[new]
+
+
 def _per_key(fn: Callable[..., tuple[float, ...]], *columns: np.ndarray) -> np.ndarray:
     """``fn`` (a cached function of integers) at every element of the broadcast ``columns``,
     evaluated once per distinct tuple of values; returns shape + (outputs,)."""
@@ -84,12 +99,11 @@ def _per_key(fn: Callable[..., tuple[float, ...]], *columns: np.ndarray) -> np.n
         return out.reshape(*shape, -1)
     key, span = np.zeros(flat[0].size, dtype=np.int64), 1
     for column in flat:                  # mixed-radix code of the distinct values per column
-        values, inverse = np.unique(column, return_inverse=True)
-        if span * len(values) > 2**62:   # keep the code in range: renumber what we have
-            key = np.unique(key, return_inverse=True)[1].reshape(-1)
-            span = int(key.max()) + 1
-        key, span = key * len(values) + inverse.reshape(-1), span * len(values)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        count, inverse, _ = distinct(column)
+        if span * count > 2**62:         # keep the code in range: renumber what we have
+            span, key, _ = distinct(key)
+        key, span = key * count + inverse, span * count
+    _, inverse, first = distinct(key)
     rows = zip(*(c[first] for c in flat), strict=True)
     out = np.array([fn(*map(int, row)) for row in rows], dtype=float)[inverse.reshape(-1)]
     return out.reshape(*shape, -1)
@@ -121,6 +135,10 @@ def kv_splits(programs: np.ndarray, tiles: np.ndarray, units: int) -> np.ndarray
     only split counts that shorten each split (fewer key tiles per split than one split
     fewer). At most min(128, units, key tiles) splits."""
     programs, tiles = np.broadcast_arrays(np.asarray(programs), np.asarray(tiles))
+    if programs.size <= 16:
+        return np.array([_kv_splits(int(p), int(t), units)[0] for p, t in
+                         zip(programs.ravel().tolist(), tiles.ravel().tolist(), strict=True)]
+                        ).reshape(programs.shape)
     out = np.ones(programs.shape)
     need = programs < _SPLIT_FULL * units
     if np.any(need):

@@ -76,8 +76,10 @@ def _samples(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, c0: np
 
 
 def _unique(cfg: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (configuration, context) pairs, sorted."""
     span = int(ctx.max()) + 2 if len(ctx) else 1
-    key = np.unique(cfg.astype(np.int64) * span + ctx)
+    key = np.sort(cfg.astype(np.int64) * span + ctx)
+    key = key[np.r_[True, key[1:] != key[:-1]]] if len(key) else key
     return key // span, key % span
 
 
@@ -90,28 +92,25 @@ def _bends(cfg: np.ndarray, ctx: np.ndarray, cost: StepCost,
     pairs = np.flatnonzero((cfg[1:] == cfg[:-1]) & (ctx[1:] - ctx[:-1] >= 2))
     if not len(pairs):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    a, b = ctx[pairs].astype(float), ctx[pairs + 1].astype(float)
-    c_a, c_b = cost.compute_s[:, pairs], cost.compute_s[:, pairs + 1]
-    m_a, m_b = cost.memory_s[:, pairs], cost.memory_s[:, pairs + 1]
+    ends = (pairs, pairs + 1)
+    comp = [cost.compute_s[:, e] for e in ends]
+    mem = [cost.memory_s[:, e] for e in ends]
     fixed, launch = cost.fixed_s[:, pairs], hw.efficiency.launch_overhead_s
-    lines = [(c_a - m_a, c_b - m_b)]
-    for level in (launch - fixed, fixed, launch / 2 + 0 * fixed, fixed + launch):
-        lines += [(c_a - level, c_b - level), (m_a - level, m_b - level)]
-    runs = cost.count[:, pairs] > 0
-    points = []
-    for lo, hi in lines:            # a line from lo at a to hi at b crosses 0 where lo/(lo-hi)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            frac = lo / (lo - hi)
-        inside = runs & (lo * hi < 0) & (frac > 0) & (frac < 1)
-        x = np.floor(a + (b - a) * frac)
-        op, at = np.nonzero(inside)
-        points.append((at, x[op, at]))
-    at = np.concatenate([p[0] for p in points])
-    x = np.concatenate([p[1] for p in points])
-    lo, hi = ctx[pairs][at], ctx[pairs + 1][at]
+    levels = np.stack([launch - fixed, fixed, np.full(fixed.shape, launch / 2), fixed + launch])
+    # each line's value at the segment's two ends: (lines, operators, pairs)
+    lo, hi = (np.concatenate([(c - m)[None], c[None] - levels, m[None] - levels])
+              for c, m in zip(comp, mem, strict=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = lo / (lo - hi)          # a line from lo at a to hi at b crosses 0 there
+    inside = (cost.count[:, pairs] > 0) & (lo * hi < 0) & (frac > 0) & (frac < 1)
+    _, _, at = np.nonzero(inside)
+    if not len(at):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    a, b = ctx[pairs][at], ctx[pairs + 1][at]
+    x = np.floor(a + (b - a) * frac[inside])
     owner = cfg[pairs][at]
     return (np.concatenate([owner, owner]),
-            np.concatenate([np.clip(x, lo, hi), np.clip(x + 1, lo, hi)]).astype(np.int64))
+            np.concatenate([np.clip(x, a, b), np.clip(x + 1, a, b)]).astype(np.int64))
 
 
 def _weights(cfg: np.ndarray, ctx: np.ndarray) -> np.ndarray:
@@ -156,7 +155,8 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
     c0 = w.prompt_len + 1
     c1 = c0 + np.maximum(steps, 1) - 1
     live = steps >= 1
-    context = [i for i, s in enumerate(step_template(model, plan.tp)) if s.context]
+    template = step_template(model, plan.tp)
+    context = [r for r, p in enumerate(first.positions.tolist()) if template[p].context]
     time = first.time_s * steps
     flops = first.flops * steps
     nbytes = [b * steps for b in first.bytes.astuple()]
@@ -171,6 +171,8 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
             cfg, ctx = _unique(np.concatenate([cfg, more[0]]), np.concatenate([ctx, more[1]]))
             cost = _price(model, hw, plan, w, dtypes, timing, cfg, ctx)
         sums = _sum_context(cfg, ctx, cost, n)
+        row = dict(zip(first.positions.tolist(), range(len(first.names)), strict=True))
+        context = [row[p] for p in cost.positions.tolist()]    # the context cost's order
         time[context] = sums["time"]
         flops[context] = sums["flops"]
         for j in range(5):
@@ -178,5 +180,5 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
         bound[context] = np.where(live, sums["labels"].argmax(axis=0), bound[context])
         last_step = np.where(live, static_step + sums["last"].sum(axis=0), last_step)
     return PhaseCost("decode", np.maximum(steps, 0), first.names, first.kinds, first.classes,
-                     first.count, time, flops, ByteCounts(*nbytes), bound, first.time,
+                     first.positions, first.count, time, flops, ByteCounts(*nbytes), bound, first.time,
                      last_step, first.time_s)

@@ -135,17 +135,17 @@ class Estimates:
 
 
 def _phase(p: PhaseCost, i: int) -> Phase:
-    ops = []
-    nbytes = [b[:, i] for b in p.bytes.astuple()]
-    for j in np.flatnonzero(p.count[:, i] > 0):
-        ops.append(OpSummary(
-            p.name, p.names[j], p.kinds[j], p.classes[j], float(p.count[j, i]),
-            float(p.flops[j, i]), ByteCounts(*(float(b[j]) for b in nbytes)),
-            float(p.time_s[j, i]), BOUNDS[int(p.bound[j, i])]))
-    total = ByteCounts(*(float(b.sum()) for b in nbytes))
-    return Phase(p.name, int(p.steps[i]), float(p.time_s[:, i].sum()),
-                 float(p.flops[:, i].sum()), total, BOUNDS[int(p.phase_bound[i])],
-                 float(p.first_step_s[i]), float(p.last_step_s[i]), tuple(ops))
+    live = [j for j in np.argsort(p.positions).tolist() if p.count[j, i] > 0]
+    count, flops, time, bound = (x[:, i].tolist() for x in (p.count, p.flops, p.time_s,
+                                                               p.bound))
+    nbytes = [b[:, i].tolist() for b in p.bytes.astuple()]
+    ops = tuple(OpSummary(p.name, p.names[j], p.kinds[j], p.classes[j], count[j], flops[j],
+                          ByteCounts(*(b[j] for b in nbytes)), time[j], BOUNDS[int(bound[j])])
+                for j in live)
+    total = ByteCounts(*(sum(b) for b in nbytes))
+    return Phase(p.name, int(p.steps[i]), sum(time), sum(flops), total,
+                 BOUNDS[int(p.phase_bound[i])], float(p.first_step_s[i]),
+                 float(p.last_step_s[i]), ops)
 
 
 def estimate_many(hardware: Hardware, model: Model, workloads: Workloads,

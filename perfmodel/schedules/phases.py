@@ -18,13 +18,15 @@ from perfmodel.cost.timebase import BOUNDS
 
 @dataclass(frozen=True)
 class PhaseCost:
-    """One phase of N configurations. Operator arrays have shape (operators, N)."""
+    """One phase of N configurations. Operator arrays have shape (operators, N), operators
+    in the order of the step cost they come from (``positions`` gives the template's)."""
 
     name: str
     steps: np.ndarray           # (N,) steps in the phase
     names: tuple[str, ...]
     kinds: tuple[str, ...]
     classes: tuple[str, ...]
+    positions: np.ndarray       # each operator's place in the step template (display order)
     count: np.ndarray           # instances per step (0: the operator does not run)
     time_s: np.ndarray          # summed over the steps
     flops: np.ndarray
@@ -65,5 +67,5 @@ def single_step_phase(name: str, cost: StepCost) -> PhaseCost:
     """A phase of one step per configuration (a prefill)."""
     time = cost.time
     return PhaseCost(name, np.ones(len(time), dtype=np.int64), cost.names, cost.kinds,
-                     cost.classes, cost.count, cost.time_s, cost.flops, cost.bytes, cost.bound,
+                     cost.classes, cost.positions, cost.count, cost.time_s, cost.flops, cost.bytes, cost.bound,
                      time, time, cost.time_s)

@@ -144,6 +144,14 @@ class Workloads:
 
     @classmethod
     def from_list(cls, workloads: Sequence[Workload]) -> Workloads:
+        """Workloads of already-checked ``Workload`` records."""
+        if len(workloads) == 1:       # one configuration: no need to check it again
+            w = workloads[0]
+            return cls(np.array([w.batch]), np.array([w.prompt_len]), np.array([w.gen_len]),
+                       *(np.array([CODE[getattr(w, f)]], dtype=np.int8) for f in _DTYPE_FIELDS),
+                       np.array([w.weight_group_size or 0]),
+                       np.array([float(w.usable_memory_fraction)]),
+                       np.array([w.kv_block_tokens]), np.array([bool(w.cuda_graphs)]))
         values = {f.name: [getattr(w, f.name) for w in workloads] for f in fields(Workload)}
         values["weight_group_size"] = [g or 0 for g in values["weight_group_size"]]
         return cls.of(**values)
@@ -190,11 +198,7 @@ def _column(name: str, value: object) -> np.ndarray:
         flat = names.reshape(-1)
         for item in dict.fromkeys(flat.tolist()):
             dtype_code(item if isinstance(item, str) else repr(item), where)
-        if flat.size == 1:
-            return np.full(names.shape, CODE[flat[0]], dtype=np.int8)
-        uniq, inverse = np.unique(flat.astype(str), return_inverse=True)
-        codes = np.array([CODE[u] for u in uniq], dtype=np.int8)[inverse]
-        return codes.reshape(names.shape)
+        return np.array([CODE[x] for x in flat.tolist()], dtype=np.int8).reshape(names.shape)
     arr = np.asarray(value)
     if name == "cuda_graphs":
         if arr.dtype != bool:
