@@ -15,7 +15,10 @@ from perfmodel.specs import Parallelism, SpecError, Workload
 from perfmodel.specs.load import HARDWARE_DIR, MODELS_DIR, shipped
 
 
-def _step(model, hw, wl, context, plan=Parallelism()):
+PLAN = Parallelism()
+
+
+def _step(model, hw, wl, context, plan=PLAN):
     """Seconds of the decode step at ``context`` (priced alone)."""
     timing = "kernel" if wl.cuda_graphs else None
     d = Dtypes.of(wl.weights_dtype, wl.act_dtype, wl.kv_dtype, wl.weight_group_size)
@@ -23,7 +26,7 @@ def _step(model, hw, wl, context, plan=Parallelism()):
                             timing).time[0])
 
 
-def _brute_decode(model, hw, wl, plan=Parallelism()):
+def _brute_decode(model, hw, wl, plan=PLAN):
     """Every decode step priced alone, in one vectorised call, summed."""
     contexts = np.arange(wl.prompt_len + 1, wl.prompt_len + wl.gen_len)
     d = Dtypes.of(wl.weights_dtype, wl.act_dtype, wl.kv_dtype, wl.weight_group_size)

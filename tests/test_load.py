@@ -5,9 +5,8 @@ import json
 import pytest
 
 import perfmodel as pm
-from perfmodel.specs import units
+from perfmodel.specs import SpecError, units
 from perfmodel.specs.load import HARDWARE_DIR, MODELS_DIR, load_hardware, load_model, shipped
-from perfmodel.specs import SpecError
 
 HW_YAML = (HARDWARE_DIR / "h100-sxm.yaml").read_text()
 MODEL_YAML = (MODELS_DIR / "llama-2-13b.yaml").read_text()

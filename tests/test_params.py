@@ -3,8 +3,8 @@
 import pytest
 
 import perfmodel as pm
-from perfmodel.specs.load import MODELS_DIR, shipped
 from perfmodel.cost.params import param_counts
+from perfmodel.specs.load import MODELS_DIR, shipped
 
 torch_reference = pytest.importorskip("tests.torch_reference")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import pytest
 import perfmodel as pm
 from perfmodel.compare import rows as compare_rows
 from perfmodel.cost.roofline import op_time
-from tests.snapshot.configs import DEVICES, OP_DEVICES, configs
+from tests.snapshot.configs import OP_DEVICES, device
 
 HERE = Path(__file__).parent / "snapshot"
 EXACT = 1e-6
@@ -37,14 +36,6 @@ DECODE_KEYS = ("tpot_s", "e2e_s", "throughput_tokens_per_s", "decode_tokens_per_
 
 def _load(name: str) -> object:
     return json.loads(gzip.decompress((HERE / name).read_bytes()))
-
-
-def _device(name: str) -> pm.Hardware:
-    path, append_kv = DEVICES[name]
-    hw = pm.hardware(path)
-    if append_kv:
-        hw = replace(hw, efficiency=replace(hw.efficiency, attention_append_kv=True))
-    return hw
 
 
 def _flatten(value: object, prefix: str = "") -> dict[str, object]:
@@ -67,7 +58,7 @@ def _close(old: object, new: object, tol: float) -> bool:
 def _new_estimate(entry: dict) -> dict:
     fields = dict(entry["workload"])
     plan = pm.Parallelism(tp=fields.pop("tp"))
-    est = pm.estimate(_device(entry["device"]), pm.model(entry["model"]),
+    est = pm.estimate(device(entry["device"]), pm.model(entry["model"]),
                       pm.Workload(**fields), plan)
     out = est.to_dict()
     out["workload"] = out["workload"] | {"tp": plan.tp}
@@ -152,7 +143,7 @@ def test_single_operators_match_the_old_core() -> None:
     """compare's operator times: every row on every device, within 1e-6."""
     data = _load("ops.json.gz")
     rows = data["rows"]
-    for device in OP_DEVICES:
-        hw = _device(device)
+    for name in OP_DEVICES:
+        hw = device(name)
         new = [float(op_time(compare_rows.row_op(r), hw, r["timing"]).time_s[0]) for r in rows]
-        np.testing.assert_allclose(new, data["time_s"][device], rtol=EXACT, err_msg=device)
+        np.testing.assert_allclose(new, data["time_s"][name], rtol=EXACT, err_msg=name)

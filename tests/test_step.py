@@ -66,7 +66,7 @@ def test_mixed_step_gemm_time_is_the_roofline_of_its_total_rows(mixed):
 def test_mixed_step_attention_time_is_the_roofline_of_its_totals(mixed):
     """One varlen kernel: compute = the chunk's FLOPs at its tile efficiency + the decodes'
     FLOPs at the decode pool's; memory = all its bytes; one fixed cost."""
-    model, hw, both, chunk, decodes = mixed
+    _, hw, both, _, _ = mixed
     i = both.names.index("attention")
     q, kv = 512, 512
     chunk_eff = 0.75 * float(prefill_tile_fraction(

@@ -108,8 +108,30 @@ class Dtypes:
         return BYTES[self.weights] + np.where(g > 0, 2.0 / np.maximum(g, 1), 0.0)
 
 
+class OperatorTotals:
+    """Per-row totals of a cost held as (operators, N) arrays ``time_s``, ``flops``,
+    ``bytes``: what a step or a phase adds up to."""
+
+    time_s: np.ndarray
+    flops: np.ndarray
+    bytes: ByteCounts
+
+    @property
+    def time(self) -> np.ndarray:
+        """Seconds of each row (N,)."""
+        return self.time_s.sum(axis=0)
+
+    @property
+    def total_flops(self) -> np.ndarray:
+        return self.flops.sum(axis=0)
+
+    @property
+    def total_bytes(self) -> ByteCounts:
+        return ByteCounts(*(b.sum(axis=0) for b in self.bytes.astuple()))
+
+
 @dataclass(frozen=True)
-class StepCost:
+class StepCost(OperatorTotals):
     """Every operator of N steps: arrays of shape (operators, N), operators grouped by
     record type (``names``, ``kinds``, ``classes``; ``positions``: each one's place in the
     step template, the order to show them in). ``count``: instances in the step
@@ -141,18 +163,6 @@ class StepCost:
         return StepCost(self.names, self.kinds, self.classes, self.positions, bytes=ByteCounts(
             *(b[:, index] for b in self.bytes.astuple())), **arrays)
 
-    @property
-    def time(self) -> np.ndarray:
-        """Seconds of each step (N,)."""
-        return self.time_s.sum(axis=0)
-
-    @property
-    def total_flops(self) -> np.ndarray:
-        return self.flops.sum(axis=0)
-
-    @property
-    def total_bytes(self) -> ByteCounts:
-        return ByteCounts(*(b.sum(axis=0) for b in self.bytes.astuple()))
 
 
 def default_timing(hw: Hardware) -> int:

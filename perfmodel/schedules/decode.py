@@ -180,5 +180,5 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
         bound[context] = np.where(live, sums["labels"].argmax(axis=0), bound[context])
         last_step = np.where(live, static_step + sums["last"].sum(axis=0), last_step)
     return PhaseCost("decode", np.maximum(steps, 0), first.names, first.kinds, first.classes,
-                     first.positions, first.count, time, flops, ByteCounts(*nbytes), bound, first.time,
-                     last_step, first.time_s)
+                     first.positions, first.count, time, flops, ByteCounts(*nbytes), bound,
+                     first.time, last_step, first.time_s)

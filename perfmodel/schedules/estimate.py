@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from perfmodel.cost.memory import MemoryEstimate
-from perfmodel.cost.ops import ByteCounts
+from perfmodel.cost.ops import ByteCounts, Num
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workload
@@ -65,6 +67,17 @@ class Phase:
                 "last_step_s": self.last_step_s}
 
 
+def mean_step(total_s: Num, steps: Num, first_step_s: Num) -> Num:
+    """TPOT: the mean decode step (the step at context S+1 when no decode step runs)."""
+    return np.where(steps > 0, total_s / np.maximum(steps, 1), first_step_s)
+
+
+def throughputs(batch: Num, gen_len: Num, e2e_s: Num, tpot_s: Num) -> tuple[Num, Num]:
+    """(generated tokens per second over the whole request, prefill included; tokens per
+    second in decode)."""
+    return batch * gen_len / e2e_s, batch / tpot_s
+
+
 def context_warning(model: Model, final_len: int) -> str | None:
     """Set when prompt + generation runs past the model's trained context."""
     limit = model.max_position_embeddings
@@ -116,9 +129,9 @@ class Estimate:
 
     @property
     def tpot_s(self) -> float:
-        """Mean decode step time (the step at context S+1 when only one token is generated)."""
-        steps = self.decode.steps
-        return self.decode.time_s / steps if steps else self.decode.first_step_s
+        """Mean decode step time (``mean_step``)."""
+        d = self.decode
+        return float(mean_step(d.time_s, d.steps, d.first_step_s))
 
     @property
     def e2e_s(self) -> float:
@@ -127,11 +140,13 @@ class Estimate:
     @property
     def throughput_tokens_per_s(self) -> float:
         """Generated tokens per second over the whole request batch, prefill included."""
-        return self.workload.batch * self.workload.gen_len / self.e2e_s
+        wl = self.workload
+        return float(throughputs(wl.batch, wl.gen_len, self.e2e_s, self.tpot_s)[0])
 
     @property
     def decode_tokens_per_s(self) -> float:
-        return self.workload.batch / self.tpot_s
+        wl = self.workload
+        return float(throughputs(wl.batch, wl.gen_len, self.e2e_s, self.tpot_s)[1])
 
     @property
     def context_warning(self) -> str | None:

@@ -22,7 +22,9 @@ from perfmodel.schedules.estimate import (
     OpSummary,
     Phase,
     context_warning,
+    mean_step,
     memory_warning,
+    throughputs,
 )
 from perfmodel.schedules.phases import PhaseCost
 from perfmodel.schedules.static import static_request
@@ -57,10 +59,9 @@ class Estimates:
 
     @property
     def tpot_s(self) -> np.ndarray:
-        """Mean decode step (the step at context S+1 when only one token is generated)."""
-        decode = self.phase("decode")
-        steps = decode.steps
-        return np.where(steps > 0, decode.time / np.maximum(steps, 1), decode.first_step_s)
+        """Mean decode step (``estimate.mean_step``)."""
+        d = self.phase("decode")
+        return mean_step(d.time, d.steps, d.first_step_s)
 
     @property
     def e2e_s(self) -> np.ndarray:
@@ -69,11 +70,12 @@ class Estimates:
     @property
     def throughput_tokens_per_s(self) -> np.ndarray:
         w = self.workloads
-        return w.batch * w.gen_len / self.e2e_s
+        return throughputs(w.batch, w.gen_len, self.e2e_s, self.tpot_s)[0]
 
     @property
     def decode_tokens_per_s(self) -> np.ndarray:
-        return self.workloads.batch / self.tpot_s
+        w = self.workloads
+        return throughputs(w.batch, w.gen_len, self.e2e_s, self.tpot_s)[1]
 
     def item(self, i: int) -> Estimate:
         """The typed estimate of configuration ``i``."""

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodel.cost.ops import ByteCounts
-from perfmodel.cost.step import StepCost
+from perfmodel.cost.step import OperatorTotals, StepCost
 from perfmodel.cost.timebase import BOUNDS
 
 
 @dataclass(frozen=True)
-class PhaseCost:
+class PhaseCost(OperatorTotals):
     """One phase of N configurations. Operator arrays have shape (operators, N), operators
     in the order of the step cost they come from (``positions`` gives the template's)."""
 
@@ -35,18 +35,6 @@ class PhaseCost:
     first_step_s: np.ndarray    # (N,)
     last_step_s: np.ndarray     # (N,)
     first_step_ops_s: np.ndarray    # (operators, N) each operator's time in the first step
-
-    @property
-    def time(self) -> np.ndarray:
-        return self.time_s.sum(axis=0)
-
-    @property
-    def total_flops(self) -> np.ndarray:
-        return self.flops.sum(axis=0)
-
-    @property
-    def total_bytes(self) -> ByteCounts:
-        return ByteCounts(*(b.sum(axis=0) for b in self.bytes.astuple()))
 
     @property
     def phase_bound(self) -> np.ndarray:
@@ -67,5 +55,5 @@ def single_step_phase(name: str, cost: StepCost) -> PhaseCost:
     """A phase of one step per configuration (a prefill)."""
     time = cost.time
     return PhaseCost(name, np.ones(len(time), dtype=np.int64), cost.names, cost.kinds,
-                     cost.classes, cost.positions, cost.count, cost.time_s, cost.flops, cost.bytes, cost.bound,
-                     time, time, cost.time_s)
+                     cost.classes, cost.positions, cost.count, cost.time_s, cost.flops,
+                     cost.bytes, cost.bound, time, time, cost.time_s)

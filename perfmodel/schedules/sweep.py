@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from perfmodel.cost.memory import kv_bytes_per_sequence, kv_bytes_per_token, memory_estimate
-from perfmodel.schedules.estimates import estimate_many
+from perfmodel.schedules.estimates import Estimates, estimate_many
 from perfmodel.specs.dtypes import BYTES, CODE
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import OP_CLASSES
@@ -38,10 +38,11 @@ def sweep(models: Sequence[Model], hardware: Sequence[Hardware], batches: Iterab
     ...); the dtype lists default to its dtypes. Invalid workloads raise SpecError before
     any point is evaluated."""
     base = base or Workload()
-    w = Workloads.grid(**{**_fields(base), "weights_dtype": list(weights_dtypes
-                                                                  or [base.weights_dtype]),
-                          "kv_dtype": list(kv_dtypes or [base.kv_dtype]),
-                          "prompt_len": list(prompts), "batch": list(batches)})
+    axes = {"weights_dtype": list(weights_dtypes or [base.weights_dtype]),
+            "kv_dtype": list(kv_dtypes or [base.kv_dtype]),
+            "prompt_len": list(prompts), "batch": list(batches)}
+    fixed = {k: v for k, v in _fields(base).items() if k not in axes}
+    w = Workloads.grid(**fixed, **axes)     # the axes last, in this order: batch fastest
     parts = [point_columns(estimate_many(hw, m, w, plan)) for m in models for hw in hardware]
     return {k: _concat([p[k] for p in parts]) for k in parts[0]}
 
@@ -52,7 +53,7 @@ def _concat(values: list) -> np.ndarray | list:
     return np.concatenate(values)
 
 
-def point_columns(e: object) -> dict[str, np.ndarray | list]:
+def point_columns(e: Estimates) -> dict[str, np.ndarray | list]:
     """``Estimates.columns`` plus the columns listed in the module docstring."""
     cols = e.columns()
     n = len(e)

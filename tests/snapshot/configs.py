@@ -10,6 +10,7 @@ Pure data: ``CONFIGS`` is a list of (model, hardware, workload fields) triples.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +27,17 @@ DEVICES = {
     "cpu-2t": (str(ROOT / "reports" / "cpu" / "hardware.yaml"), False),
 }
 PER_PAIR = 5
+
+
+def device(name: str) -> object:
+    """The hardware record of a snapshot device (the same code on the old and new core)."""
+    import perfmodel as pm
+
+    path, append_kv = DEVICES[name]
+    hw = pm.hardware(path)
+    if append_kv:
+        hw = replace(hw, efficiency=replace(hw.efficiency, attention_append_kv=True))
+    return hw
 SEED = 20261123
 
 

@@ -1,36 +1,28 @@
-"""Write tests/snapshot/estimates.json.gz (today's numbers for every configuration) and
-tests/snapshot/ops.json.gz (today's time of single operators, as ``compare`` predicts them).
+"""Write tests/snapshot/estimates.json.gz (the old core's numbers for every configuration)
+and tests/snapshot/ops.json.gz (its time of single operators, as ``compare`` predicted them).
 
-    python -m tests.snapshot.make_snapshot
+Run once, before the core v2 rewrite, on the code it replaced (commit e375a66):
 
-Run once, before the core v2 rewrite, on the code it replaces; tests/test_snapshot.py
-checks that the rewritten core reproduces every number.
+    git worktree add /tmp/old e375a66 && cd /tmp/old && python -m tests.snapshot.make_snapshot
+
+It uses that core's API (``perfmodel.report``, ``perfmodel.roofline``, ``decode_samples``),
+so it does not run on the current code; tests/test_snapshot.py checks that the current core
+reproduces every number.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import perfmodel as pm
-from perfmodel import report
-from perfmodel.specs import SpecError
 from perfmodel.compare import row_op
-from perfmodel.roofline import op_time
-from tests.snapshot.configs import DEVICES, OP_DEVICES, configs, op_rows, with_operators
+from perfmodel.specs import SpecError
+from tests.snapshot.configs import OP_DEVICES, configs, device, op_rows, with_operators
 
 OUT = Path(__file__).with_name("estimates.json.gz")
 OPS_OUT = Path(__file__).with_name("ops.json.gz")
-
-
-def device(name: str) -> pm.Hardware:
-    path, append_kv = DEVICES[name]
-    hw = pm.hardware(path)
-    if append_kv:
-        hw = replace(hw, efficiency=replace(hw.efficiency, attention_append_kv=True))
-    return hw
 
 
 EXACT_KEYS = ("tpot_s", "e2e_s", "throughput_tokens_per_s", "decode_tokens_per_s", "decode")
@@ -38,6 +30,8 @@ EXACT_KEYS = ("tpot_s", "e2e_s", "throughput_tokens_per_s", "decode_tokens_per_s
 
 def exact_decode(dev: str, model: str, fields: dict, ops: bool) -> dict:
     """The decode numbers with every decode step evaluated (no trapezoid sampling)."""
+    from perfmodel import report  # the old core's module (see the docstring)
+
     est = pm.estimate(device(dev), pm.model(model), pm.Workload(**fields),
                       decode_samples=10**6)
     full = json.loads(report.to_json(est, with_ops=ops))
@@ -48,6 +42,10 @@ def exact_decode(dev: str, model: str, fields: dict, ops: bool) -> dict:
 
 
 def main() -> None:
+    from perfmodel.roofline import op_time
+
+    from perfmodel import report  # the old core's modules (see the docstring)
+
     records = []
     for i, (model, dev, fields) in enumerate(configs()):
         entry = {"model": model, "device": dev, "workload": fields}
