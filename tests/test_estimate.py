@@ -14,7 +14,6 @@ from perfmodel.cost.step import Dtypes, Step, price_step
 from perfmodel.specs import Parallelism, SpecError, Workload
 from perfmodel.specs.load import HARDWARE_DIR, MODELS_DIR, shipped
 
-
 PLAN = Parallelism()
 
 
