@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from perfmodel.cli import app
-from perfmodel.cli_common import command_line
-from perfmodel.load import HARDWARE_DIR
+from perfmodel.cli.app import app
+from perfmodel.cli.common import command_line
+from perfmodel.specs.load import HARDWARE_DIR
 
 runner = CliRunner()
 BASE = ["estimate", "--model", "llama-2-13b", "--hardware", "h100-sxm"]
@@ -38,8 +38,22 @@ def test_json_keys_and_units():
         assert {"time_s", "flops", "bytes", "bound"} <= set(data[phase])
     assert {"first_step_s", "last_step_s"} <= set(data["decode"])
     assert data["kv_cache_bytes_per_token"] == 819_200
-    assert data["workload"]["batch"] == 4
+    assert data["workload"]["batch"] == 4 and "tp" not in data["workload"]
+    assert data["parallelism"] == {"tp": 1, "pp": 1, "ep": 1, "dp": 1}
+    assert data["decode"]["steps"] == 9 and data["prefill"]["steps"] == 1
     assert data["e2e_s"] == pytest.approx(data["ttft_s"] + 9 * data["tpot_s"])
+
+
+def test_tp_is_the_plan_not_the_workload():
+    data = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "-f", "json"]).stdout)
+    assert data["parallelism"]["tp"] == 2 and "tp" not in data["workload"]
+    assert data["kv_cache_bytes_per_token"] == 819_200 / 2      # KV heads split over 2
+    row = next(csv.DictReader(io.StringIO(runner.invoke(app, [*BASE, "--tp", "2", "-f",
+                                                               "csv"]).stdout)))
+    assert row["tp"] == "2" and "workload_tp" not in row
+    assert "h100-sxm x2 (TP)" in runner.invoke(app, [*BASE, "--tp", "2"]).stdout
+    ones = runner.invoke(app, [*BASE, "--pp", "1", "--ep", "1", "--dp", "1", "-f", "json"])
+    assert json.loads(ones.stdout)["parallelism"] == {"tp": 1, "pp": 1, "ep": 1, "dp": 1}
 
 
 def test_csv_one_row():
@@ -101,6 +115,13 @@ def _unknown_key(tmp_path):
     ([*BASE, "--batch", "0"], "batch"),
     ([*BASE, "--prompt", "-5"], "prompt"),
     ([*BASE, "--tp", "3"], "tp=3 must divide n_heads=40"),
+    ([*BASE, "--tp", "0"], "--tp"),
+    ([*BASE, "--pp", "2"], "pp=2: pipeline parallelism is not yet modelled"),
+    ([*BASE, "--ep", "4"], "ep=4: expert parallelism is not yet modelled"),
+    ([*BASE, "--dp", "2"], "dp=2: data parallelism (replicas) is not yet modelled"),
+    ([*BASE, "--group-size", "0"], "--group-size"),
+    ([*BASE, "--format", "xml"], "--format"),
+    ([*BASE, "--decode-samples", "9"], "No such option: --decode-samples"),
     ("BAD_YAML", "not valid YAML"),
     ("UNKNOWN_KEY", "vendr: unknown field"),
 ])
@@ -117,7 +138,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
 
 
 def test_estimate_path_stays_light():
-    code = ("import sys, perfmodel.cli, perfmodel.estimate, perfmodel.report;"
+    code = ("import sys, perfmodel.cli.app, perfmodel.schedules.estimates, "
+            "perfmodel.report.tables, perfmodel.cli.common;"
             "heavy = [m for m in ('torch', 'matplotlib', 'pandas') if m in sys.modules];"
             "print(heavy); sys.exit(1 if heavy else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -125,10 +147,11 @@ def test_estimate_path_stays_light():
 
 
 @pytest.mark.parametrize("module, args", [
-    ("perfmodel.cli", ["estimate", "-m", "x", "-H", "h100-sxm"]),
-    ("perfmodel.cli", ["estimate", "-m", "llama-2-7b", "-H", "h100-sxm", "--batch", "0"]),
-    ("perfmodel.cli", ["estimate", "-m", "llama-2-7b"]),
-    ("perfmodel", ["no-such-command"]),              # python -m perfmodel: the same entry
+    ("perfmodel.cli.app", ["estimate", "-m", "x", "-H", "h100-sxm"]),
+    ("perfmodel.cli.app", ["estimate", "-m", "llama-2-7b", "-H", "h100-sxm", "--batch", "0"]),
+    ("perfmodel", ["estimate", "-m", "llama-2-7b"]),   # python -m perfmodel: the same entry
+    ("perfmodel", ["estimate", "-m", "llama-2-7b", "-H", "h100-sxm", "--pp", "2"]),
+    ("perfmodel", ["no-such-command"]),
 ])
 def test_console_script_error_is_one_line(module, args):
     done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
@@ -140,7 +163,7 @@ def test_console_script_error_is_one_line(module, args):
 
 def test_markdown_breakdown_is_a_table():
     import perfmodel as pm
-    from perfmodel import report
+    from perfmodel.report import tables as report
 
     est = pm.estimate(pm.hardware("h100-sxm"), pm.model("llama-2-7b"))
     lines = report.breakdown_markdown(est).splitlines()
@@ -177,3 +200,35 @@ def test_table_states_a_memory_shortfall_once_and_keeps_other_warnings():
     assert [ln for ln in long.output.splitlines() if ln.startswith("warning")] == [
         "warning             prompt + generated = 8320 tokens exceeds llama-2-7b's context "
         "limit (max_position_embeddings = 4096)"]
+
+
+class _EntryPoint:
+    def __init__(self, name, value, load):
+        self.name, self.value, self.load = name, value, load
+
+
+def test_plugins_add_commands_and_a_broken_one_is_one_warning(monkeypatch, capsys):
+    import importlib.metadata
+
+    import typer
+
+    from perfmodel.cli.app import load_plugins
+
+    def register(target):
+        target.command("hello")(lambda: typer.echo("hi"))
+
+    def broken():
+        raise ImportError("No module named 'torch'")
+
+    found = [_EntryPoint("bad", "bad.cli:register", broken),
+             _EntryPoint("good", "good.cli:register", lambda: register)]
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: found if group == "perfmodel.commands" else [])
+    target = typer.Typer()
+    target.command("noop")(lambda: None)
+    assert load_plugins(target) is target
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert warning == ["warning: commands of 'bad' (bad.cli:register) not loaded: "
+                       "ImportError: No module named 'torch'"]
+    result = runner.invoke(target, ["hello"])
+    assert result.exit_code == 0 and result.stdout == "hi\n"

@@ -4,12 +4,14 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel import plots, sweep_plots
-from perfmodel.estimate import estimate, step_times
-from perfmodel.sweep import kv_cache_table, max_batch_table, sweep
+from perfmodel.cost.step import Dtypes, Step, price_step
+from perfmodel.report import plots, sweep_plots
+from perfmodel.schedules.estimates import estimate
+from perfmodel.schedules.sweep import kv_cache_table, max_batch_table, rows, sweep
 
 LLAMA = pm.model("llama-2-13b")
 
@@ -38,15 +40,56 @@ def test_decode_points_are_one_step_at_the_middle_context(h100):
     wl = pm.Workload(batch=8, prompt_len=512, gen_len=128)
     assert plots.decode_context(wl) == 576
     pts = plots.roofline_points(LLAMA, h100, wl, ("decode",))
-    times = step_times(LLAMA, h100, wl, 1, 576)
-    assert [p["name"] for p in pts] == [t.op.name for t in times]
-    for p, t in zip(pts, times, strict=True):
-        assert p["intensity"] == pytest.approx(t.op.intensity)
-        assert p["attained_flops_per_s"] == pytest.approx(t.attained_flops_per_s)
-        assert p["context"] == 576 and p["phase"] == "decode"
+    step = price_step(LLAMA, h100, pm.Parallelism(), Step.uniform(8, 1, 576), Dtypes.of())
+    order = np.argsort(step.positions).tolist()            # rows in the template's order
+    ran = [i for i in order if step.count[i, 0] > 0]
+    assert [p["name"] for p in pts] == [step.names[i] for i in ran]
+    for p, i in zip(pts, ran, strict=True):
+        flops, nbytes, time = (float(a[i, 0]) for a in (step.flops, step.bytes.total,
+                                                          step.time_s))
+        assert p["flops"] == flops and p["bytes"] == nbytes and p["time_s"] == time
+        if nbytes:
+            assert p["intensity"] == pytest.approx(flops / nbytes)
+        assert p["attained_flops_per_s"] == pytest.approx(flops / time)
+        assert p["context"] == 576 and p["phase"] == "decode" and p["new_tokens"] == 1
+        assert p["dtype"] == "bf16" and p["batch"] == 8
     assert sum(p["share"] for p in pts) == pytest.approx(1.0)
     hidden = {p["name"] for p in pts if not p["plotted"]}
     assert hidden == {"embed", "kv_cache_write"}            # no FLOPs: not on a roofline
+
+
+def test_points_under_tensor_parallelism(h100):
+    """TP 2: the points are the operators of one device's step, all-reduces included (not
+    plotted), and the title says TP; a plan that is not modelled is a SpecError."""
+    wl = pm.Workload(batch=4, prompt_len=256, gen_len=32)
+    two = pm.Parallelism(tp=2)
+    pts = plots.roofline_points(LLAMA, h100, wl, plan=two)
+    est = estimate(h100, LLAMA, wl, two)
+    prefill = {p["name"]: p for p in pts if p["phase"] == "prefill"}
+    assert set(prefill) == {o.name for o in est.prefill.ops}
+    assert prefill["all_reduce"]["count"] == 2 * LLAMA.n_layers
+    assert not prefill["all_reduce"]["plotted"]
+    one = {p["name"]: p for p in plots.roofline_points(LLAMA, h100, wl, ("prefill",))}
+    assert prefill["qkv_proj"]["flops"] == pytest.approx(one["qkv_proj"]["flops"] / 2)
+    assert "TP 2" in plots.roofline_title(LLAMA, wl, ("prefill", "decode"), two)
+    assert "TP" not in plots.roofline_title(LLAMA, wl, ("prefill", "decode"))
+    with pytest.raises(pm.SpecError, match="not yet modelled"):
+        plots.roofline_points(LLAMA, h100, wl, plan=pm.Parallelism(ep=2))
+    with pytest.raises(ValueError, match="prefill or decode"):
+        plots.roofline_points(LLAMA, h100, wl, ("verify",))
+
+
+def test_mla_points_name_each_attention_form():
+    """DeepSeek-V3's prefill runs attention in the expanded form, its decode absorbed: the
+    points carry the estimate's operator names."""
+    h200, ds = pm.hardware("h200-sxm"), pm.model("deepseek-v3")
+    wl = pm.Workload(batch=8, prompt_len=100, gen_len=16)
+    pts = plots.roofline_points(ds, h200, wl, plan=pm.Parallelism(tp=8))
+    names = {ph: {p["name"] for p in pts if p["phase"] == ph} for ph in ("prefill", "decode")}
+    assert "attention_expanded" in names["prefill"] and "attention" not in names["prefill"]
+    assert {"attention", "q_absorb", "o_absorb"} <= names["decode"]
+    est = estimate(h200, ds, wl, pm.Parallelism(tp=8))
+    assert names["prefill"] == {o.name for o in est.prefill.ops}
 
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
@@ -136,21 +179,21 @@ def test_roof_caption_states_the_numbers(h100):
 
 
 def test_sweep_figures_draw_the_rows(h100, tmp_path):
-    rows = sweep([LLAMA], [h100], [1, 16, 256], [512, 2048])
-    fig = sweep_plots.batch_figure(rows)
+    records = rows(sweep([LLAMA], [h100], [1, 16, 256], [512, 2048]))
+    fig = sweep_plots.batch_figure(records)
     lat = fig.axes[0]
     drawn = {tuple(line.get_xydata()[:, 0]) for line in lat.lines
              if len(line.get_xydata()) == 3}
     assert drawn == {(1.0, 16.0, 256.0)}
-    tpot = sorted(r["tpot_s"] * 1e3 for r in rows if r["workload_prompt_len"] == 512)
+    tpot = sorted(r["tpot_s"] * 1e3 for r in records if r["workload_prompt_len"] == 512)
     assert any(list(line.get_ydata()) == pytest.approx(tpot) for line in lat.lines)
-    ceilings = {r["max_batch"] for r in rows}
+    ceilings = {r["max_batch"] for r in records}
     vlines = {line.get_xdata()[0] for line in lat.lines if len(set(line.get_xdata())) == 1}
     assert ceilings <= vlines                                # the memory ceiling is marked
-    split = [r for r in rows if r["workload_batch"] == 16]
+    split = [r for r in records if r["workload_batch"] == 16]
     kv = kv_cache_table([LLAMA, pm.model("mistral-7b")], [1024, 8192])
     mb = max_batch_table([LLAMA, pm.model("mistral-7b")], h100, [1024, 8192])
-    for name, f in {"batch": fig, "tradeoff": sweep_plots.tradeoff_figure(rows),
+    for name, f in {"batch": fig, "tradeoff": sweep_plots.tradeoff_figure(records),
                     "split": sweep_plots.time_split_figure(split),
                     "kv": sweep_plots.kv_figure(kv, mb)}.items():
         path = tmp_path / f"{name}.png"
@@ -162,8 +205,8 @@ def test_sweep_figures_draw_the_rows(h100, tmp_path):
 
 
 def test_import_stays_light():
-    code = ("import sys, perfmodel, perfmodel.plots, perfmodel.sweep_plots, perfmodel.sweep, "
-            "perfmodel.cli; "
+    code = ("import sys, perfmodel, perfmodel.report.plots, perfmodel.report.sweep_plots, "
+            "perfmodel.report.tables, perfmodel.schedules.sweep, perfmodel.cli.app; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib'; "
             "assert 'pandas' not in sys.modules, 'pandas'")
     subprocess.run([sys.executable, "-c", code], check=True)

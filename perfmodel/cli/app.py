@@ -35,7 +35,13 @@ def load_plugins(target: typer.Typer = app) -> typer.Typer:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="perfmodel.commands"):
-        ep.load()(target)
+        try:
+            register = ep.load()
+        except Exception as exc:   # a broken plugin must not take the core commands down
+            typer.echo(f"warning: commands of {ep.name!r} ({ep.value}) not loaded: "
+                       f"{type(exc).__name__}: {exc}", err=True)
+            continue
+        register(target)
     if target is app:
         _plugins_loaded = True
     return target

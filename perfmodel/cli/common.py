@@ -8,7 +8,10 @@ so nothing imports ``app`` back (no cycle). Module level: typer and the standard
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -81,3 +84,61 @@ Graphs = Annotated[bool, typer.Option(help="decode launched as a CUDA graph")]
 MemFrac = Annotated[float, typer.Option(
     min=0.01, max=1.0, help="share of device memory usable by the server")]
 KvBlock = Annotated[int, typer.Option(min=1, help="paged-KV block, tokens")]
+
+
+# --- comma lists and figure files -------------------------------------------------------
+
+def names(option: str, text: str, what: str = "names") -> list[str]:
+    """'a, b' -> ['a', 'b']; an empty list or an empty item is a one-line error."""
+    out = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not n for n in out):
+        fail(f"{option}: expected a comma-separated list of {what}, got {text!r}")
+    return out
+
+
+def ints(option: str, text: str) -> list[int]:
+    """'1,16,128' -> [1, 16, 128]; anything else is a one-line error."""
+    values = []
+    for t in names(option, text, "positive integers"):
+        if not t.isdigit() or int(t) < 1:
+            fail(f"{option}: expected comma-separated positive integers, got {t!r} in {text!r}")
+        values.append(int(t))
+    return values
+
+
+def dtypes(option: str, text: str) -> list[str]:
+    """'bf16,fp8' -> ['bf16', 'fp8']; an unknown dtype is a one-line error."""
+    out = names(option, text)
+    for d in out:
+        if d not in DTYPES:
+            fail(f"{option}: unknown dtype {d!r}, expected one of {', '.join(DTYPES)}")
+    return out
+
+
+def out_dir(path: Path, option: str = "--out") -> Path:
+    """Fail early (one line) when ``path`` or a folder above it is a file, before any work;
+    the directory itself is made by ``writing``."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                fail(f"{option}: {str(p)!r} is a file, expected a directory")
+            break
+    return path
+
+
+@contextmanager
+def writing(path: Path, option: str = "--out") -> Iterator[Path]:
+    """Make the directory ``path`` and turn an OS error while writing the outputs in it (no
+    permission, disk full) into one ``error:`` line."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+    except OSError as exc:
+        fail(f"{option}: cannot write {exc.filename or path}: {exc.strerror or exc}")
+
+
+def save(fig: Any, path: Path, dpi: int) -> int:
+    """Write ``fig`` to ``path`` (format from the suffix); returns the bytes written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)   # constrained layout keeps legends and labels inside
+    return path.stat().st_size

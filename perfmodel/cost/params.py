@@ -45,10 +45,10 @@ class ParamCounts:
 def check_tp(model: Model, tp: int) -> None:
     """TP must split heads evenly and KV heads evenly (or replicate them whole)."""
     if model.n_heads % tp:
-        raise SpecError(f"workload: tp={tp} must divide n_heads={model.n_heads} of {model.name}")
+        raise SpecError(f"parallelism: tp={tp} must divide n_heads={model.n_heads} of {model.name}")
     kv = model.n_kv_heads
     if kv % tp and tp % kv:
-        raise SpecError(f"workload: tp={tp} and n_kv_heads={kv} of {model.name}: one must "
+        raise SpecError(f"parallelism: tp={tp} and n_kv_heads={kv} of {model.name}: one must "
                         "divide the other")
 
 

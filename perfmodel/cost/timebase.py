@@ -43,7 +43,9 @@ def timing_code(timing: str | np.ndarray | int) -> np.ndarray | int:
         if timing not in TIMINGS:
             raise SpecError(f"--timing: expected one of {', '.join(TIMINGS)}, got {timing!r}")
         return TIMINGS.index(timing)
-    return timing
+    if isinstance(timing, (int, np.integer)):
+        return int(timing)
+    return np.asarray(timing)
 
 
 def peak(hw: Hardware, dtype: np.ndarray | int) -> np.ndarray:

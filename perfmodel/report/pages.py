@@ -13,12 +13,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from perfmodel import report
-from perfmodel.estimate import DECODE_SAMPLES, Estimate
-from perfmodel.plots import decode_context
-from perfmodel.roofline import kind_memory_fraction
-from perfmodel.specs import DTYPE_BYTES, Efficiency, Hardware, compute_dtype
-from perfmodel.units import fmt_bytes, fmt_rate, fmt_time
+from perfmodel.cost.roofline import kind_memory_fraction
+from perfmodel.report import tables as report
+from perfmodel.report.plots import decode_context
+from perfmodel.schedules.estimate import Estimate
+from perfmodel.specs.dtypes import DTYPE_BYTES, compute_dtype
+from perfmodel.specs.hardware import Efficiency, Hardware
+from perfmodel.specs.units import fmt_bytes, fmt_rate, fmt_time
 
 
 @dataclass(frozen=True)
@@ -128,36 +129,33 @@ def to_html(blocks: Sequence[Block], images: dict[str, bytes], title: str) -> st
 
 # --- content ------------------------------------------------------------------------------
 
-def definitions(decode_samples: int | None) -> list[str]:
-    """What the reported quantities mean and how decode is integrated."""
-    sampled = ("the sweep figures integrate decode over the same range with the trapezoid "
-               f"rule on {decode_samples} evenly spaced contexts (within 0.1% of the table's "
-               "method; see perfmodel/sweep.py)" if decode_samples else
-               "the sweep figures use the same method")
+def definitions() -> list[str]:
+    """What the reported quantities mean and how decode is summed."""
     return [
         "**TTFT** (time to first token) = the prefill step: the whole batch of prompts in one "
         "forward pass, which also emits the first generated token.",
         "**TPOT** (time per output token) = the mean decode step over the G - 1 remaining "
         "tokens; each step generates one token for every sequence of the batch.",
         "**Throughput** in decode = batch / TPOT; overall = batch x G / (TTFT + decode time).",
-        "Decode integration: the step that emits token i + 1 runs at context S + i, so decode "
-        f"reads contexts S+1 ... S+G-1. The estimate table sums them exactly up to "
-        f"{DECODE_SAMPLES} steps and uses the trapezoid rule on {DECODE_SAMPLES} evenly spaced "
-        f"contexts beyond; {sampled}.",
+        "Decode sum: the step that emits token i + 1 runs at context S + i, so decode reads "
+        "contexts S+1 ... S+G-1. Every table and figure sums those steps exactly: a step's time "
+        "is piecewise linear in the context, so it is priced where it bends (key-tile and "
+        "window boundaries, where compute meets memory or the launch overhead) and summed "
+        "in closed form between (perfmodel/schedules/decode.py).",
         "Roofline points: one operator (all layers) of ONE step; prefill is the step over the "
         "whole prompt, decode one step at context prompt + gen/2. x = FLOPs / bytes moved to "
         "or from device memory, y = FLOPs / modelled time (overheads included). Achievable "
         "roofs = peak x gemm_fraction and bandwidth x memory_fraction.",
         "Operator time = max(FLOPs / (peak x compute efficiency), bytes / (bandwidth x memory "
         "efficiency)) + kernel latency, and at least the host launch overhead unless decode "
-        "runs as a CUDA graph (perfmodel/roofline.py).",
+        "runs as a CUDA graph (perfmodel/cost/roofline.py).",
         "Memory: batch ceiling = floor((capacity x usable fraction - weights) / (KV per "
         "sequence at prompt + gen, rounded to whole paged blocks + workspace per sequence)).",
         "Units are decimal SI: 1 GB = 1e9 bytes, 1 TFLOP/s = 1e12 FLOP/s.",
     ]
 
 
-def assumptions(e: Estimate, decode_samples: int | None) -> list[Block]:
+def assumptions(e: Estimate) -> list[Block]:
     """Every assumption behind ``e``: dtypes, hardware figures and sources, efficiencies."""
     hw, wl = e.hardware, e.workload
     eff = hw.efficiency
@@ -168,7 +166,7 @@ def assumptions(e: Estimate, decode_samples: int | None) -> list[Block]:
            else "")
         + f", activations {wl.act_dtype}, KV cache {wl.kv_dtype}; matmuls run at {mm} "
         f"({fmt_rate(hw.peak(mm), 'FLOP/s')} dense peak on {hw.name}).",
-        f"Tensor parallelism {wl.tp}; usable memory {wl.usable_memory_fraction:.0%} of "
+        f"Tensor parallelism {e.plan.tp}; usable memory {wl.usable_memory_fraction:.0%} of "
         f"capacity; paged KV blocks of {wl.kv_block_tokens} tokens; decode "
         + ("as a CUDA graph (no host launch cost)." if wl.cuda_graphs
            else "launched kernel by kernel (host launch overhead applies)."),
@@ -198,7 +196,7 @@ def assumptions(e: Estimate, decode_samples: int | None) -> list[Block]:
     return [h2("Assumptions"), bullets(dtypes), table(hw_rows), table(eff_rows),
             para(f"Sources of the {hw.name} figures (hardware/{hw.name}.yaml):"),
             bullets(sources or ["(none given)"]), h2("Definitions"),
-            bullets(definitions(decode_samples))]
+            bullets(definitions())]
 
 
 def _per_kind_rows(hw: Hardware) -> list[list[str]]:
@@ -251,7 +249,7 @@ def findings(e: Estimate) -> list[str]:
 
 
 def single_report(e: Estimate, command: str, figures: Sequence[tuple[str, str]],
-                  batch_rows: Sequence[dict], decode_samples: int | None) -> list[Block]:
+                  batch_rows: Sequence[dict]) -> list[Block]:
     """The report of one model on one device: table, findings, figures, breakdown,
     assumptions. ``figures``: (file name, caption); ``batch_rows``: sweep over batch."""
     blocks = [h1(f"{e.model.name} on {e.hardware.name}: predicted inference performance"),
@@ -271,7 +269,7 @@ def single_report(e: Estimate, command: str, figures: Sequence[tuple[str, str]],
         "summed over all decode steps (share = of the phase time)."),
         code(report.breakdown(e)),
         para(f"Model shape of {e.model.name} from: {e.model.source or 'the model file'}.")]
-    return blocks + assumptions(e, decode_samples)
+    return blocks + assumptions(e)
 
 
 def roofline_caption(model: str, hardware: str, batches: Sequence[int], e: Estimate) -> str:
@@ -306,12 +304,12 @@ def kv_findings(estimates: Sequence[Estimate], whole: dict[str, float],
                        for e in by_size[1:]) + "."]
     out += [f"{e.model.name}: {_kv_formula(e)} = {whole[e.model.name]:,.0f} B per token."
             for e in estimates]
-    tp = estimates[0].workload.tp
+    tp = estimates[0].plan.tp
     if tp > 1:
         out.append(_tp_sentence(estimates, whole))
     wl = estimates[0].workload
     where = estimates[0].hardware.name
-    where = f"{wl.tp} x {where} (TP {wl.tp})" if wl.tp > 1 else where
+    where = f"{tp} x {where} (TP {tp})" if tp > 1 else where
     out.append(f"At {wl.final_len:,} tokens per sequence (prompt {wl.prompt_len:,} + "
                f"{wl.gen_len:,} generated) on {where}: "
                + "; ".join(f"{e.model.name} fits {e.memory.max_batch} sequences "
@@ -333,7 +331,7 @@ def kv_findings(estimates: Sequence[Estimate], whole: dict[str, float],
 
 def _tp_sentence(estimates: Sequence[Estimate], whole: dict[str, float]) -> str:
     """What tensor parallelism does to each model's KV bytes per token per device."""
-    tp = estimates[0].workload.tp
+    tp = estimates[0].plan.tp
     parts = []
     for e in estimates:
         dev = e.memory.kv_cache_bytes_per_token
@@ -359,13 +357,12 @@ def _native_context(estimates: Sequence[Estimate], longest: int) -> list[str]:
 
 def comparison_report(estimates: Sequence[Estimate], whole: dict[str, float], command: str,
                       figures: Sequence[tuple[str, str]], batch_rows: Sequence[dict],
-                      decode_samples: int | None,
                       at_ceiling: Sequence[Estimate] = ()) -> list[Block]:
     """KV-cache economics of several models on one device and workload; ``at_ceiling``:
     the same workloads at each model's batch ceiling (for the throughput lines)."""
     names = " vs ".join(f"{e.model.name} ({e.model.attention_kind})" for e in estimates)
-    hw, wl = estimates[0].hardware, estimates[0].workload
-    rows = [["model", "attention", "KV B/token (model)", f"KV B/token per device (TP {wl.tp})",
+    hw, wl, tp = estimates[0].hardware, estimates[0].workload, estimates[0].plan.tp
+    rows = [["model", "attention", "KV B/token (model)", f"KV B/token per device (TP {tp})",
              "weights / device", f"max batch at {wl.final_len} tokens",
              f"TPOT at batch {wl.batch}"]]
     rows += [[e.model.name, e.model.attention_kind, f"{whole[e.model.name]:,.0f}",
@@ -377,7 +374,7 @@ def comparison_report(estimates: Sequence[Estimate], whole: dict[str, float], co
     blocks += [figure(f, c) for f, c in figures]
     blocks += [h2("Model shapes"), bullets([f"{e.model.name}: {e.model.source or 'model file'}"
                                             for e in estimates])]
-    return blocks + assumptions(estimates[0], decode_samples)
+    return blocks + assumptions(estimates[0])
 
 
 def _attention_tile(eff: Efficiency) -> str:

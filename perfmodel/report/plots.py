@@ -23,9 +23,15 @@ import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from perfmodel.estimate import phase_timing, step_times
-from perfmodel.specs import Hardware, Model, Workload
-from perfmodel.units import fmt_rate
+import numpy as np
+
+from perfmodel.cost.step import Dtypes, Step, default_timing, price_step
+from perfmodel.cost.timebase import BOUNDS, KERNEL
+from perfmodel.specs.dtypes import DTYPES
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+from perfmodel.specs.units import fmt_rate
+from perfmodel.specs.workload import Parallelism, Workload
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -43,7 +49,8 @@ def decode_context(wl: Workload) -> int:
     return wl.prompt_len + max(1, wl.gen_len // 2)
 
 
-def roofline_title(model: Model, wl: Workload, phases: Sequence[str]) -> str:
+def roofline_title(model: Model, wl: Workload, phases: Sequence[str],
+                   plan: Parallelism | None = None) -> str:
     """Figure title saying what a prefill point and a decode point are."""
     parts = []
     if "prefill" in phases:
@@ -52,12 +59,13 @@ def roofline_title(model: Model, wl: Workload, phases: Sequence[str]) -> str:
         parts.append(f"decode: one step at context {decode_context(wl)} "
                      f"(prompt {wl.prompt_len} + gen {wl.gen_len}/2)")
     dt = f"weights {wl.weights_dtype}, activations {wl.act_dtype}, KV {wl.kv_dtype}"
-    tp = f", TP {wl.tp}" if wl.tp > 1 else ""
+    tp = f", TP {plan.tp}" if plan is not None and plan.tp > 1 else ""
     return f"Roofline of {model.name} ({dt}{tp})\n" + "; ".join(parts)
 
 
 def roofline_points(model: Model, hw: Hardware, wl: Workload,
-                    phases: Sequence[str] = ("prefill", "decode")) -> list[dict]:
+                    phases: Sequence[str] = ("prefill", "decode"),
+                    plan: Parallelism | None = None) -> list[dict]:
     """One record per operator of one prefill step and/or one decode step (see module doc).
 
     Fields: device, model, batch, phase, new_tokens, context, name, kind, op_class, dtype,
@@ -65,24 +73,40 @@ def roofline_points(model: Model, hw: Hardware, wl: Workload,
     attained_flops_per_s, bound, plotted (False for ops with no FLOPs or no memory traffic,
     e.g. embedding gathers, KV writes and collectives, which have no place on a roofline).
     """
-    rows = []
+    plan = plan or Parallelism()
+    shapes = {"prefill": (wl.prompt_len, wl.prompt_len), "decode": (1, decode_context(wl))}
     for phase in phases:
-        timing = phase_timing(hw, wl, phase)
-        new, ctx = (wl.prompt_len, wl.prompt_len) if phase == "prefill" \
-            else (1, decode_context(wl))
-        times = step_times(model, hw, wl, new, ctx, timing)
-        total = sum(t.time_s for t in times)
-        for t in times:
-            op = t.op
-            nbytes = op.bytes.total
+        if phase not in shapes:
+            raise ValueError(f"phase must be prefill or decode, got {phase!r}")
+    new = [shapes[p][0] for p in phases]
+    ctx = [shapes[p][1] for p in phases]
+    # an array, not a list: the roofline compares codes elementwise (a list compares whole)
+    timing = np.array([KERNEL if p == "decode" and wl.cuda_graphs else default_timing(hw)
+                       for p in phases])
+    dtypes = Dtypes.of(wl.weights_dtype, wl.act_dtype, wl.kv_dtype, wl.weight_group_size)
+    dtypes = dtypes.take([0] * len(phases))
+    cost = price_step(model, hw, plan, Step.uniform([wl.batch] * len(phases), new, ctx), dtypes,
+                      timing)
+    rows = []
+    for j, phase in enumerate(phases):
+        total = float(cost.time_s[:, j].sum())
+        for i in np.argsort(cost.positions).tolist():
+            count = float(cost.count[i, j])
+            if count == 0:
+                continue
+            flops, nbytes = float(cost.flops[i, j]), float(cost.bytes.total[i, j])
+            time = float(cost.time_s[i, j])
             rows.append({
                 "device": hw.name, "model": model.name, "batch": wl.batch, "phase": phase,
-                "new_tokens": new, "context": ctx, "name": op.name, "kind": op.kind,
-                "op_class": op.op_class, "dtype": op.dtype, "count": op.count,
-                "flops": op.flops * op.count, "bytes": nbytes * op.count, "time_s": t.time_s,
-                "share": t.time_s / total if total else 0.0, "intensity": op.intensity,
-                "attained_flops_per_s": t.attained_flops_per_s, "bound": t.bound,
-                "plotted": op.flops > 0 and nbytes > 0 and op.kind != "all_reduce"})
+                "new_tokens": new[j], "context": ctx[j], "name": cost.names[i],
+                "kind": cost.kinds[i], "op_class": cost.classes[i],
+                "dtype": DTYPES[int(cost.dtype[i, j])], "count": count,
+                "flops": flops, "bytes": nbytes, "time_s": time,
+                "share": time / total if total else 0.0,
+                "intensity": flops / nbytes if nbytes else float("inf"),
+                "attained_flops_per_s": flops / time if time > 0 else 0.0,
+                "bound": BOUNDS[int(cost.bound[i, j])],
+                "plotted": flops > 0 and nbytes > 0 and cost.kinds[i] != "all_reduce"})
     return rows
 
 

@@ -1,9 +1,9 @@
 """Sweep figures: latency and throughput against batch, their trade-off, KV cache and the
 batch ceiling against context, and the time split by operator class against context.
 
-Inputs are the plain records of ``perfmodel.sweep`` (one dict per configuration); each
+Inputs are the plain records of ``schedules.sweep.rows`` (one dict per configuration); each
 ``*_figure`` returns a ``matplotlib.figure.Figure`` built without pyplot, as in
-``perfmodel.plots`` (matplotlib imported inside the functions, so ``import perfmodel``
+``report.plots`` (matplotlib imported inside the functions, so ``import perfmodel``
 stays light).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from perfmodel.plots import CLASS_COLORS, new_figure
+from perfmodel.report.plots import CLASS_COLORS, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -45,7 +45,7 @@ def batch_figure(rows: list[dict], title: str = "") -> Figure:
     in memory hollow."""
     from matplotlib.lines import Line2D
 
-    from perfmodel.sweep import series
+    from perfmodel.schedules.sweep import series
 
     groups = series(rows, exclude=("workload_batch",))
     fig = new_figure(12.5, 4.8)
@@ -83,7 +83,7 @@ def batch_figure(rows: list[dict], title: str = "") -> Figure:
 def tradeoff_figure(rows: list[dict], title: str = "") -> Figure:
     """Throughput against per-token latency, one curve per series, each point a batch size
     (labelled); hollow points do not fit in memory."""
-    from perfmodel.sweep import series
+    from perfmodel.schedules.sweep import series
 
     groups = series(rows, exclude=("workload_batch",))
     fig = new_figure(9.5, 5.2)
@@ -185,7 +185,7 @@ def _plot_limited(ax: Any, rows: list[dict], col: str, scale: float, color: str,
 def time_split_figure(rows: list[dict], title: str = "") -> Figure:
     """Stacked time per operator class against context: prefill (TTFT) and one mean
     decode step (TPOT), from sweep rows of one series at one batch size."""
-    from perfmodel.sweep import time_split_table
+    from perfmodel.schedules.sweep import time_split_table
 
     fig = new_figure(12.0, 4.6)
     axes = fig.subplots(1, 2)

@@ -123,7 +123,7 @@ def column_cells(columns: dict[str, np.ndarray | list]) -> Iterator[list[str]]:
     cells = []
     for values in columns.values():
         if isinstance(values, np.ndarray) and values.dtype.kind == "f":
-            text = ["%.10g" % x for x in values.tolist()]
+            text = ["%.10g" % x for x in values.tolist()]  # noqa: UP031 (2x faster)
             for i in np.flatnonzero(np.isnan(values)).tolist():
                 text[i] = ""
         else:
@@ -132,3 +132,10 @@ def column_cells(columns: dict[str, np.ndarray | list]) -> Iterator[list[str]]:
         cells.append(text)
     yield list(columns)
     yield from (list(row) for row in zip(*cells, strict=True))
+
+
+def columns_csv(columns: dict[str, np.ndarray | list]) -> str:
+    """CSV text of ``columns`` (``column_cells``; "\n" line ends, quoting as csv.writer)."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(column_cells(columns))
+    return buf.getvalue()
