@@ -102,9 +102,10 @@ class Fields:
                              "beside the shipped files)")
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (plain PyYAML keeps the
-    last value silently, so a pasted second block would override the first unnoticed)."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """PyYAML's safe loader (libyaml's C parser where PyYAML has it: 10x faster), refusing a
+    key given twice in one mapping (plain PyYAML keeps the last value silently, so a pasted
+    second block would override the first unnoticed)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
