@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel.cost.layers import (
+    ROW_QUANTITIES,
     AllReduceSpec,
     AttentionSpec,
     EmbeddingSpec,
@@ -70,6 +71,7 @@ class Values:
     absorbed: np.ndarray = field(default_factory=lambda: np.zeros(1))
     expanded_context: np.ndarray = field(default_factory=lambda: np.zeros(1))
     absorbed_groups: np.ndarray | None = None       # (N, G): MLA groups in latent form
+    _table: np.ndarray | None = None                 # every row quantity, filled on first use
 
     def moe(self, n_experts: int, top_k: int) -> None:
         """Routed tokens touch E(1 - (1 - k/E)^N) distinct experts, each with the rest's
@@ -87,9 +89,14 @@ class Values:
         self.expanded_context = np.where(absorbed, 0, step.count * step.context) \
             .sum(axis=1).astype(float)
 
-    def rows(self, names: list[str]) -> np.ndarray:
-        """(len(names), N) rows of the named step quantities."""
-        return np.stack([np.broadcast_to(getattr(self, n), self.tokens.shape) for n in names])
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """(len(index), N) rows of the step quantities ``ROW_QUANTITIES[index]``."""
+        if self._table is None:
+            table = np.empty((len(ROW_QUANTITIES), len(self.tokens)))
+            for i, name in enumerate(ROW_QUANTITIES):
+                table[i] = getattr(self, name)
+            self._table = table
+        return self._table[index]
 
 
 def _column(specs: list, attr: str) -> np.ndarray:
@@ -116,7 +123,7 @@ class Block:
     positions: tuple[int, ...]
     specs: tuple
     const: dict[str, np.ndarray]
-    rows: tuple[str, ...]
+    rows: np.ndarray        # indices into ROW_QUANTITIES
 
 
 def compile_template(specs: list) -> tuple[Block, ...]:
@@ -138,7 +145,7 @@ def compile_template(specs: list) -> tuple[Block, ...]:
             const["code"] = np.array([POINTWISE_CODE[s.kind] for s in group])[:, None]
         if kind is AttentionSpec:
             const["from_cache"] = np.array([s.from_cache for s in group])[:, None]
-        rows = tuple(getattr(s, "rows", "tokens") for s in group)
+        rows = np.array([ROW_QUANTITIES.index(getattr(s, "rows", "tokens")) for s in group])
         blocks.append(Block(kind, tuple(index), tuple(group), const, rows))
     return tuple(blocks)
 

@@ -31,7 +31,6 @@ from perfmodel.cost.timebase import (
     OVERHEAD,
     TIMINGS,
     OpTimes,
-    divide,
     finish,
     kind_memory_fraction,
     peak,
@@ -81,8 +80,8 @@ def _gemm_time(op: Gemm, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
     c_eff, split = gemm_plan(op.m, op.n, op.k, op.groups, hw)
     nbytes = op.bytes.total
     m_eff = gemm_memory_efficiency(nbytes, hw, op.m, op.k)
-    compute_s = divide(op.flops, peak(hw, op.dtype) * c_eff)
-    memory_s = divide(nbytes, hw.memory_bytes_per_s * m_eff)
+    compute_s = op.flops / (peak(hw, op.dtype) * c_eff)        # efficiencies are > 0
+    memory_s = nbytes / (hw.memory_bytes_per_s * m_eff)
     body_s = compute_s + memory_s if not eff.gemm_overlap else np.maximum(compute_s, memory_s)
     fixed_s = eff.latency_for("gemm") * (1.0 + (split > 1))
     return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff, m_eff)
@@ -110,8 +109,8 @@ def _stream_time(op: OpRecord, hw: Hardware, timing: np.ndarray | int) -> OpTime
     fraction, fixed_s = _stream_parameters(op, hw, busy_units(op, hw))
     m_eff = fraction * size_ramp(nbytes, hw)
     c_eff = np.full(np.shape(m_eff), eff.gemm_fraction)
-    compute_s = divide(op.flops, peak(hw, op.dtype) * eff.gemm_fraction)
-    memory_s = divide(nbytes, hw.memory_bytes_per_s * m_eff)
+    compute_s = op.flops / (peak(hw, op.dtype) * eff.gemm_fraction)
+    memory_s = nbytes / (hw.memory_bytes_per_s * m_eff)
     body_s = np.maximum(compute_s, memory_s)
     return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff, m_eff)
 
