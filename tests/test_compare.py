@@ -1,20 +1,23 @@
-"""compare: rows to ops and back, hand-computed predictions, reading, splitting."""
+"""compare: rows to records and back, hand-computed predictions, reading, splitting."""
 
+import numpy as np
 import pytest
 
-from perfmodel import ops
 from perfmodel.compare import (
     drop_unsupported,
     op_row,
     predict_rows,
     read_measurements,
+    records,
     row_op,
     shape_key,
     split_by_model,
     split_fraction,
 )
-from perfmodel.load import load_hardware
+from perfmodel.cost.ops import Attention, Embedding, Gemm, KvWrite, kind_names, pointwise
 from perfmodel.specs import SpecError
+from perfmodel.specs.dtypes import CODE
+from perfmodel.specs.load import load_hardware
 
 HW_YAML = """\
 version: 1
@@ -69,20 +72,51 @@ def test_gemm_prediction_by_hand(toy):
     assert auto["predicted_s"] == pytest.approx(kernel, rel=1e-9)
 
 
-@pytest.mark.parametrize("op", [
-    ops.gemm("g", 64, 128, 256, weight_bytes=4, act_bytes=4, dtype="fp32"),
-    ops.attention("a", batch=2, q_len=1, kv_len=300, n_heads=8, n_kv_heads=2, qk_dim=64,
-                  v_dim=64, act_bytes=2, kv_bytes=2, dtype="bf16", cache_elems=128),
-    ops.elementwise("r", "rms_norm", 16, 4096, act_bytes=2, dtype="bf16"),
-    ops.elementwise("s", "silu_and_mul", 16, 1024, act_bytes=2, dtype="bf16"),
-    ops.elementwise("x", "rotary", 8, 640, act_bytes=4, dtype="fp32"),
-    ops.embedding("e", 8, 512, act_bytes=4, dtype="fp32"),
-    ops.kv_cache_write("w", 8, 256, act_bytes=4, kv_bytes=4, dtype="fp32"),
-])
+FP32, BF16 = CODE["fp32"], CODE["bf16"]
+RECORDS = [
+    Gemm(name="g", m=64, n=128, k=256, weight_bytes=4, act_bytes=4, dtype=FP32),
+    Attention(name="a", batch=[2], q_len=[1], kv_len=[300], n_heads=8, n_kv_heads=2,
+              qk_dim=64, v_dim=64, act_bytes=2, kv_bytes=2, dtype=BF16, cache_elems=128),
+    pointwise("rms_norm", 16, 4096, act_bytes=2, dtype=BF16, name="r"),
+    pointwise("silu_and_mul", 16, 1024, act_bytes=2, dtype=BF16, name="s"),
+    pointwise("rotary", 8, 640, act_bytes=4, dtype=FP32, name="x"),
+    Embedding(name="e", rows=8, n=512, act_bytes=4, dtype=FP32),
+    KvWrite(name="w", rows=8, n=256, act_bytes=4, kv_bytes=4, dtype=FP32),
+]
+
+
+def same_record(a, b):
+    """Same kind, dtype, FLOPs and bytes by source (records of one instance each)."""
+    return (kind_names(a).ravel().tolist() == kind_names(b).ravel().tolist()
+            and a.dtype_name(0) == b.dtype_name(0)
+            and np.ravel(a.flops).tolist() == np.ravel(b.flops).tolist()
+            and [np.ravel(x).tolist() for x in a.bytes.astuple()]
+            == [np.ravel(x).tolist() for x in b.bytes.astuple()])
+
+
+@pytest.mark.parametrize("op", RECORDS)
 def test_op_row_round_trip(op):
     back = row_op({k: str(v) for k, v in op_row(op).items()})
-    assert back.kind == op.kind and back.dtype == op.dtype
-    assert back.flops == op.flops and back.bytes == op.bytes
+    assert type(back) is type(op) and same_record(back, op)
+
+
+def test_records_group_rows_by_record_type():
+    rows = [{k: str(v) for k, v in op_row(op).items()} for op in RECORDS]
+    groups = records(rows)
+    assert [type(r) for _, r in groups] == [Gemm, Attention, type(RECORDS[2]), Embedding,
+                                            KvWrite]
+    assert [i.tolist() for i, _ in groups] == [[0], [1], [2, 3, 4], [5], [6]]
+    for index, rec in groups:
+        for j, i in enumerate(index):
+            assert same_record(rec.take(np.array([j])), RECORDS[i])
+
+
+def test_rows_without_a_row_form():
+    with pytest.raises(ValueError, match="grouped GEMMs"):
+        op_row(Gemm(m=4, n=8, k=8, groups=2))
+    with pytest.raises(ValueError, match="windowed or multi-group"):
+        op_row(Attention(batch=[1], q_len=[1], kv_len=[64], n_heads=4, n_kv_heads=4,
+                         qk_dim=16, v_dim=16, cache_elems=32, window=32))
 
 
 def test_shape_key_is_canonical():

@@ -2,15 +2,17 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import perfmodel as pm
 from perfmodel.compare import shape_key
-from perfmodel.estimate import step_times
-from perfmodel.load import HARDWARE_DIR, load_hardware, shipped
-from perfmodel.ops import layer_overhead
-from perfmodel.roofline import op_time
-from perfmodel.specs import SpecError, Workload
+from perfmodel.cost import step as cost
+from perfmodel.cost.ops import LayerOverhead
+from perfmodel.cost.roofline import op_time
+from perfmodel.specs import Parallelism, SpecError, Workload
+from perfmodel.specs.dtypes import CODE
+from perfmodel.specs.load import HARDWARE_DIR, load_hardware, shipped
 from validate.calibrate import fit_layer_overhead
 from validate.report import step_seconds
 from validate.suites import (
@@ -65,13 +67,13 @@ def test_async_device_and_cuda_graphs_add_nothing(h100):
 
 @pytest.mark.parametrize("hw_name", shipped(HARDWARE_DIR))
 def test_shipped_hardware_has_no_overhead_and_unchanged_steps(hw_name):
-    """Default 0: every shipped device's steps are exactly the sum of step_ops' times."""
+    """Default 0: every shipped device's steps are exactly the sum of their kernels' times."""
     hw = pm.hardware(hw_name)
     assert hw.efficiency.layer_overhead_s == 0.0
-    model, wl = pm.model("llama-3-8b"), Workload(batch=4)
+    model, step = pm.model("llama-3-8b"), cost.Step.uniform(4, 1, 600)
     for timing in ("stream", "host", "kernel"):
-        times = step_times(model, hw, wl, 1, 600, timing)
-        assert all(t.op.kind != "layer_overhead" for t in times)
+        recs = cost.step_records(model, hw, Parallelism(), step, cost.Dtypes.of(), timing)
+        assert recs and all(r.kind != "layer_overhead" for r in recs)
     forced_sync = _with(hw, launch_mode="sync")
     est = pm.estimate(forced_sync, model, Workload(batch=1, prompt_len=64, gen_len=2))
     assert not any(o.op_class == "framework" for o in est.prefill.ops + est.decode.ops)
@@ -79,7 +81,7 @@ def test_shipped_hardware_has_no_overhead_and_unchanged_steps(hw_name):
 
 def test_op_time_of_the_glue_op():
     hw = _with(pm.hardware("h100-sxm"), layer_overhead_s=X)
-    op = layer_overhead("layer_overhead", 4, dtype="fp32")
+    op = LayerOverhead(name="layer_overhead", count=4.0, dtype=CODE["fp32"])
     assert op_time(op, hw, "host").time_s == pytest.approx(4 * X)
     assert op_time(op, hw, "stream").time_s == 0.0 and op_time(op, hw, "kernel").time_s == 0.0
 
@@ -117,7 +119,7 @@ def test_fit_is_the_floored_median_of_measured_layer_minus_measured_kernels():
     hw = _with(pm.hardware("h100-sxm"), launch_mode="sync", layer_overhead_s=1.0)
     steps = [Step("layer", CALIB_CPU, b, 1, 640) for b in (1, 2, 4)]
     assert [len(s.ops()) for s in steps] == [11, 11, 11]
-    assert [sum(op.count for op in s.ops()) for s in steps] == [12, 12, 12]
+    assert [float(sum(np.sum(op.count) for op in s.ops())) for s in steps] == [12, 12, 12]
     kernels = [r for s in steps for r in _kernel_rows(s, 1e-4)]
     gaps = (1e-4, 3e-4, 9e-4)
     rows = [_row(s, 12e-4 + g) for s, g in zip(steps, gaps, strict=True)]
@@ -145,7 +147,7 @@ def test_fit_falls_back_to_predicted_time_for_unmeasured_ops():
     down = next(op for op in step.ops() if op.name == "down_proj")
     kernels = [r for r in _kernel_rows(step, 1e-4) if "down_proj" not in r["name"].split("+")]
     assert len(kernels) == 9
-    predicted_down = op_time(down, hw, "host").time_s
+    predicted_down = float(np.sum(op_time(down, hw, "host").time_s))
     measured = 11e-4 + predicted_down + 5e-4
     fitted, record = fit_layer_overhead([_row(step, measured)], hw, kernels)
     assert fitted.efficiency.layer_overhead_s == pytest.approx(5e-4, rel=1e-5)
@@ -183,6 +185,12 @@ def test_step_seconds_counts_one_layer_or_all_layers():
         == pytest.approx(X)
     assert step_seconds(model, glue, "host") - step_seconds(model, hw, "host") \
         == pytest.approx(TINY_LLAMA.n_layers * X)
+    # the glue is the step's layer_overhead operator: one per layer, host-timed only
+    for step, layers in ((layer, 1), (model, TINY_LLAMA.n_layers)):
+        last = step.records(glue, "host")[-1]
+        assert (last.name, float(np.sum(last.count))) == ("layer_overhead", layers)
+        assert [r.name for r in step.records(glue, "stream")] == [r.name for r in step.ops()]
+    assert len(layer.records(glue, "host")) == len(layer.ops()) + 1
 
 
 def test_calibration_steps_use_only_the_calibration_model():

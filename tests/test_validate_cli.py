@@ -3,8 +3,10 @@
 import pytest
 from typer.testing import CliRunner
 
-from perfmodel.cli import app
-from perfmodel.load import load_hardware
+from perfmodel.cli.app import app, load_plugins
+from perfmodel.specs.load import load_hardware
+
+load_plugins(app)       # the harness's commands, through the perfmodel.commands entry point
 
 runner = CliRunner()
 HEADER = ("device,source,model,tp,op,dtype,m,n,k,batch,q_len,kv_len,n_heads,n_kv_heads,"

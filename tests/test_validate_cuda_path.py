@@ -17,10 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 import perfmodel as pm
-from perfmodel.cli import app
+from perfmodel.cli.app import app, load_plugins
 from perfmodel.compare import predict_rows, shape_key
-from perfmodel.load import load_hardware
 from perfmodel.specs import Model
+from perfmodel.specs.load import load_hardware
 from validate.suites import (
     GPU_2K,
     GPU_5K,
@@ -34,6 +34,7 @@ from validate.suites import (
 )
 
 runner = CliRunner()
+load_plugins(app)       # the harness's commands, through the perfmodel.commands entry point
 CAL_MICRO = Model(name="calib-micro", n_layers=1, d_model=64, n_heads=4, n_kv_heads=2,
                   head_dim=16, vocab_size=128, intermediate_size=96)
 GPU_MICRO = Model(name="gpu-micro", n_layers=2, d_model=96, n_heads=6, n_kv_heads=2,

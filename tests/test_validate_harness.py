@@ -4,9 +4,10 @@ and rotary forms, the local model against the operator list, a suite run and its
 import csv
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from perfmodel.compare import row_op
+from perfmodel.compare import op_row, row_op
 from perfmodel.specs import Model
 
 torch = pytest.importorskip("torch")
@@ -48,6 +49,17 @@ def test_tiny_kernels(cpu):
         assert out["device"] == "test-cpu" and out["device_name"] == cpu.name
     k = kernels.build(row_op(TINY_ROWS[0]), cpu, n_sets=3)
     assert k.n_sets == 3 and tuple(k.call(4).shape) == (64, 64)
+
+
+def test_kernels_from_step_records_match_their_rows(cpu):
+    """A step's operator and the measurement row it becomes build the same kernel."""
+    for rec in Step("layer", MICRO, 2, 1, 16).ops():
+        alone = kernels.build(rec, cpu, n_sets=2)
+        via_row = kernels.build(row_op(op_row(rec)), cpu, n_sets=2)
+        assert alone.set_bytes == via_row.set_bytes > 0, rec.name
+        assert alone.call(1).shape == via_row.call(1).shape, rec.name
+    with pytest.raises(ValueError, match="one operator instance"):
+        kernels.build(Step("layer", MICRO, 2, 1, 16).records()[0].take(np.array([0, 0])), cpu)
 
 
 def test_attention_forms_match_reference():

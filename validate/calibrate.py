@@ -11,7 +11,8 @@
    ``layer_overhead_s`` = the median over them of measured layer time minus the sum of the
    layer's measured kernel times, floored at 0.
 4. Write the YAML in the hardware/README.md schema with a ``calibration:`` block (how,
-   where, when, on which shapes) and load it back with ``perfmodel.load.load_hardware``.
+   where, when, on which shapes) and load it back with
+   ``perfmodel.specs.load.load_hardware``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import statistics
 from dataclasses import fields, replace
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from perfmodel.compare import op_row, row_op, shape_key
-from perfmodel.load import load_hardware
-from perfmodel.ops import Op
-from perfmodel.roofline import op_time
+from perfmodel.cost.ops import OpRecord
+from perfmodel.cost.roofline import op_time
 from perfmodel.specs import Efficiency, Hardware, Interconnect
+from perfmodel.specs.load import load_hardware
 from validate.device import DeviceInfo
 from validate.fit import FitResult
 
@@ -56,13 +58,14 @@ def measured_peaks(rows: list[dict]) -> dict[str, float]:
     for r in rows:
         if r["op"] == "gemm":
             op = row_op(r)
-            peaks[op.dtype] = max(peaks.get(op.dtype, 0.0), op.flops / float(r["measured_s"]))
+            dtype, flops = op.dtype_name(0), float(np.sum(op.flops))
+            peaks[dtype] = max(peaks.get(dtype, 0.0), flops / float(r["measured_s"]))
     return peaks
 
 
 def measured_bandwidth(rows: list[dict]) -> float:
     """Best attained bytes/s over the streaming rows (every add except the launch probe)."""
-    rates = [row_op(r).bytes.total / float(r["measured_s"]) for r in rows
+    rates = [float(np.sum(row_op(r).bytes.total)) / float(r["measured_s"]) for r in rows
              if r["op"] == "add" and r.get("name") == "stream"]
     if not rates:
         raise ValueError("calibration rows hold no streaming measurements")
@@ -170,8 +173,8 @@ def fit_layer_overhead(step_rows: list[dict], hw: Hardware,
     return replace(hw, efficiency=replace(hw.efficiency, layer_overhead_s=value)), record
 
 
-def _layer_kernel_time(layer_ops: list[Op], measured: dict[str, float], hw: Hardware, timing: str,
-                       used: set[str]) -> tuple[float, list[str]]:
+def _layer_kernel_time(layer_ops: list[OpRecord], measured: dict[str, float], hw: Hardware,
+                       timing: str, used: set[str]) -> tuple[float, list[str]]:
     """(seconds of the layer's operators: each at its measured kernel time when ``measured``
     has its shape (the key is added to ``used``), else at its predicted time on ``hw``;
     the names of the operators counted at predicted time)."""
@@ -182,10 +185,10 @@ def _layer_kernel_time(layer_ops: list[Op], measured: dict[str, float], hw: Hard
         except ValueError:
             key = None
         if key in measured:
-            total += measured[key] * op.count
+            total += measured[key] * float(np.sum(op.count))
             used.add(key)
         else:
-            total += op_time(op, hw, timing).time_s
+            total += float(np.sum(op_time(op, hw, timing).time_s))
             predicted_ops.append(op.name)
     return total, predicted_ops
 

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from perfmodel.cli_common import command_line, fail
+from perfmodel.cli.common import command_line, fail
 
 
 class DeviceKind(str, Enum):
@@ -123,7 +123,7 @@ def calibrate(
     typer.echo(f"  bandwidth: {hw.memory_bytes_per_s / 1e9:.1f} GB/s (best streaming add)")
     typer.echo("  fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in result.fitted.items()))
     typer.echo(f"  median |error| on the calibration rows: {result.median_abs_error:.1%}")
-    typer.echo(f"wrote {out} (loads with perfmodel.load.load_hardware)")
+    typer.echo(f"wrote {out} (loads with perfmodel.specs.load.load_hardware)")
 
 
 def validate(
@@ -138,8 +138,7 @@ def validate(
     plots: Annotated[bool, typer.Option(help="write the PNG figures")] = True,
 ) -> None:
     """Measure a suite (resuming DIR/measurements.csv), predict it, write the report."""
-    from perfmodel import load
-    from perfmodel.specs import SpecError
+    from perfmodel.specs import SpecError, load
 
     try:
         hw = load.hardware(hardware)
@@ -254,9 +253,8 @@ def compare(
              "(Sarathi-Serve's path; sets the hardware's attention_append_kv)")] = False,
 ) -> None:
     """Predict every row of a measurement CSV and print the error per class and regime."""
-    from perfmodel import load
     from perfmodel.compare import drop_unsupported, predict_rows, read_measurements
-    from perfmodel.specs import SpecError
+    from perfmodel.specs import SpecError, load
 
     if calibrate_on is not None and split_by is not None:
         fail("--calibrate-on and --split-by: choose one")

@@ -1,5 +1,5 @@
 """Figures of measured against predicted times (matplotlib without pyplot, like
-``perfmodel.plots``: no process-wide backend switch; no torch).
+``perfmodel.report.plots``: no process-wide backend switch; no torch).
 
 Each function takes a predictions DataFrame (``compare.predict_rows`` columns: measured_s,
 predicted_s, error, op_class, flops, bytes, intensity, dtype) and a path, and saves one PNG.
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from perfmodel.plots import roof_lines
+from perfmodel.report.plots import roof_lines
 from perfmodel.specs import Hardware
 
 if TYPE_CHECKING:

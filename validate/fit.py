@@ -1,9 +1,10 @@
 """Fit a device's efficiency parameters to measured kernel times (no torch here).
 
-``fit_efficiency(samples, hw)`` takes (Op, measured seconds, timing) triples and a base
-``Hardware`` and returns a copy whose ``Efficiency`` minimises the robust sum of squared log
-errors log(predicted / measured), predictions coming from ``roofline.op_time`` itself (so
-the fitted numbers mean exactly what the model means by them). Operator classes are
+``fit_efficiency(samples, hw)`` takes (operator record, measured seconds, timing) triples
+(or ``samples.Samples``) and a base ``Hardware`` and returns a copy whose ``Efficiency``
+minimises the robust sum of squared log errors log(predicted / measured), predictions coming
+from ``roofline.op_time`` itself (so the fitted numbers mean exactly what the model means by
+them), one call per record type for all samples at once. Operator classes are
 weighted equally, whatever their row counts. Continuous parameters are fitted in log space
 within physical bounds (scipy ``least_squares``, soft-L1 loss); integer GEMM tiles are
 chosen by a small grid search. Parameters the samples cannot determine are left as they are:
@@ -19,9 +20,12 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from perfmodel.ops import Op
-from perfmodel.roofline import busy_units, kind_memory_fraction, op_time
+from perfmodel.cost.roofline import TIMINGS, kind_memory_fraction
 from perfmodel.specs import Efficiency, Hardware
+from validate.samples import Sample, Samples
+
+__all__ = ["BOUNDS", "FitResult", "Sample", "Samples", "fit_efficiency", "fit_rows",
+           "free_parameters", "log_errors", "stratified"]
 
 # parameter -> (lower, upper) bound; "off" refinements sit at their lower bound
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -44,13 +48,6 @@ OFF_BELOW = {"gemm_k_half": 0.1, "gemm_m_half": 0.1, "gemv_k_half": 0.1,
              "memory_half_bytes": 10.0,
              "kernel_latency_s": 1e-7}
 TILE_CHOICES = (64, 128, 256)
-
-
-@dataclass(frozen=True)
-class Sample:
-    op: Op
-    measured_s: float
-    timing: str = "kernel"
 
 
 @dataclass(frozen=True)
@@ -105,14 +102,16 @@ def _value(hw: Hardware, name: str) -> float | None:
     return table.get(kind, getattr(hw.efficiency, base))
 
 
-def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> list[str]:
+def free_parameters(samples: Samples | Sequence[Sample], hw: Hardware | None = None
+                    ) -> list[str]:
     """The parameters these samples can determine (see module docstring). The CPU BLAS
     terms (panel packing ``gemm_m_half``, the output-width term ``gemm_n_half``, GEMM and
     GEMV streaming fractions, the GEMV depth ramp ``gemv_k_half``) are fitted only
     for a device that runs each op to completion on the host (``launch_mode: sync``); GPU
     GEMMs keep tile padding and the shared streaming fraction."""
-    kinds = {s.op.kind for s in samples}
-    timings = {s.timing for s in samples}
+    samples = Samples.of(samples)
+    kinds = set(samples.kinds)
+    timings = {TIMINGS[c] for c in set(samples.timing.tolist())}
     # every kernel kind gets its own fixed cost (so kernel_latency_s itself is not fitted)
     out = ["memory_fraction", "memory_half_bytes"]
     out += [f"kernel_latency_s.{k}" for k in sorted(kinds) if k != "all_reduce"]
@@ -120,15 +119,14 @@ def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> li
         out += ["gemm_fraction", "gemm_k_half"]
     if hw is not None and hw.efficiency.launch_mode == "sync" and "gemm" in kinds:
         out += ["gemm_m_half", "gemm_memory_fraction"]
-        gemv_k = {s.op.shape["k"] for s in samples if s.op.kind == "gemm"
-                  and s.op.shape["m"] <= 1}
+        gemm, m = samples.kinds == "gemm", samples.field("m")
+        gemv_k = set(samples.field("k")[gemm & (m <= 1)].tolist())
         if gemv_k:
             out.append("gemv_memory_fraction")
         if len(gemv_k) > 1:                 # a k-trend needs GEMVs of more than one depth
             out.append("gemv_k_half")
-        packed_n = [s.op.shape["n"] for s in samples if s.op.kind == "gemm"
-                    and s.op.shape["m"] > 1]
-        if packed_n and max(packed_n) >= 4 * min(packed_n):   # an n-trend needs n's spread
+        packed_n = samples.field("n")[gemm & (m > 1)]
+        if len(packed_n) and packed_n.max() >= 4 * packed_n.min():   # an n-trend: n's spread
             out.append("gemm_n_half")
     if "attention" in kinds:
         out.append("attention_fraction")
@@ -141,44 +139,49 @@ def free_parameters(samples: Sequence[Sample], hw: Hardware | None = None) -> li
     return [p for p in dict.fromkeys(out) if _known(p)]
 
 
-def _thread_limited_kinds(samples: Sequence[Sample], hw: Hardware | None) -> list[str]:
+def _thread_limited_kinds(samples: Samples, hw: Hardware | None) -> list[str]:
     """Kinds whose per-thread rate the samples determine: with ``parallel_grain_elements``
     set, kinds measured both on fewer threads than the device has and on all of them."""
     if hw is None or not hw.efficiency.parallel_grain_elements:
         return []
     seen: dict[str, set[bool]] = {}     # GEMMs and attention always get every unit
-    for s in samples:
-        seen.setdefault(s.op.kind, set()).add(busy_units(s.op, hw) < hw.compute_units)
+    partial = samples.busy_units(hw) < hw.compute_units
+    for kind, below in zip(samples.kinds, partial.tolist(), strict=True):
+        seen.setdefault(kind, set()).add(below)
     return sorted(k for k, few in seen.items() if few == {True, False})
 
 
-def stratified(samples: Sequence[Sample], max_rows: int, seed: int = 0) -> list[Sample]:
-    """At most ``max_rows`` samples, shared equally among operator classes (deterministic)."""
-    if len(samples) <= max_rows:
-        return list(samples)
+def stratified_index(classes: Sequence[str], max_rows: int, seed: int = 0) -> np.ndarray:
+    """Positions of at most ``max_rows`` of ``classes``, shared equally among the classes
+    (deterministic; each class's positions in order, classes in order of appearance)."""
+    classes = np.asarray(classes, dtype=object)
+    if len(classes) <= max_rows:
+        return np.arange(len(classes))
     rng = np.random.default_rng(seed)
-    by_class: dict[str, list[Sample]] = {}
-    for s in samples:
-        by_class.setdefault(s.op.op_class, []).append(s)
+    by_class = [np.flatnonzero(classes == c) for c in dict.fromkeys(classes.tolist())]
     share = max(1, max_rows // len(by_class))
-    out: list[Sample] = []
-    for group in by_class.values():
+    out = []
+    for group in by_class:
         keep = rng.choice(len(group), size=min(share, len(group)), replace=False)
-        out += [group[i] for i in sorted(keep)]
-    return out
+        out.append(group[np.sort(keep)])
+    return np.concatenate(out)
 
 
-def _weights(samples: Sequence[Sample]) -> np.ndarray:
-    counts: dict[str, int] = {}
-    for s in samples:
-        counts[s.op.op_class] = counts.get(s.op.op_class, 0) + 1
-    return np.array([1.0 / math.sqrt(counts[s.op.op_class]) for s in samples])
+def stratified(samples: Samples | Sequence[Sample], max_rows: int, seed: int = 0) -> Samples:
+    """At most ``max_rows`` samples, shared equally among operator classes (deterministic)."""
+    samples = Samples.of(samples)
+    return samples.take(stratified_index(samples.classes, max_rows, seed))
 
 
-def log_errors(samples: Sequence[Sample], hw: Hardware) -> np.ndarray:
+def _weights(samples: Samples) -> np.ndarray:
+    counts = dict(zip(*np.unique(samples.classes.astype(str), return_counts=True),
+                      strict=True))
+    return np.array([1.0 / math.sqrt(counts[c]) for c in samples.classes])
+
+
+def log_errors(samples: Samples | Sequence[Sample], hw: Hardware) -> np.ndarray:
     """log(predicted / measured) for every sample."""
-    return np.array([math.log(op_time(s.op, hw, s.timing).time_s / s.measured_s)
-                     for s in samples])
+    return Samples.of(samples).log_errors(hw)
 
 
 def _with(hw: Hardware, values: dict[str, float]) -> Hardware:
@@ -216,7 +219,7 @@ def _uncapped(hw: Hardware, names: Sequence[str]) -> Hardware:
     if not kinds:
         return hw
     fractions = dict(hw.efficiency.kernel_memory_fraction)
-    fractions |= {k: kind_memory_fraction(k, hw) for k in kinds}
+    fractions |= {k: float(kind_memory_fraction(k, hw)) for k in kinds}
     for k in kinds:
         del caps[k]
     return replace(hw, efficiency=replace(hw.efficiency, kernel_unit_bytes_per_s=caps,
@@ -237,16 +240,38 @@ def _start(hw: Hardware, name: str) -> float:
     return math.log(min(max(value or lo, lo), hi))
 
 
-def _fit_continuous(samples: Sequence[Sample], hw: Hardware, names: list[str],
+class _Residuals:
+    """Weighted log errors of ``samples`` at log parameter values ``x`` (scipy's ``fun``).
+
+    An entry of a per-kind table (``memory_fraction.<kind>``, ``kernel_latency_s.<kind>``,
+    ``thread_share.<kind>``) acts on kernels of its kind alone, so a vector that differs from
+    the last full evaluation only in such entries (a column of the finite-difference
+    Jacobian) prices again only the record types that hold those kinds: the same numbers,
+    fewer ``op_time`` calls."""
+
+    def __init__(self, samples: Samples, hw: Hardware, names: list[str]) -> None:
+        self.samples, self.hw, self.names = samples, hw, names
+        self.weights = _weights(samples)
+        self.kind = np.array([_split(n)[1] for n in names], dtype=object)
+        self.last: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        trial = _with(self.hw, {n: float(math.exp(v))
+                                for n, v in zip(self.names, x, strict=True)})
+        if self.last is not None:
+            kinds = set(self.kind[x != self.last[0]].tolist())
+            if None not in kinds:
+                return self.weights * self.samples.log_errors(trial, kinds, self.last[1])
+        errors = self.samples.log_errors(trial)
+        self.last = (np.array(x, dtype=float), errors)
+        return self.weights * errors
+
+
+def _fit_continuous(samples: Samples, hw: Hardware, names: list[str],
                     max_nfev: int) -> tuple[Hardware, float]:
     from scipy.optimize import least_squares
 
-    w = _weights(samples)
-
-    def resid(x: np.ndarray) -> np.ndarray:
-        trial = _with(hw, {n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
-        return w * log_errors(samples, trial)
-
+    resid = _Residuals(samples, hw, names)
     x0 = np.array([_start(hw, n) for n in names])
     lo = np.log([_bounds(n)[0] for n in names])
     hi = np.log([_bounds(n)[1] for n in names])
@@ -263,23 +288,25 @@ def _tidy_caps(hw: Hardware) -> Hardware:
     """A kind's own streaming fraction above what all the units deliver at its per-unit
     rate has no effect: written as that rate (the same times, read as they act)."""
     eff = hw.efficiency
-    fractions = {kind: kind_memory_fraction(kind, hw) if kind in eff.kernel_unit_bytes_per_s
-                 else frac for kind, frac in eff.kernel_memory_fraction.items()}
+    fractions = {kind: float(kind_memory_fraction(kind, hw))
+                 if kind in eff.kernel_unit_bytes_per_s else frac
+                 for kind, frac in eff.kernel_memory_fraction.items()}
     return replace(hw, efficiency=replace(eff, kernel_memory_fraction=fractions))
 
 
-def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,
+def fit_efficiency(samples: Samples | Sequence[Sample | tuple], hw: Hardware, *,
                    params: Sequence[str] | None = None, search_tiles: bool = False,
                    max_rows: int = 2000, max_nfev: int = 60) -> FitResult:
     """Fit ``hw``'s efficiency to ``samples`` (see module docstring).
 
-    ``samples``: ``Sample`` or (op, measured_s[, timing]) tuples; ``params``: parameters to
-    fit (default: every one the samples determine); ``search_tiles``: also choose
-    gemm_tile_m/n from {64, 128, 256} (on a quarter of the rows, then refit on all).
+    ``samples``: ``Samples``, or ``Sample`` or (op, measured_s[, timing]) tuples of one
+    operator instance each; ``params``: parameters to fit (default: every one the samples
+    determine); ``search_tiles``: also choose gemm_tile_m/n from {64, 128, 256} (on a
+    quarter of the rows, then refit on all).
     """
-    rows = [s if isinstance(s, Sample) else Sample(*s) for s in samples]
-    rows = [s for s in rows if s.measured_s > 0 and math.isfinite(s.measured_s)]
-    if not rows:
+    rows = Samples.of(samples)
+    rows = rows.take(np.flatnonzero((rows.measured > 0) & np.isfinite(rows.measured)))
+    if not len(rows):
         raise ValueError("no samples with a positive measured time to fit")
     names = list(params) if params is not None else free_parameters(rows, hw)
     unknown = [n for n in names if not _known(n)]
@@ -289,7 +316,7 @@ def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,
     used = stratified(rows, max_rows)
     hw = _uncapped(hw, names)
     base, tiles = hw, {}
-    if search_tiles and any(s.op.kind == "gemm" for s in used):
+    if search_tiles and (used.kinds == "gemm").any():
         probe = stratified(used, max(200, len(used) // 4), seed=1)
         best = min(((tm, tn) for tm in TILE_CHOICES for tn in TILE_CHOICES),
                    key=lambda t: _fit_continuous(
@@ -300,7 +327,7 @@ def fit_efficiency(samples: Sequence[Sample | tuple], hw: Hardware, *,
     fitted_hw, _ = _fit_continuous(used, base, names, max_nfev) if names else (base, 0.0)
     fitted = {n: _value(fitted_hw, n) for n in names} | tiles
     fixed = tuple(sorted((set(BOUNDS) & _field_names()) - set(names)))
-    err = float(np.median(np.abs(np.expm1(log_errors(used, fitted_hw)))))
+    err = float(np.median(np.abs(np.expm1(used.log_errors(fitted_hw)))))
     return FitResult(fitted_hw, fitted, fixed, len(used), err)
 
 
@@ -308,8 +335,4 @@ def fit_rows(rows: list[dict], hw: Hardware, timing: str = "auto",
              where: str = "row") -> FitResult:
     """``fit_efficiency`` (tiles searched) on measurement rows, each predicted with its own
     timing under ``auto`` (``compare.row_timing``)."""
-    from perfmodel.compare import row_op, row_timing
-
-    samples = [Sample(row_op(r, where), float(r["measured_s"]), row_timing(r, timing))
-               for r in rows]
-    return fit_efficiency(samples, hw, search_tiles=True)
+    return fit_efficiency(Samples.from_rows(rows, timing, where), hw, search_tiles=True)

@@ -1,10 +1,11 @@
-"""Torch implementations of every operator the model predicts, built from ``Op`` records.
+"""Torch implementations of every operator the model predicts, built from operator records.
 
-``build(op, dev)`` turns a perfmodel ``Op`` (from ``transformer.step_ops`` or from a
-measurement row via ``compare.row_op``) into a ``Kernel``: input sets of fresh random data,
-rotated so that together they exceed the last-level cache, and ``call(i)`` running the op on
-set ``i % n_sets``. The functions below are also the building blocks of ``tinymodel``, so a
-kernel measured alone and inside a layer is the same code.
+``build(rec, dev)`` turns a perfmodel record of one instance (``cost.ops``: from
+``cost.step.step_records`` or from a measurement row via ``compare.row_op``) into a
+``Kernel``: input sets of fresh random data, rotated so that together they exceed the
+last-level cache, and ``call(i)`` running the op on set ``i % n_sets``. The functions below
+are also the building blocks of ``tinymodel``, so a kernel measured alone and inside a layer
+is the same code.
 
 Layouts (comments give shapes): activations [rows, features]; linear weights [n, k]
 (``torch.nn.Linear``); attention q [B, H, T, D], k/v [B, KV, C, D].
@@ -13,12 +14,13 @@ Layouts (comments give shapes): activations [rows, features]; linear weights [n,
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from perfmodel.ops import Op
+from perfmodel.cost.ops import Attention, OpRecord, kind_names
 from validate.device import DeviceInfo
 from validate.timers import rotation_sets
 
@@ -116,26 +118,50 @@ def _randn(shape: tuple[int, ...], dtype: torch.dtype, dev: torch.device,
     return torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
 
 
-def _inputs(op: Op, dtype: torch.dtype, dev: torch.device, gen: torch.Generator
-            ) -> tuple[Callable[..., object], Callable[[], tuple]]:
-    """(function, maker of one fresh input set) for ``op``."""
-    s, kind = op.shape, op.kind
-    m, n = (max(1, round(s.get("m", 1))), int(s.get("n", 1)))
+def _one(op: OpRecord) -> dict[str, float]:
+    """The fields of a one-instance record as numbers (ValueError for more instances, or
+    attention over several sequence groups)."""
+    values = {}
+    for f in fields(op):
+        name, value = f.name, getattr(op, f.name)
+        if name == "name":
+            continue
+        if np.size(value) != 1:
+            raise ValueError(f"{op.name or op.kind}: expected one operator instance, got "
+                             f"{name} of shape {np.shape(value)}")
+        values[name] = float(np.ravel(value)[0])
+    return values
+
+
+Maker = tuple[Callable[..., object], Callable[[], tuple]]   # (function, one fresh input set)
+
+
+def _inputs(op: OpRecord, dtype: torch.dtype, dev: torch.device, gen: torch.Generator
+            ) -> Maker:
+    """(function, maker of one fresh input set) for the one instance of ``op``."""
+    s, kind, label = _one(op), str(np.ravel(kind_names(op))[0]), op.name or op.kind
+    m, n = max(1, round(s.get("m", s.get("rows", 1)))), int(s.get("n", 1))
 
     def rnd(*shape: int) -> torch.Tensor:
         return _randn(shape, dtype, dev, gen)
 
     if kind == "gemm":
-        k, groups = int(s["k"]), int(s.get("groups", 1))
+        k, groups = int(s["k"]), int(s["groups"])
         if groups > 1:
             return torch.bmm, lambda: (rnd(groups, m, k), rnd(groups, k, n))
         return linear, lambda: (rnd(m, k), rnd(n, k))
-    if kind == "attention":
-        if s.get("window"):
-            raise ValueError(f"{op.name}: windowed attention is not implemented in the harness")
+    if isinstance(op, Attention):
+        if s["window"]:
+            raise ValueError(f"{label}: windowed attention is not implemented in the harness")
         b, t, c = int(s["batch"]), int(s["q_len"]), int(s["kv_len"])
-        h, kv, d = int(s["n_heads"]), int(s["n_kv_heads"]), int(s["head_dim"])
+        h, kv, d = int(s["n_heads"]), int(s["n_kv_heads"]), int(s["qk_dim"])
         return attention, lambda: (rnd(b, h, t, d), rnd(b, kv, c, d), rnd(b, kv, c, d))
+    return _memory_pass(kind, label, m, n, rnd, dev, gen)
+
+
+def _memory_pass(kind: str, label: str, m: int, n: int, rnd: Callable[..., torch.Tensor],
+                 dev: torch.device, gen: torch.Generator) -> Maker:
+    """(function, input maker) of a memory-bound kernel of ``m`` rows of ``n``."""
     if kind in ("rms_norm", "layer_norm"):
         weight = rnd(n)
         extra = (weight,) if kind == "rms_norm" else (weight, rnd(n))
@@ -149,9 +175,9 @@ def _inputs(op: Op, dtype: torch.dtype, dev: torch.device, gen: torch.Generator
     if kind == "add":
         return torch.add, lambda: (rnd(m, n), rnd(m, n))
     if kind == "rotary":
-        d = int(s.get("head_dim") or (64 if n % 64 == 0 else n))
+        d = 64 if n % 64 == 0 else n
         if n % d or d % 2:
-            raise ValueError(f"{op.name}: rotary width {n} is not a multiple of an even head_dim")
+            raise ValueError(f"{label}: rotary width {n} is not a multiple of an even head_dim")
         pos = torch.randint(0, 8192, (m,), generator=gen, device=dev)
         return rotary, lambda: (rnd(m, n), rotary_freqs(pos, d))
     if kind == "embedding":
@@ -162,16 +188,18 @@ def _inputs(op: Op, dtype: torch.dtype, dev: torch.device, gen: torch.Generator
         cache = rnd(4 * m + 1024, n)
         return kv_cache_write, lambda: (
             rnd(m, n), cache, torch.randperm(cache.shape[0], generator=gen, device=dev)[:m])
-    raise ValueError(f"{op.name}: no harness kernel for op kind {op.kind!r}")
+    raise ValueError(f"{label}: no harness kernel for op kind {kind!r}")
 
 
-def build(op: Op, dev: DeviceInfo, seed: int = 0, n_sets: int | None = None) -> Kernel:
-    """A kernel for one instance of ``op`` with rotating input sets (see module docstring)."""
-    if op.dtype not in TORCH_DTYPES:
-        raise ValueError(f"{op.name}: dtype {op.dtype} has no harness kernel")
+def build(op: OpRecord, dev: DeviceInfo, seed: int = 0, n_sets: int | None = None) -> Kernel:
+    """A kernel for ``op``, a record of one instance, with rotating input sets (see module
+    docstring)."""
+    dtype = op.dtype_name(0)
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"{op.name or op.kind}: dtype {dtype} has no harness kernel")
     gen = torch.Generator(device=dev.torch_device).manual_seed(seed)
-    fn, make = _inputs(op, TORCH_DTYPES[op.dtype], dev.torch_device, gen)
-    set_bytes = op.bytes.total
+    fn, make = _inputs(op, TORCH_DTYPES[dtype], dev.torch_device, gen)
+    set_bytes = float(np.sum(op.bytes.total))
     count = n_sets or rotation_sets(set_bytes, dev.llc_bytes)
     sets = [make() for _ in range(count)]
 

@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfmodel import report as estimate_report
+import numpy as np
+
 from perfmodel.compare import predict_rows, shape_key, summarize
-from perfmodel.estimate import framework_ops
-from perfmodel.roofline import op_time
+from perfmodel.cost.roofline import op_time
+from perfmodel.report import tables
 from perfmodel.specs import Hardware, Model
 from validate import figures
 from validate.records import CONTENDED, contended
@@ -50,16 +51,15 @@ def kernel_predictions(rows: list[dict], hw: Hardware):  # -> pandas.DataFrame
 
 def step_prediction(row: dict, hw: Hardware, timing: str,
                     models: dict[str, Model] = MODELS) -> float:
-    """Predicted seconds of a layer or model step row (steps.csv) from ``step_ops``, plus
-    the per-layer framework glue (``estimate.framework_ops``) of its layers."""
+    """Predicted seconds of a layer or model step row (steps.csv): ``step_seconds``."""
     return step_seconds(Step.from_row(row, models), hw, timing)
 
 
 def step_seconds(step: Step, hw: Hardware, timing: str) -> float:
-    """Predicted seconds of ``step``: its operators and the framework glue of its layers."""
-    layers = 1 if step.scope == "layer" else step.model.n_layers
-    return sum(op_time(op, hw, timing).time_s
-               for op in step.ops() + framework_ops(hw, layers, timing, step.dtype))
+    """Predicted seconds of ``step``: the sum of ``op_time`` over its records, the framework
+    glue of its layers (the ``layer_overhead`` operator) included where ``hw`` has some."""
+    return float(sum(np.sum(op_time(op, hw, timing).time_s)
+                     for op in step.records(hw, timing)))
 
 
 def step_predictions(rows: list[dict], hw: Hardware,
@@ -87,7 +87,7 @@ def markdown_table(df, percent: tuple[str, ...] = ()) -> str:
 
     columns = [str(c) for c in df.columns]
     body = ([cell(c, r[c]) for c in df.columns] for _, r in df.iterrows())
-    return estimate_report.markdown_table(columns, body)
+    return tables.markdown_table(columns, body)
 
 
 PCT = ("median_abs_error", "p90_abs_error", "median_error", "error")
@@ -154,9 +154,10 @@ def write_report(out: Path, hw: Hardware, hw_path: str, kernel_rows: list[dict],
         show = sdf[["scope", "phase", "model", "batch", "q_len", "kv_len", "measured_s",
                     "predicted_s", "error", "contended"]]
         lines += ["## Whole decoder layer and model steps", "",
-                  "Predicted = sum of `op_time` over `transformer.step_ops` of the same model "
-                  "record (one layer: the layer's operators of a 1-layer model), plus "
-                  "`layer_overhead_s` per layer on a sync device.", "",
+                  "Predicted = sum of `op_time` over `cost.step.step_records` of the same "
+                  "model record (one layer: the layer's operators of a 1-layer model), the "
+                  "framework glue (`layer_overhead_s` per layer on a sync device) included.",
+                  "",
                   markdown_table(show, ("error",)), ""]
     if plots and len(held):
         figures.predicted_vs_measured(held, out / "predicted_vs_measured.png",

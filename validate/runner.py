@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from perfmodel.compare import row_op
-from perfmodel.memory import kv_elems_per_token_layer
-from perfmodel.params import attention_params, mlp_params
+from perfmodel.cost.memory import kv_elems_per_token_layer
+from perfmodel.cost.params import attention_params, mlp_params
 from validate import kernels
 from validate.device import DeviceInfo, wait_quiet
 from validate.records import (

@@ -1,6 +1,6 @@
 """What to measure: kernel configurations (shared-schema rows) and whole steps.
 
-Kernel rows of the validation suites come from ``perfmodel.transformer.step_ops`` of the
+Kernel rows of the validation suites come from ``perfmodel.cost.step.step_records`` of the
 small local models, so the harness times exactly the shapes the model predicts. The
 calibration suites are separate sweeps (streaming adds, square and skinny GEMMs, a tiny
 kernel for launch overhead) whose shapes do not occur in the validation suites: what is fitted
@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from perfmodel.compare import op_row, shape_key
-from perfmodel.ops import Op
-from perfmodel.specs import Model, Workload
-from perfmodel.transformer import step_ops
+from perfmodel.cost import step as cost
+from perfmodel.cost.ops import OpRecord
+from perfmodel.specs import Hardware, Interconnect, Model, Parallelism
 
 SUITES = ("quick", "full")
 
@@ -52,6 +52,11 @@ CALIB_MODELS = {"cpu": CALIB_CPU, "cuda": CALIB_CUDA}
 # outside the kernels was about 0.25 ms at both widths)
 GLUE_CPU = _llama("glue-cpu", 1, 64, 4, 2, 16, 128, 256, "calibration shapes only")
 OUTSIDE_LAYERS = ("embed", "pos_embed_add", "final_norm", "lm_head")
+# a device without framework glue: the step's operators whatever the device (``step_records``
+# prices the per-layer glue, an operator of the step, only on a device that has some)
+KERNELS_ONLY = Hardware(name="kernels only", peak_flops_per_s={}, memory_bytes=0.0,
+                        memory_bytes_per_s=1.0, compute_units=1, l2_bytes=0.0,
+                        interconnect=Interconnect(link_bytes_per_s=1.0, latency_s=0.0))
 
 
 def _kind(device: str) -> str:
@@ -89,17 +94,21 @@ class Step:
                 "batch": self.batch, "q_len": self.q_len, "kv_len": self.kv_len,
                 "dtype": self.dtype}
 
-    def workload(self) -> Workload:
-        return Workload(batch=self.batch, prompt_len=self.kv_len, gen_len=1,
-                        weights_dtype=self.dtype, act_dtype=self.dtype, kv_dtype=self.dtype)
+    def records(self, hw: Hardware = KERNELS_ONLY, timing: str = "host") -> list[OpRecord]:
+        """The step's operators as one-instance records (``cost.step.step_records``),
+        the per-layer framework glue (``layer_overhead``) included where ``hw`` prices it
+        under ``timing``; for a layer, those of one decoder layer (a 1-layer model's, less
+        the operators outside layers)."""
+        model = self.model if self.scope == "model" else replace(self.model, n_layers=1)
+        dtypes = cost.Dtypes.of(weights=self.dtype, acts=self.dtype, kv=self.dtype)
+        step = cost.Step.uniform(self.batch, self.q_len, self.kv_len)
+        recs = cost.step_records(model, hw, Parallelism(tp=1), step, dtypes, timing)
+        return [r for r in recs if self.scope == "model" or r.name not in OUTSIDE_LAYERS]
 
-    def ops(self) -> list[Op]:
-        """The model's operators for this step; for a layer, those of one decoder layer."""
-        if self.scope == "model":
-            return step_ops(self.model, self.workload(), self.q_len, self.kv_len)
-        one = replace(self.model, n_layers=1)
-        return [op for op in step_ops(one, self.workload(), self.q_len, self.kv_len)
-                if op.name not in OUTSIDE_LAYERS]
+    def ops(self) -> list[OpRecord]:
+        """The model's kernels for this step (no framework glue); for a layer, those of
+        one decoder layer."""
+        return self.records()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A small Llama-shaped model with random weights, built locally (no downloads).
 
-It runs exactly the operators ``perfmodel.transformer.step_ops`` lists for a dense GQA model
+It runs exactly the operators ``perfmodel.cost.step.step_records`` lists for a dense GQA model
 with RoPE, in the same order: embedding, per layer [rms_norm, fused QKV projection, rotary,
 KV-cache write, attention, output projection, residual add, rms_norm, fused gate/up
 projection, silu_and_mul, down projection, residual add], final rms_norm over all new tokens,

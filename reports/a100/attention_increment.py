@@ -21,8 +21,7 @@ import numpy as np
 import pandas as pd
 
 import perfmodel as pm
-from perfmodel.compare import row_op
-from perfmodel.roofline import op_time
+from perfmodel.compare import predict_rows
 
 DEFAULT = Path(__file__).resolve().parents[3] / "shared/measurements/vidur-a100-attention.csv"
 
@@ -33,8 +32,8 @@ def main(path: Path) -> None:
     data = pd.read_csv(path)
     prefill = data[(data.q_len > 1) & (data.batch == 1)].copy()
     records = prefill.to_dict("records")
-    prefill["predicted_s"] = [op_time(row_op(r), hw, "kernel").time_s for r in records]
-    prefill["append_s"] = [op_time(row_op(r), append, "kernel").time_s for r in records]
+    prefill["predicted_s"] = [r["predicted_s"] for r in predict_rows(records, hw, "kernel")]
+    prefill["append_s"] = [r["predicted_s"] for r in predict_rows(records, append, "kernel")]
     print(f"{path.name}: batch-1 prefill rows, TFLOP/s (4 x q x heads x head_dim per key)")
     print("predicted: standard path / append-KV path")
     print(f"{'q_len':>6} {'prior ctx: measured':>20} {'predicted':>14} "
