@@ -10,13 +10,13 @@ record type instead of one per sample. No torch here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from perfmodel.compare import records, row_timing
-from perfmodel.cost.ops import OpRecord, kind_names
+from perfmodel.cost.ops import OpRecord, concat, grouped_fields, kind_names
 from perfmodel.cost.roofline import TIMINGS, busy_units, op_time
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import op_class
@@ -31,35 +31,8 @@ class Sample:
     timing: str = "kernel"
 
 
-def _grouped(rec: OpRecord) -> tuple[str, ...]:
-    """Fields of ``rec`` with a trailing axis of sequence groups (``Attention``'s)."""
-    return getattr(type(rec), "_GROUPED", ())
-
-
-def _flat(rec: OpRecord) -> dict[str, np.ndarray]:
-    """``rec``'s fields broadcast to its instances and flattened to one axis."""
-    shape, grouped = rec.shape, _grouped(rec)
-    n = int(np.prod(shape))
-    out = {}
-    for f in fields(rec):
-        if f.name == "name":
-            continue
-        value = np.asarray(getattr(rec, f.name))
-        if f.name in grouped:
-            out[f.name] = np.broadcast_to(value, shape + value.shape[-1:]).reshape(n, -1)
-        else:
-            out[f.name] = np.broadcast_to(value, shape).reshape(n)
-    return out
-
-
-def _stack(recs: Sequence[OpRecord]) -> OpRecord:
-    """One record of every instance of ``recs`` (all of one type and group count)."""
-    parts = [_flat(r) for r in recs]
-    return type(recs[0])(**{k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
-
-
 def _group_key(rec: OpRecord) -> tuple:
-    return (type(rec), *(np.shape(getattr(rec, g))[-1] for g in _grouped(rec)))
+    return (type(rec), *(np.shape(getattr(rec, g))[-1] for g in grouped_fields(rec)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,7 +71,7 @@ class Samples:
                 raise ValueError(f"sample {i}: expected one operator instance, got "
                                  f"{int(np.prod(s.op.shape))}")
             by_type.setdefault(_group_key(s.op), []).append(i)
-        groups = [(np.array(index), _stack([rows[i].op for i in index]))
+        groups = [(np.array(index), concat([rows[i].op for i in index]))
                   for index in by_type.values()]
         return cls.build(groups, np.array([s.measured_s for s in rows], dtype=float),
                          np.array([TIMINGS.index(s.timing) for s in rows]))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from perfmodel.compare import op_row, shape_key
 from perfmodel.cost import step as cost
 from perfmodel.cost.ops import OpRecord
-from perfmodel.specs import Hardware, Interconnect, Model, Parallelism
+from perfmodel.specs import Hardware, Model, Parallelism
 
 SUITES = ("quick", "full")
 
@@ -52,11 +52,6 @@ CALIB_MODELS = {"cpu": CALIB_CPU, "cuda": CALIB_CUDA}
 # outside the kernels was about 0.25 ms at both widths)
 GLUE_CPU = _llama("glue-cpu", 1, 64, 4, 2, 16, 128, 256, "calibration shapes only")
 OUTSIDE_LAYERS = ("embed", "pos_embed_add", "final_norm", "lm_head")
-# a device without framework glue: the step's operators whatever the device (``step_records``
-# prices the per-layer glue, an operator of the step, only on a device that has some)
-KERNELS_ONLY = Hardware(name="kernels only", peak_flops_per_s={}, memory_bytes=0.0,
-                        memory_bytes_per_s=1.0, compute_units=1, l2_bytes=0.0,
-                        interconnect=Interconnect(link_bytes_per_s=1.0, latency_s=0.0))
 
 
 def _kind(device: str) -> str:
@@ -94,11 +89,11 @@ class Step:
                 "batch": self.batch, "q_len": self.q_len, "kv_len": self.kv_len,
                 "dtype": self.dtype}
 
-    def records(self, hw: Hardware = KERNELS_ONLY, timing: str = "host") -> list[OpRecord]:
+    def records(self, hw: Hardware | None = None, timing: str = "host") -> list[OpRecord]:
         """The step's operators as one-instance records (``cost.step.step_records``),
         the per-layer framework glue (``layer_overhead``) included where ``hw`` prices it
-        under ``timing``; for a layer, those of one decoder layer (a 1-layer model's, less
-        the operators outside layers)."""
+        under ``timing`` (None: the kernels only); for a layer, those of one decoder layer
+        (a 1-layer model's, less the operators outside layers)."""
         model = self.model if self.scope == "model" else replace(self.model, n_layers=1)
         dtypes = cost.Dtypes.of(weights=self.dtype, acts=self.dtype, kv=self.dtype)
         step = cost.Step.uniform(self.batch, self.q_len, self.kv_len)

@@ -190,7 +190,7 @@ def _attention(b: Block, v: Values, step: object) -> Attention:
                      dtype=v.attention, count=c["count"] * batch.any(axis=-1))
 
 
-def _other(b: Block, v: Values, hw: Hardware, timing: np.ndarray | int) -> OpRecord:
+def _other(b: Block, v: Values, hw: Hardware | None, timing: np.ndarray | int) -> OpRecord:
     c, kind = b.const, b.spec_type
     if kind is EmbeddingSpec:
         return Embedding(rows=v.tokens, n=c["n"], act_bytes=v.ab, dtype=v.act,
@@ -201,14 +201,15 @@ def _other(b: Block, v: Values, hw: Hardware, timing: np.ndarray | int) -> OpRec
     if kind is AllReduceSpec:
         return AllReduce(payload=v.tokens * c["width"] * v.ab, devices=c["devices"],
                          dtype=v.act, count=c["count"])
-    on = hw.efficiency.layer_overhead_s > 0
+    on = hw is not None and hw.efficiency.layer_overhead_s > 0
     host = np.asarray(timing) == HOST
     return LayerOverhead(dtype=v.act, count=c["count"] * (host & on) * np.ones_like(v.tokens))
 
 
-def build(block: Block, v: Values, step: object, hw: Hardware,
+def build(block: Block, v: Values, step: object, hw: Hardware | None,
           timing: np.ndarray | int) -> OpRecord:
-    """The record of ``block``'s operators for every row of ``step``."""
+    """The record of ``block``'s operators for every row of ``step`` (``hw`` None: no
+    framework glue)."""
     if block.spec_type is GemmSpec:
         return _gemms(block, v)
     if block.spec_type is PointwiseSpec:

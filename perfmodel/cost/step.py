@@ -194,15 +194,18 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
                     ByteCounts(*out[2:7]), *out[7:])
 
 
-def step_records(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes: Dtypes,
-                 timing: str | np.ndarray | int | None = None) -> list[OpRecord]:
+def step_records(model: Model, hw: Hardware | None, plan: Parallelism, step: Step,
+                 dtypes: Dtypes, timing: str | np.ndarray | int | None = None
+                 ) -> list[OpRecord]:
     """Every operator of ``step`` as its own named record over the N rows, in template
     order (what the harness times and ``compare`` reads); operators that run in no row are
-    left out. ``roofline.op_time`` of each, summed, is ``price_step``'s time."""
+    left out. ``roofline.op_time`` of each, summed, is ``price_step``'s time on ``hw``.
+    ``hw`` None: the kernels only (the per-layer framework glue is priced on a device)."""
     plan.require_modelled()
     names, _, blocks, positions = compiled(model, plan.tp, "all")
     name_at = dict(zip(positions.tolist(), names, strict=True))
-    t = default_timing(hw) if timing is None else timing_code(timing)
+    t = (default_timing(hw) if hw is not None else 0) if timing is None \
+        else timing_code(timing)
     values = _values(model, step, dtypes)
     out = {}
     for block in blocks:

@@ -81,7 +81,7 @@ def kind_memory_fraction(kind: str, hw: Hardware, units: np.ndarray | None = Non
     if rate:
         used = hw.compute_units if units is None else units
         frac = np.minimum(frac, rate * used / hw.memory_bytes_per_s)
-    return frac
+    return float(frac) if np.ndim(frac) == 0 else frac
 
 
 def finish(op: OpRecord, hw: Hardware, timing: np.ndarray | int, compute_s: np.ndarray,
