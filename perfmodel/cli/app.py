@@ -9,27 +9,64 @@ entry point (this package never imports it); on a checkout where nothing is inst
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 import typer
 
-from perfmodel.cli import estimate, figures, report
 from perfmodel.specs.errors import SpecError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Predict LLM inference speed on an accelerator, and say why.",
-                  context_settings={"max_content_width": 120})
-CORE = {"estimate": estimate.estimate, "list": estimate.list_specs,
-        "roofline": figures.roofline_cmd, "sweep": figures.sweep_cmd, "report": report.report_cmd}
-for _name, _command in CORE.items():
-    app.command(_name)(_command)
+# command -> (module, function): imported when the command set is built
+CORE = {"estimate": ("perfmodel.cli.estimate", "estimate"),
+        "list": ("perfmodel.cli.estimate", "list_specs"),
+        "roofline": ("perfmodel.cli.figures", "roofline_cmd"),
+        "sweep": ("perfmodel.cli.figures", "sweep_cmd"),
+        "report": ("perfmodel.cli.report", "report_cmd")}
 _plugins_loaded = False
 
 
-def load_plugins(target: typer.Typer = app) -> typer.Typer:
-    """Add the commands of every installed ``perfmodel.commands`` entry point (once)."""
+def build(only: str | None = None) -> typer.Typer:
+    """The command set: every core command, or only ``only`` (a run of one command imports
+    and converts nothing else: a faster start)."""
+    cli = typer.Typer(add_completion=False, no_args_is_help=True,
+                      pretty_exceptions_enable=False,
+                      help="Predict LLM inference speed on an accelerator, and say why.",
+                      context_settings={"max_content_width": 120})
+    cli.callback()(_root)           # "perfmodel COMMAND" even with one command registered
+    for name, (module, function) in CORE.items():
+        if only is None or name == only:
+            cli.command(name)(getattr(importlib.import_module(module), function))
+    return cli
+
+
+def _root() -> None:
+    pass
+
+
+_full: typer.Typer | None = None
+
+
+def full_app() -> typer.Typer:
+    """Every core command (built once; ``app`` is this, made on first use)."""
+    global _full
+    if _full is None:
+        _full = build()
+    return _full
+
+
+def __getattr__(name: str) -> typer.Typer:
+    if name == "app":
+        return full_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_plugins(target: typer.Typer | None = None) -> typer.Typer:
+    """Add the commands of every installed ``perfmodel.commands`` entry point to ``target``
+    (default: the full app, once)."""
     global _plugins_loaded
+    app = full_app()
+    target = target or app
     if target is app and _plugins_loaded:
         return target
     from importlib.metadata import entry_points
@@ -75,11 +112,12 @@ def run(cli: typer.Typer, args: list[str] | None = None) -> None:
 
 
 def main() -> None:
-    """Console entry point. A core command runs without looking up plugins (fast start)."""
+    """Console entry point. A core command runs alone, without looking up plugins or
+    building the other commands (fast start)."""
     first = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
-    if first not in CORE:
-        load_plugins()
-    run(app)
+    if first in CORE:
+        run(build(only=first))
+    run(load_plugins())
 
 
 if __name__ == "__main__":

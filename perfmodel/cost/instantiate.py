@@ -49,7 +49,7 @@ def spec_kind(spec: object) -> str:
     return spec.kind if isinstance(spec, PointwiseSpec) else SPEC_KIND[type(spec)]
 
 
-@dataclass
+@dataclass(eq=False)
 class Values:
     """Per-row (N,) quantities of the steps (see ``layers``) and dtype figures: bytes per
     element of activations (``ab``), KV cache (``kvb``) and matmul weights with their group
@@ -114,7 +114,7 @@ _CONSTANTS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Block:
     """The template operators of one spec type: their template positions, their constants
     as (operators, 1) arrays, and the step quantities that set their rows."""

@@ -20,8 +20,7 @@ sequences with T new tokens and C positions after the step):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,8 +32,7 @@ ROW_QUANTITIES = ("tokens", "seqs", "logits", "expert_rows", "expert_act_rows", 
                   "expanded_context")
 
 
-@dataclass(frozen=True)
-class GemmSpec:
+class GemmSpec(NamedTuple):
     """A linear layer: [rows, k] x [k, n] (x ``groups``: a number, or "touched" experts).
     ``weights``: "matmul" (the weight dtype, group scales) or "act" (embedding-like tables
     and routers at the activation dtype, which is then also the compute dtype)."""
@@ -50,9 +48,8 @@ class GemmSpec:
     context: bool = False       # its shape moves with the context (priced per decode step)
 
 
-@dataclass(frozen=True)
-class PointwiseSpec:
-    context: ClassVar[bool] = False
+class PointwiseSpec(NamedTuple):
+    context = False         # no step quantity of the context moves it
     name: str
     kind: str
     n: int
@@ -60,8 +57,7 @@ class PointwiseSpec:
     rows: str = "tokens"
 
 
-@dataclass(frozen=True)
-class AttentionSpec:
+class AttentionSpec(NamedTuple):
     """Attention of one form over the step's groups. ``form``: "all" groups, or only those
     MLA runs "absorbed" or "expanded"."""
 
@@ -78,38 +74,34 @@ class AttentionSpec:
     context: bool = True
 
 
-@dataclass(frozen=True)
-class EmbeddingSpec:
-    context: ClassVar[bool] = False
+class EmbeddingSpec(NamedTuple):
+    context = False         # no step quantity of the context moves it
     name: str
     n: int
     count: float = 1.0
 
 
-@dataclass(frozen=True)
-class KvWriteSpec:
-    context: ClassVar[bool] = False
+class KvWriteSpec(NamedTuple):
+    context = False         # no step quantity of the context moves it
     name: str
     n: int
     count: float
 
 
-@dataclass(frozen=True)
-class AllReduceSpec:
+class AllReduceSpec(NamedTuple):
     """Ring all-reduce of ``width`` activations per token over ``devices``."""
 
-    context: ClassVar[bool] = False
+    context = False         # no step quantity of the context moves it
     name: str
     width: int
     devices: int
     count: float
 
 
-@dataclass(frozen=True)
-class OverheadSpec:
+class OverheadSpec(NamedTuple):
     """Framework glue of ``count`` decoder layers (priced on a host-timed device only)."""
 
-    context: ClassVar[bool] = False
+    context = False         # no step quantity of the context moves it
     name: str
     count: float
 

@@ -54,7 +54,7 @@ class ByteCounts:
         return (self.weights, self.act_read, self.act_write, self.kv_read, self.kv_write)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class OpRecord:
     """Fields every record has: a label, the compute dtype (code) and instances per step."""
 
@@ -106,7 +106,7 @@ class OpRecord:
         return DTYPES[int(np.ravel(self.dtype)[i])]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class Gemm(OpRecord):
     """[m, k] x [k, n] matmul, repeated for ``groups`` independent weight matrices (experts).
 
@@ -155,7 +155,7 @@ def attended_positions(q_len: Num, kv_len: Num, window: Num = 0) -> Num:
     return np.where((w <= 0) | (w >= kv), full, windowed)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class Attention(OpRecord):
     """Fused (FlashAttention-style) attention over groups of sequences.
 
@@ -254,7 +254,7 @@ _TABLE = np.array([(KINDS[k].reads, KINDS[k].writes, KINDS[k].flops) for k in PO
 _WEIGHT_ROWS = np.array([{"rms_norm": 1.0, "layer_norm": 2.0}.get(k, 0.0) for k in POINTWISE])
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class Pointwise(OpRecord):
     """Memory-bound elementwise pass over ``rows`` rows of ``n`` features; ``code`` picks the
     kind (``specs.kinds.POINTWISE``). Reads and writes follow the measurement schema
@@ -288,7 +288,7 @@ class Pointwise(OpRecord):
                           act_write=writes * self.rows * self.n * self.act_bytes)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class Embedding(OpRecord):
     """Gather ``rows`` rows of a [vocab, n] table: reads rows*n weights, writes rows*n."""
 
@@ -303,7 +303,7 @@ class Embedding(OpRecord):
         return ByteCounts(weights=moved, act_write=moved)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class KvWrite(OpRecord):
     """Store ``rows`` new tokens' K/V (``n`` elements per token) into the cache."""
 
@@ -319,7 +319,7 @@ class KvWrite(OpRecord):
                           kv_write=self.rows * self.n * self.kv_bytes)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class AllReduce(OpRecord):
     """Ring all-reduce of ``payload`` bytes over ``devices``: 2*(n-1)/n * S bytes per device
     leave over the link (and as many arrive)."""
@@ -334,7 +334,7 @@ class AllReduce(OpRecord):
         return ByteCounts(act_read=moved, act_write=moved)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class LayerOverhead(OpRecord):
     """Framework glue of ``count`` decoder layers (Python, module calls, views): no FLOPs, no
     bytes; timed as ``Efficiency.layer_overhead_s`` per layer on a host-timed device."""

@@ -31,7 +31,7 @@ from perfmodel.specs.workload import Parallelism
 PARTS = ("all", "static", "context")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Step:
     """N steps of G sequence groups each (arrays of shape (N, G)); see the module docstring.
     ``logits_all``: logits for every new token (speculative verification), not only the
@@ -76,7 +76,7 @@ class Step:
         return self.count.shape[0]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Dtypes:
     """Per-row dtypes (codes, see ``specs.dtypes``) and weight group size (0: none)."""
 
@@ -130,7 +130,7 @@ class OperatorTotals:
         return ByteCounts(*(b.sum(axis=0) for b in self.bytes.astuple()))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StepCost(OperatorTotals):
     """Every operator of N steps: arrays of shape (operators, N), operators grouped by
     record type (``names``, ``kinds``, ``classes``; ``positions``: each one's place in the

@@ -34,7 +34,7 @@ from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workload, Workloads
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Estimates:
     """N estimates of one model on one device under one plan, as arrays (one entry each)."""
 

@@ -16,7 +16,7 @@ from perfmodel.cost.step import OperatorTotals, StepCost
 from perfmodel.cost.timebase import BOUNDS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PhaseCost(OperatorTotals):
     """One phase of N configurations. Operator arrays have shape (operators, N), operators
     in the order of the step cost they come from (``positions`` gives the template's)."""

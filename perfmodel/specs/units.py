@@ -7,6 +7,7 @@ datasheet that says GiB) and converted here.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import Decimal
@@ -18,13 +19,18 @@ _PREFIX = {"": 1.0, "k": K, "K": K, "M": M, "G": G, "T": T, "P": P,
            "Ki": KiB, "Mi": MiB, "Gi": GiB, "Ti": TiB}
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
-# unit kind -> regex for the unit part after the prefix
+# unit kind -> regex for the unit part after the prefix (compiled on first use)
 _KINDS = {
-    "bytes": re.compile(r"^(?P<p>Ki|Mi|Gi|Ti|[kKMGTP]?)B$"),
-    "bytes_per_s": re.compile(r"^(?P<p>Ki|Mi|Gi|Ti|[kKMGTP]?)B/s$"),
-    "flops_per_s": re.compile(r"^(?P<p>[kKMGTP]?)(FLOP|FLOPS|OP|OPS)(/s)?$"),
+    "bytes": r"^(?P<p>Ki|Mi|Gi|Ti|[kKMGTP]?)B$",
+    "bytes_per_s": r"^(?P<p>Ki|Mi|Gi|Ti|[kKMGTP]?)B/s$",
+    "flops_per_s": r"^(?P<p>[kKMGTP]?)(FLOP|FLOPS|OP|OPS)(/s)?$",
 }
-_NUM = re.compile(r"^\s*(?P<num>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)\s*(?P<unit>\S*)\s*$")
+_NUM = r"^\s*(?P<num>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)\s*(?P<unit>\S*)\s*$"
+
+
+@functools.cache
+def _regex(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
 
 
 class UnitError(ValueError):
@@ -42,7 +48,7 @@ def parse_quantity(value: object, kind: str) -> float:
     if isinstance(value, (int, float)):
         out = float(value)
     elif isinstance(value, str):
-        match = _NUM.match(value)
+        match = _regex(_NUM).match(value)
         if not match:
             raise UnitError(f"expected a {kind} quantity like '80 GB', got {value!r}")
         unit = match["unit"]
@@ -63,7 +69,7 @@ def _unit_scale(unit: str, kind: str, raw: str) -> float:
             return _TIME[unit]
         raise UnitError(f"expected a time unit (s, ms, us, ns), got {raw!r}")
     pattern = _KINDS.get(kind)
-    match = pattern.match(unit) if pattern else None
+    match = _regex(pattern).match(unit) if pattern else None
     if not match:
         raise UnitError(f"unit {unit!r} is not a {kind} unit in {raw!r}")
     return _PREFIX[match["p"]]

@@ -92,7 +92,7 @@ class Parallelism:
                                 f"modelled (only tensor parallelism, --tp, is); use {key}=1")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Workloads:
     """N workloads as arrays (one entry per configuration); dtypes as codes (``DTYPES``),
     ``weight_group_size`` 0 for none. Build with ``of``, ``grid`` or ``from_list``."""
