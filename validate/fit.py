@@ -22,6 +22,7 @@ import numpy as np
 
 from perfmodel.cost.roofline import TIMINGS, kind_memory_fraction
 from perfmodel.specs import Efficiency, Hardware
+from perfmodel.specs.kinds import KINDS, OWN_FRACTION, OWN_LATENCY
 from validate.samples import Sample, Samples
 
 __all__ = ["BOUNDS", "FitResult", "Sample", "Samples", "fit_efficiency", "fit_rows",
@@ -62,7 +63,8 @@ class FitResult:
 # "<parameter>.<kind>" names a per-kernel-kind value: the Efficiency mapping it lives in
 PER_KIND_FIELDS = {"memory_fraction": "kernel_memory_fraction",
                    "kernel_latency_s": "kernel_latency_by_kind"}
-SHARED_FRACTION = ("gemm", "attention", "all_reduce")   # kinds that keep memory_fraction
+# kinds that keep memory_fraction: the registry's kinds without their own streaming fraction
+SHARED_FRACTION = tuple(k for k in KINDS if k not in OWN_FRACTION)
 # "thread_share.<kind>": one thread's rate over the kind's rate on all the units, s. It
 # sets kernel_unit_bytes_per_s[kind] = s x the kind's fraction x bandwidth (s = 1: no cap),
 # so the fraction holds the rate of a kernel with every thread and s that of one with
@@ -114,7 +116,7 @@ def free_parameters(samples: Samples | Sequence[Sample], hw: Hardware | None = N
     timings = {TIMINGS[c] for c in set(samples.timing.tolist())}
     # every kernel kind gets its own fixed cost (so kernel_latency_s itself is not fitted)
     out = ["memory_fraction", "memory_half_bytes"]
-    out += [f"kernel_latency_s.{k}" for k in sorted(kinds) if k != "all_reduce"]
+    out += [f"kernel_latency_s.{k}" for k in sorted(kinds) if k in OWN_LATENCY]
     if "gemm" in kinds:
         out += ["gemm_fraction", "gemm_k_half"]
     if hw is not None and hw.efficiency.launch_mode == "sync" and "gemm" in kinds:
