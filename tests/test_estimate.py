@@ -246,3 +246,17 @@ def test_sync_launch_mode_adds_dispatch_to_every_op():
     host = price_step(model, sync, Parallelism(), Step.uniform(1, 64, 64), Dtypes.of(), "host")
     assert est.ttft_s == pytest.approx(float(host.time[0]))
     assert est.ttft_s > pm.estimate(hw, model, wl).ttft_s
+
+
+def test_decode_in_chunks_equals_one_call(h100, monkeypatch):
+    """Long generations of many configurations are priced in chunks of points (memory);
+    the chunking changes nothing."""
+    from perfmodel.schedules import decode
+
+    grid = pm.Workloads.grid(batch=[1, 2, 5], prompt_len=[100, 5000], gen_len=[2, 3000])
+    model = pm.model("gemma-2-9b")
+    whole = pm.estimate_many(h100, model, grid)
+    monkeypatch.setattr(decode, "CHUNK_POINTS", 7)
+    parts = pm.estimate_many(h100, model, grid)
+    np.testing.assert_array_equal(parts.tpot_s, whole.tpot_s)
+    np.testing.assert_array_equal(parts.phase("decode").time_s, whole.phase("decode").time_s)

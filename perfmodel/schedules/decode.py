@@ -17,6 +17,8 @@ again with them. Where the time is not piecewise linear (a calibrated bandwidth 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from perfmodel.cost.layers import AttentionSpec, mla_absorbed, step_template
@@ -129,21 +131,39 @@ def _price(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dtypes: 
     return price_step(model, hw, plan, step, dtypes.take(cfg), timing[cfg], part="context")
 
 
-def _sum_context(cfg: np.ndarray, ctx: np.ndarray, cost: StepCost, n: int) -> dict:
-    """Per context operator and configuration: weighted sums, and the last point's time."""
+# points priced per call: bounds the memory of a grid of 10^5 long generations (a StepCost
+# holds 15 fields x operators x points)
+CHUNK_POINTS = 500_000
+
+
+def _chunks(cfg: np.ndarray) -> list[slice]:
+    """Runs of whole configurations of about ``CHUNK_POINTS`` points each."""
+    starts = np.flatnonzero(np.r_[True, cfg[1:] != cfg[:-1]])
+    holding = np.searchsorted(starts, np.arange(0, len(cfg), CHUNK_POINTS), side="right") - 1
+    edges = [*np.unique(starts[holding]).tolist(), len(cfg)]
+    return [slice(a, b) for a, b in itertools.pairwise(edges)]
+
+
+def _context_sums(model: Model, hw: Hardware, plan: Parallelism, w: Workloads,
+                  dtypes: Dtypes, timing: np.ndarray, cfg: np.ndarray, ctx: np.ndarray,
+                  out: np.ndarray, last: np.ndarray) -> tuple:
+    """Price the context operators at the points of some configurations (adding the points
+    on both sides of every bend) and add their weighted sums into ``out`` (fields x
+    operators x N) and the last point's time into ``last``; returns the context cost's
+    template positions."""
+    cost = _price(model, hw, plan, w, dtypes, timing, cfg, ctx)
+    more = _bends(cfg, ctx, cost, hw)
+    if len(more[0]):
+        cfg, ctx = _unique(np.concatenate([cfg, more[0]]), np.concatenate([ctx, more[1]]))
+        cost = _price(model, hw, plan, w, dtypes, timing, cfg, ctx)
     weights = _weights(cfg, ctx)
     starts = np.flatnonzero(np.r_[True, cfg[1:] != cfg[:-1]])
     owners = cfg[starts]
     labels = [np.where(cost.bound == b, cost.time_s, 0.0) for b in range(len(BOUNDS))]
     stacked = np.stack([cost.time_s, cost.flops, *cost.bytes.astuple(), *labels])
-    sums = np.add.reduceat(stacked * weights, starts, axis=-1)
-    out = np.zeros((*stacked.shape[:2], n))
-    out[:, :, owners] = sums
-    last = np.zeros((cost.time_s.shape[0], n))
-    ends = np.r_[starts[1:], len(cfg)] - 1
-    last[:, owners] = cost.time_s[:, ends]
-    return {"time": out[0], "flops": out[1], "bytes": out[2:7], "labels": out[7:],
-            "last": last}
+    out[:, :, owners] = np.add.reduceat(stacked * weights, starts, axis=-1)
+    last[:, owners] = cost.time_s[:, np.r_[starts[1:], len(cfg)] - 1]
+    return tuple(cost.positions.tolist())
 
 
 def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dtypes: Dtypes,
@@ -165,20 +185,19 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
     last_step = first.time.copy()
     if live.any() and context:
         cfg, ctx = _samples(model, hw, plan, w, c0, c1, live)
-        cost = _price(model, hw, plan, w, dtypes, timing, cfg, ctx)
-        more = _bends(cfg, ctx, cost, hw)
-        if len(more[0]):
-            cfg, ctx = _unique(np.concatenate([cfg, more[0]]), np.concatenate([ctx, more[1]]))
-            cost = _price(model, hw, plan, w, dtypes, timing, cfg, ctx)
-        sums = _sum_context(cfg, ctx, cost, n)
+        sums = np.zeros((7 + len(BOUNDS), len(context), n))
+        last = np.zeros((len(context), n))
+        for part in _chunks(cfg):
+            positions = _context_sums(model, hw, plan, w, dtypes, timing, cfg[part], ctx[part],
+                                      sums, last)
         row = dict(zip(first.positions.tolist(), range(len(first.names)), strict=True))
-        context = [row[p] for p in cost.positions.tolist()]    # the context cost's order
-        time[context] = sums["time"]
-        flops[context] = sums["flops"]
+        context = [row[p] for p in positions]    # the context cost's order
+        time[context] = sums[0]
+        flops[context] = sums[1]
         for j in range(5):
-            nbytes[j][context] = sums["bytes"][j]
-        bound[context] = np.where(live, sums["labels"].argmax(axis=0), bound[context])
-        last_step = np.where(live, static_step + sums["last"].sum(axis=0), last_step)
+            nbytes[j][context] = sums[2 + j]
+        bound[context] = np.where(live, sums[7:].argmax(axis=0), bound[context])
+        last_step = np.where(live, static_step + last.sum(axis=0), last_step)
     return PhaseCost("decode", np.maximum(steps, 0), first.names, first.kinds, first.classes,
                      first.positions, first.count, time, flops, ByteCounts(*nbytes), bound,
                      first.time, last_step, first.time_s)
