@@ -78,6 +78,12 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
 _SHAPE = ("batch", "n_heads", "n_kv_heads", "qk_dim", "q_len", "kv_len", "window")
 
 
+def _at(op: Attention, mask: np.ndarray, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Fields ``names`` of the groups where ``mask`` holds (one entry per such group)."""
+    idx = np.nonzero(mask)
+    return {name: np.broadcast_to(op.g(name), mask.shape)[idx] for name in names}
+
+
 def _prefill_efficiency(op: Attention, hw: Hardware, prefill: np.ndarray) -> np.ndarray:
     """Tile efficiency of each prefill group (1 elsewhere), computed where there is one.
     A few groups are looked up by shape in a table kept on the device (the fraction is a
@@ -86,7 +92,7 @@ def _prefill_efficiency(op: Attention, hw: Hardware, prefill: np.ndarray) -> np.
     if not prefill.any():
         return out
     idx = np.nonzero(prefill)
-    full = [np.broadcast_to(op.g(name), prefill.shape)[idx] for name in _SHAPE]
+    full = list(_at(op, prefill, _SHAPE).values())
     if len(full[0]) > 16:
         out[idx] = _tile_efficiency(hw, *full)
         return out
@@ -112,9 +118,8 @@ def _append_kv(op: Attention, hw: Hardware, prefill: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
     """(bytes the append-KV prologue copies, whether its kernel splits) per instance."""
     idx = np.nonzero(prefill)
-    full = {name: np.broadcast_to(op.g(name), prefill.shape)[idx]
-            for name in ("batch", "q_len", "kv_len", "n_heads", "qk_dim", "window",
-                         "cache_elems", "kv_bytes", "kv_from_cache")}
+    full = _at(op, prefill, ("batch", "q_len", "kv_len", "n_heads", "qk_dim", "window",
+                             "cache_elems", "kv_bytes", "kv_from_cache"))
     rows = append_kv_rows(full["qk_dim"], full["q_len"], full["kv_len"], full["window"])
     per_position = np.where(full["kv_from_cache"].astype(bool),
                             full["cache_elems"] * full["kv_bytes"], 0.0)

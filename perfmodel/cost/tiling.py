@@ -21,7 +21,7 @@ import numpy as np
 from perfmodel.specs.hardware import Efficiency, Hardware
 
 _SPLIT_K_MIN_DEPTH = 256   # split-K slices are at least this deep (k elements)
-_SPLIT_FULL = 0.8          # programs filling this share of the units are not split
+SPLIT_FULL = 0.8           # decode programs filling this share of the units are not split
 _SPLIT_NEAR_BEST = 0.85
 _SPLIT_MAX = 128
 # query rows per program of FlashAttention-2's split-KV kernel (run_mha_fwd_splitkv_dispatch)
@@ -118,12 +118,12 @@ def decode_kv_tile(head_dim: np.ndarray) -> np.ndarray:
 @functools.lru_cache(maxsize=65536)
 def _kv_splits(programs: int, tiles: int, units: int) -> tuple[float]:
     """FlashAttention-2's ``num_splits_heuristic`` for ``programs`` over key ``tiles``."""
-    if programs >= _SPLIT_FULL * units:
+    if programs >= SPLIT_FULL * units:
         return (1.0,)
     most = max(1, min(_SPLIT_MAX, units, tiles))
     counts = [n for n in range(1, most + 1)
               if n == 1 or math.ceil(tiles / n) != math.ceil(tiles / (n - 1))]
-    fill = {n: programs * n / (math.ceil(programs * n / units) * units) for n in counts}
+    fill = {n: float(wave_fill(programs * n, units)) for n in counts}
     best = max(fill.values())
     return (float(min(n for n in counts if fill[n] >= _SPLIT_NEAR_BEST * best)),)
 
@@ -140,7 +140,7 @@ def kv_splits(programs: np.ndarray, tiles: np.ndarray, units: int) -> np.ndarray
                          zip(programs.ravel().tolist(), tiles.ravel().tolist(), strict=True)]
                         ).reshape(programs.shape)
     out = np.ones(programs.shape)
-    need = programs < _SPLIT_FULL * units
+    need = programs < SPLIT_FULL * units
     if np.any(need):
         out[need] = _per_key(_kv_splits, programs[need], tiles[need], units)[..., 0]
     return out

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from perfmodel.cost.step import Dtypes, Step, default_timing, price_step
-from perfmodel.cost.timebase import BOUNDS, KERNEL
+from perfmodel.cost.step import Dtypes, Step, price_step
+from perfmodel.cost.timebase import BOUNDS
+from perfmodel.schedules.static import phase_timing
 from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
@@ -80,9 +81,7 @@ def roofline_points(model: Model, hw: Hardware, wl: Workload,
             raise ValueError(f"phase must be prefill or decode, got {phase!r}")
     new = [shapes[p][0] for p in phases]
     ctx = [shapes[p][1] for p in phases]
-    # an array, not a list: the roofline compares codes elementwise (a list compares whole)
-    timing = np.array([KERNEL if p == "decode" and wl.cuda_graphs else default_timing(hw)
-                       for p in phases])
+    timing = np.array([phase_timing(hw, p, wl.cuda_graphs) for p in phases])
     dtypes = Dtypes.of(wl.weights_dtype, wl.act_dtype, wl.kv_dtype, wl.weight_group_size)
     dtypes = dtypes.take([0] * len(phases))
     cost = price_step(model, hw, plan, Step.uniform([wl.batch] * len(phases), new, ctx), dtypes,

@@ -24,14 +24,12 @@ import numpy as np
 from perfmodel.cost.layers import AttentionSpec, mla_absorbed, step_template
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.step import Dtypes, Step, StepCost, price_step
-from perfmodel.cost.tiling import decode_kv_tile, decode_programs
+from perfmodel.cost.tiling import SPLIT_FULL, decode_kv_tile, decode_programs
 from perfmodel.cost.timebase import BOUNDS
 from perfmodel.schedules.phases import PhaseCost
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workloads
-
-_SPLIT_FULL = 0.8      # decode programs filling this share of the units never split
 
 
 def _ranges(owner: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +62,7 @@ def _samples(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, c0: np
     units = hw.compute_units
     if hw.efficiency.attention_decode_pack_gqa:
         for s in specs:
-            split = w.batch[rest] * decode_programs(s.heads, s.kv_heads) < _SPLIT_FULL * units
+            split = w.batch[rest] * decode_programs(s.heads, s.kv_heads) < SPLIT_FULL * units
             own, lo, hi = rest[split], c0[rest][split], c1[rest][split]
             tile = int(decode_kv_tile(s.qk_dim))
             who, m = _ranges(own, -(-lo // tile), (hi - 1) // tile)

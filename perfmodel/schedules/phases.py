@@ -8,6 +8,7 @@ phase's steps, the instances per step, and the bound that held for most of the t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class PhaseCost(OperatorTotals):
     last_step_s: np.ndarray     # (N,)
     first_step_ops_s: np.ndarray    # (operators, N) each operator's time in the first step
 
-    @property
+    @cached_property
     def phase_bound(self) -> np.ndarray:
         """(N,) the bound of most of the phase's time, operators counted by their own (a
         phase of no steps: the bound of most of its first step)."""

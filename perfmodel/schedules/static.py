@@ -20,21 +20,30 @@ from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workloads
 
 
+def phase_timing(hw: Hardware, phase: str, cuda_graphs: np.ndarray | bool) -> np.ndarray:
+    """Timing codes of a phase's steps (``roofline``): the device's own (launches added on a
+    sync device, overlapped elsewhere), except decode steps replayed as CUDA graphs, which pay
+    no launches. One rule for the estimate and its figures."""
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"phase must be prefill or decode, got {phase!r}")
+    base = default_timing(hw)
+    graphs = np.asarray(cuda_graphs) & (phase == "decode")
+    return np.where(graphs, KERNEL, base)
+
+
 def static_request(model: Model, hw: Hardware, plan: Parallelism,
                    w: Workloads) -> tuple[PhaseCost, PhaseCost]:
     """(prefill, decode) of every configuration of ``w``. The prefill step and the first
     decode step are priced together in one call (2N rows)."""
     plan.require_modelled()
     n = len(w)
-    base = default_timing(hw)
-    decode_timing = np.where(w.cuda_graphs, KERNEL, base)
+    decode_timing = phase_timing(hw, "decode", w.cuda_graphs)
     both = np.concatenate
     step = Step.uniform(both([w.batch, w.batch]), both([w.prompt_len, np.ones(n, np.int64)]),
                         both([w.prompt_len, w.prompt_len + 1]))
     dtypes = Dtypes.of_workloads(w)
-    twice = Dtypes(*(both([a, a]) for a in (dtypes.weights, dtypes.acts, dtypes.kv,
-                                           dtypes.group_size)))
-    cost = price_step(model, hw, plan, step, twice, both([np.full(n, base), decode_timing]))
+    timing = both([phase_timing(hw, "prefill", w.cuda_graphs), decode_timing])
+    cost = price_step(model, hw, plan, step, dtypes.take(np.tile(np.arange(n), 2)), timing)
     prefill = single_step_phase("prefill", cost.take(slice(0, n)))
     decode = decode_phase(model, hw, plan, w, dtypes, decode_timing, cost.take(slice(n, 2 * n)))
     return prefill, decode
