@@ -21,7 +21,7 @@ from perfmodel.cost.layers import step_template
 from perfmodel.cost.ops import ByteCounts, OpRecord
 from perfmodel.cost.roofline import op_time
 from perfmodel.cost.timebase import HOST, STREAM, timing_code
-from perfmodel.specs.dtypes import BYTES, CODE, compute_codes, dtype_code
+from perfmodel.specs.dtypes import BYTES, CODE, compute_codes, dtype_code, weight_bytes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import op_class
@@ -104,8 +104,7 @@ class Dtypes:
     @property
     def weight_bytes(self) -> np.ndarray:
         """Bytes per matmul weight, including a 16-bit scale per group when grouped."""
-        g = self.group_size
-        return BYTES[self.weights] + np.where(g > 0, 2.0 / np.maximum(g, 1), 0.0)
+        return weight_bytes(self.weights, self.group_size)
 
 
 class OperatorTotals:
@@ -177,14 +176,10 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
     ``timing``: how host launches count (``roofline``; None: the device's own, a name, or
     codes per row). ``part``: "all" operators, or only the "context" ones (whose shape moves
     with the context: attention, MLA's form-dependent projections) or the "static" rest."""
-    plan.require_modelled()
-    names, kinds, blocks, positions = compiled(model, plan.tp, part)
-    t = default_timing(hw) if timing is None else timing_code(timing)
-    values = _values(model, step, dtypes)
+    names, kinds, positions, t, built = _build(model, hw, plan, step, dtypes, timing, part)
     out = np.zeros((_FIELDS, len(names), len(step)))
     start = 0
-    for block in blocks:
-        rec = instantiate.build(block, values, step, hw, t)
+    for block, rec in built:
         end = start + len(block.positions)
         out[0, start:end] = rec.count
         if out[0, start:end].any():
@@ -201,20 +196,30 @@ def step_records(model: Model, hw: Hardware | None, plan: Parallelism, step: Ste
     order (what the harness times and ``compare`` reads); operators that run in no row are
     left out. ``roofline.op_time`` of each, summed, is ``price_step``'s time on ``hw``.
     ``hw`` None: the kernels only (the per-layer framework glue is priced on a device)."""
-    plan.require_modelled()
-    names, _, blocks, positions = compiled(model, plan.tp, "all")
+    names, _, positions, _, built = _build(model, hw, plan, step, dtypes, timing, "all")
     name_at = dict(zip(positions.tolist(), names, strict=True))
-    t = (default_timing(hw) if hw is not None else 0) if timing is None \
-        else timing_code(timing)
-    values = _values(model, step, dtypes)
     out = {}
-    for block in blocks:
-        rec = instantiate.build(block, values, step, hw, t)
+    for block, rec in built:
         for j, pos in enumerate(block.positions):
             one = replace(rec.take(j), name=name_at[pos])
             if np.any(one.count):
                 out[pos] = one
     return [out[p] for p in sorted(out)]
+
+
+def _build(model: Model, hw: Hardware | None, plan: Parallelism, step: Step, dtypes: Dtypes,
+           timing: str | np.ndarray | int | None, part: str) -> tuple:
+    """(names, kinds, positions, timing codes, [(block, record)]) of ``part`` of the template
+    for every row of ``step`` (``hw`` None: no framework glue)."""
+    plan.require_modelled()
+    names, kinds, blocks, positions = compiled(model, plan.tp, part)
+    if timing is not None:
+        t = timing_code(timing)
+    else:
+        t = default_timing(hw) if hw is not None else STREAM
+    values = _values(model, step, dtypes)
+    built = [(block, instantiate.build(block, values, step, hw, t)) for block in blocks]
+    return names, kinds, positions, t, built
 
 
 def compiled(model: Model, tp: int, part: str) -> tuple:

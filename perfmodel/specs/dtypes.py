@@ -41,6 +41,13 @@ def compute_dtype(weights: str, acts: str) -> str:
     return DTYPES[int(compute_codes(CODE[weights], CODE[acts]))]
 
 
+def weight_bytes(codes: np.ndarray | int, group_size: np.ndarray | int) -> np.ndarray:
+    """Bytes per matmul weight of dtype ``codes``, including a 16-bit scale per group of
+    ``group_size`` weights (0: not grouped)."""
+    group = np.asarray(group_size)
+    return BYTES[codes] + np.where(group > 0, 2.0 / np.maximum(group, 1), 0.0)
+
+
 def compute_codes(weights: np.ndarray | int, acts: np.ndarray | int) -> np.ndarray:
     """``compute_dtype`` on arrays of codes (ties go to the weights' dtype)."""
     return np.where(BYTES[weights] >= BYTES[acts], weights, acts)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from perfmodel.specs.dtypes import BYTES, CODE, DTYPE_BYTES, DTYPES, dtype_code
+from perfmodel.specs.dtypes import CODE, DTYPES, dtype_code, weight_bytes
 from perfmodel.specs.errors import SpecError
 
 _INT_FIELDS = ("batch", "prompt_len", "gen_len", "kv_block_tokens")
@@ -58,8 +58,7 @@ class Workload:
     @property
     def weight_bytes_per_param(self) -> float:
         """Bytes per matmul weight, including a 16-bit scale per group when grouped."""
-        extra = 2.0 / self.weight_group_size if self.weight_group_size else 0.0
-        return DTYPE_BYTES[self.weights_dtype] + extra
+        return float(weight_bytes(CODE[self.weights_dtype], self.weight_group_size or 0))
 
     @property
     def final_len(self) -> int:
@@ -178,8 +177,7 @@ class Workloads:
     @property
     def weight_bytes_per_param(self) -> np.ndarray:
         """Bytes per matmul weight, including a 16-bit scale per group when grouped."""
-        group = self.weight_group_size
-        return BYTES[self.weights_dtype] + np.where(group > 0, 2.0 / np.maximum(group, 1), 0.0)
+        return weight_bytes(self.weights_dtype, self.weight_group_size)
 
     @property
     def final_len(self) -> np.ndarray:
