@@ -1,0 +1,63 @@
+"""The serving engine's settings, named as vLLM names them (``vllm serve`` flags) with its
+defaults (vLLM v1, ``vllm/config/scheduler.py``, ``vllm/config/cache.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfmodel.specs.errors import SpecError
+
+SCHEDULERS = ("continuous", "static")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """``max_num_seqs``: sequences in one step; ``max_num_batched_tokens``: tokens in one
+    step (the chunked-prefill budget); ``gpu_memory_utilization``: share of device memory
+    the engine may fill (weights, activations, KV pool); ``block_size``: tokens per paged
+    KV block; ``chunked_prefill`` off: a prompt is scheduled whole or waits;
+    ``prefix_caching``: automatic prefix caching of full blocks, LRU-evicted;
+    ``scheduler`` "static": the baseline that admits a batch only when the last one has
+    finished (no continuous batching); ``cuda_graphs``: pure-decode steps replay a CUDA
+    graph (vLLM's default; ``--enforce-eager`` turns it off); ``max_model_len``: 0, the
+    model's context limit."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    chunked_prefill: bool = True
+    prefix_caching: bool = True
+    scheduler: str = "continuous"
+    cuda_graphs: bool = True
+    max_model_len: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if int(getattr(self, name)) < 1:
+                raise SpecError(f"--{name.replace('_', '-')}: expected an integer >= 1, "
+                                f"got {getattr(self, name)}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise SpecError("--gpu-memory-utilization: expected a share in (0, 1], got "
+                            f"{self.gpu_memory_utilization}")
+        if self.scheduler not in SCHEDULERS:
+            raise SpecError(f"--scheduler: expected one of {', '.join(SCHEDULERS)}, got "
+                            f"{self.scheduler!r}")
+        if self.max_model_len < 0:
+            raise SpecError(f"--max-model-len: expected >= 0, got {self.max_model_len}")
+
+    def flags(self) -> str:
+        """The same settings as ``vllm serve`` flags."""
+        out = [f"--max-num-seqs {self.max_num_seqs}",
+               f"--max-num-batched-tokens {self.max_num_batched_tokens}",
+               f"--gpu-memory-utilization {self.gpu_memory_utilization:g}",
+               f"--block-size {self.block_size}",
+               "--enable-chunked-prefill" if self.chunked_prefill
+               else "--no-enable-chunked-prefill",
+               "--enable-prefix-caching" if self.prefix_caching
+               else "--no-enable-prefix-caching"]
+        if not self.cuda_graphs:
+            out.append("--enforce-eager")
+        if self.max_model_len:
+            out.append(f"--max-model-len {self.max_model_len}")
+        return " ".join(out)

@@ -1,0 +1,58 @@
+"""A stream of requests as arrays: when each arrives, its prompt and output lengths, and the
+prompt prefix it shares with others (``serving.traffic`` makes and reads them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.specs.errors import SpecError
+
+
+@dataclass(frozen=True, eq=False)
+class Requests:
+    """N requests, sorted by arrival. ``prefix_id`` -1: no shared prefix; requests with one
+    id share their first ``prefix_tokens`` prompt tokens (a system prompt). ``closed_loop``
+    > 0: arrivals are not fixed but made by that many users, each sending its next request
+    when the last one finishes (``arrival_s`` then holds each request's think time after its
+    user's previous one; 0: at once)."""
+
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefix_id: np.ndarray
+    prefix_tokens: np.ndarray
+    closed_loop: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        for name in ("input_tokens", "output_tokens", "prefix_id", "prefix_tokens"):
+            if len(getattr(self, name)) != n:
+                raise SpecError(f"requests: {name} has {len(getattr(self, name))} entries, "
+                                f"expected {n}")
+        if n == 0:
+            raise SpecError("requests: no requests")
+        if np.any(np.diff(self.arrival_s) < 0) and not self.closed_loop:
+            raise SpecError("requests: arrival_s must be sorted")
+        if np.any(self.input_tokens < 1) or np.any(self.output_tokens < 1):
+            raise SpecError("requests: input_tokens and output_tokens must be >= 1")
+        if np.any(self.prefix_tokens > self.input_tokens):
+            raise SpecError("requests: prefix_tokens must be <= input_tokens")
+
+    @classmethod
+    def of(cls, arrival_s: object, input_tokens: object, output_tokens: object,
+           prefix_id: object = None, prefix_tokens: object = None,
+           closed_loop: int = 0) -> Requests:
+        """From array-likes (prefix columns optional)."""
+        arrival = np.asarray(arrival_s, dtype=float).reshape(-1)
+        n = len(arrival)
+        ids = np.full(n, -1, np.int64) if prefix_id is None else np.asarray(prefix_id, np.int64)
+        ptok = np.zeros(n, np.int64) if prefix_tokens is None else np.asarray(prefix_tokens,
+                                                                               np.int64)
+        return cls(arrival, np.asarray(input_tokens, np.int64).reshape(-1),
+                   np.asarray(output_tokens, np.int64).reshape(-1),
+                   np.where(ptok > 0, ids, -1), np.where(ids >= 0, ptok, 0), closed_loop)
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)

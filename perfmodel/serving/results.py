@@ -1,0 +1,148 @@
+"""What a simulation returns: every request's times and every step's state, and the
+metrics as vLLM's benchmark tool defines them (``vllm/benchmarks/serve.py``):
+
+- TTFT: arrival to first token; E2E: arrival to last token;
+- TPOT: per request, (last token - first token) / (output tokens - 1), requests of one
+  output token left out;
+- ITL: every gap between consecutive tokens of a request, pooled over requests;
+- throughput: output tokens over the run's duration, from time 0 (the start of the run,
+  before the first arrival) to the last token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfmodel.serving.requests import Requests
+
+PERCENTILES = (50, 90, 99)
+METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
+
+
+@dataclass(frozen=True, eq=False)
+class StepLog:
+    """One entry per engine step: when it started, how long it took, the sequences and
+    tokens it ran (``prefill_tokens`` of them prompt tokens), the KV blocks in use after
+    it and the requests waiting."""
+
+    start_s: np.ndarray
+    time_s: np.ndarray
+    seqs: np.ndarray
+    tokens: np.ndarray
+    prefill_tokens: np.ndarray
+    kv_blocks: np.ndarray
+    waiting: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """A simulated run. Per request (in ``requests`` order): ``arrival_s`` (a closed loop's
+    resolved), ``scheduled_s`` (first scheduled), ``first_token_s``, ``finish_s``,
+    ``preemptions``, ``prefix_hit_tokens``; every output token's time, ragged:
+    request i's are ``token_s[token_offsets[i]:token_offsets[i + 1]]``."""
+
+    requests: Requests
+    arrival_s: np.ndarray
+    scheduled_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    preemptions: np.ndarray
+    prefix_hit_tokens: np.ndarray
+    token_offsets: np.ndarray
+    token_s: np.ndarray
+    steps: StepLog
+    kv_blocks_total: int
+    label: str = ""
+    info: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        return self.finish_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> np.ndarray:
+        return self.scheduled_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Per request of more than one output token."""
+        out = self.requests.output_tokens
+        many = out > 1
+        return (self.finish_s[many] - self.first_token_s[many]) / (out[many] - 1)
+
+    @property
+    def itl_s(self) -> np.ndarray:
+        """Every gap between consecutive tokens of one request, pooled."""
+        gaps = np.diff(self.token_s)
+        inside = np.ones(len(gaps), dtype=bool)
+        inside[self.token_offsets[1:-1] - 1] = False     # a gap across two requests
+        return gaps[inside[:len(gaps)]] if len(gaps) else gaps
+
+    @property
+    def duration_s(self) -> float:
+        return float(max(self.finish_s.max() - min(0.0, self.arrival_s.min()), 1e-12))
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        return float(self.requests.output_tokens.sum() / self.duration_s)
+
+    @property
+    def requests_per_s(self) -> float:
+        return len(self) / self.duration_s
+
+    def goodput(self, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None
+                ) -> float:
+        """Requests per second that met both SLOs (a request of one token has no TPOT)."""
+        ok = np.ones(len(self), dtype=bool)
+        if slo_ttft_s is not None:
+            ok &= self.ttft_s <= slo_ttft_s
+        if slo_tpot_s is not None:
+            out = self.requests.output_tokens
+            tpot = np.zeros(len(self))
+            tpot[out > 1] = self.tpot_s
+            ok &= tpot <= slo_tpot_s
+        return float(ok.sum() / self.duration_s)
+
+    def summary(self, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None
+                ) -> dict:
+        """Means and percentiles (seconds), throughput, and goodput when SLOs are given."""
+        out: dict = {}
+        for name in METRICS:
+            values = getattr(self, name)
+            out[name] = ({"mean": float(values.mean()),
+                          **{f"p{p}": float(np.percentile(values, p)) for p in PERCENTILES}}
+                         if len(values) else
+                         {"mean": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}})
+        out.update(throughput_tokens_per_s=self.throughput_tokens_per_s,
+                   requests_per_s=self.requests_per_s, n_requests=len(self),
+                   n_preempted=int((self.preemptions > 0).sum()),
+                   preemptions=int(self.preemptions.sum()),
+                   prefix_hit_tokens=int(self.prefix_hit_tokens.sum()),
+                   duration_s=self.duration_s, steps=len(self.steps.start_s),
+                   kv_blocks_total=self.kv_blocks_total,
+                   peak_kv_use=float(self.steps.kv_blocks.max() / max(self.kv_blocks_total, 1)),
+                   peak_running=int(self.steps.seqs.max()))
+        if slo_ttft_s is not None or slo_tpot_s is not None:
+            out["goodput_requests_per_s"] = self.goodput(slo_ttft_s, slo_tpot_s)
+        return out
+
+    def records(self) -> dict[str, np.ndarray]:
+        """One row per request (pandas-ready columns)."""
+        r = self.requests
+        out = r.output_tokens
+        tpot = np.full(len(self), np.nan)
+        tpot[out > 1] = self.tpot_s
+        return {"request": np.arange(len(self)), "arrival_s": self.arrival_s,
+                "input_tokens": r.input_tokens, "output_tokens": out,
+                "prefix_id": r.prefix_id, "prefix_hit_tokens": self.prefix_hit_tokens,
+                "queue_s": self.queue_s, "ttft_s": self.ttft_s, "tpot_s": tpot,
+                "e2e_s": self.e2e_s, "preemptions": self.preemptions}
