@@ -1,0 +1,79 @@
+"""Requests yet to arrive at an engine: an open loop's fixed times, in order, or a closed
+loop's users, each sending its next request when its last one finishes (after that
+request's think time)."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfmodel.serving.requests import Requests
+
+
+@dataclass(eq=False)
+class Arrivals:
+    """``next_open``: the open loop's next request (requests are in arrival order);
+    ``pending``: a closed loop's requests sent after a think time, by time."""
+
+    requests: Requests
+    next_open: int = 0
+    pending: list = field(default_factory=list)     # heap of (time, request)
+    next_closed: int = 0
+    arrival_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __post_init__(self) -> None:
+        r = self.requests
+        self.arrival_s = r.arrival_s.astype(float).copy()
+        if r.closed_loop:
+            users = min(r.closed_loop, len(r))
+            self.pending = [(float(r.arrival_s[i]), i) for i in range(users)]
+            heapq.heapify(self.pending)
+            self.next_closed = users
+            self.next_open = len(r)
+
+    def next_time(self) -> float:
+        times = [np.inf]
+        if self.next_open < len(self.requests):
+            times.append(float(self.arrival_s[self.next_open]))
+        if self.pending:
+            times.append(self.pending[0][0])
+        return min(times)
+
+    def due(self, t: float) -> list[int]:
+        """Requests arrived by ``t``, in arrival order."""
+        out = []
+        while self.pending and self.pending[0][0] <= t:
+            time, i = heapq.heappop(self.pending)
+            self.arrival_s[i] = time
+            out.append(i)
+        r = self.requests
+        while self.next_open < len(r) and self.arrival_s[self.next_open] <= t:
+            out.append(self.next_open)
+            self.next_open += 1
+        return out
+
+    def finished(self, t: float, count: int) -> list[int]:
+        """A closed loop's users whose requests finished at ``t`` send their next ones:
+        those with no think time, returned (they join at once); the others pending."""
+        now = []
+        for _ in range(count):
+            if not self.requests.closed_loop or self.next_closed >= len(self.requests):
+                break
+            i = self.next_closed
+            self.next_closed += 1
+            think = float(self.requests.arrival_s[i])
+            if think <= 0:
+                self.arrival_s[i] = t
+                now.append(i)
+            else:
+                heapq.heappush(self.pending, (t + think, i))
+        return now
+
+
+    def open_count(self, t: np.ndarray | float) -> np.ndarray | int:
+        """Open-loop requests arrived by ``t`` (all of them, counted from the first)."""
+        if self.requests.closed_loop:
+            return np.zeros(np.shape(t), np.int64) + self.next_open
+        return np.searchsorted(self.arrival_s, t, side="right")

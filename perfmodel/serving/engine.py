@@ -1,0 +1,110 @@
+"""What the simulator asks of the core: the KV pool an engine gets, and the time of its
+steps, priced by ``cost.step.price_step`` on each step's own mix of prompt chunks and
+decodes, many steps in one vectorised call.
+
+A step's timing follows the estimate's rule (``schedules.static.phase_timing``): a step
+with a prompt chunk pays host launches as a prefill does, a pure-decode step replays a CUDA
+graph when the engine captures them (vLLM's default). The estimate and the simulator share
+this and ``price_step``, so a lone request costs the same in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.cost.memory import (
+    kv_bytes_per_token,
+    logits_bytes_per_sequence,
+    usable_bytes,
+    weights_bytes,
+    workspace_bytes_per_token,
+)
+from perfmodel.cost.step import Dtypes, Step, price_step
+from perfmodel.schedules.static import phase_timing
+from perfmodel.serving.config import EngineConfig
+from perfmodel.serving.scheduler import Batch
+from perfmodel.specs.dtypes import BYTES
+from perfmodel.specs.errors import SpecError
+from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+from perfmodel.specs.workload import Parallelism, Workload, Workloads
+
+
+@dataclass(frozen=True)
+class KvPoolSize:
+    """The engine's KV pool on one device: blocks, and the bytes it was cut from."""
+
+    blocks: int
+    usable_bytes: float
+    weights_bytes: float
+    activation_bytes: float
+    bytes_per_block: float
+
+    @property
+    def tokens(self) -> int:
+        return self.blocks
+
+
+def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
+            engine: EngineConfig) -> KvPoolSize:
+    """vLLM's rule: the KV cache gets what is left of ``gpu_memory_utilization`` x memory
+    after the runtime's reserve, the weights and the peak activations of its profile run
+    (a step of ``max_num_batched_tokens`` tokens, and the logits of ``max_num_seqs``
+    sequences). SpecError when nothing is left."""
+    ws = Workloads.from_list([w])
+    ab = BYTES[ws.act_dtype]
+    usable = float(usable_bytes(hw, engine.gpu_memory_utilization))
+    weights = float(weights_bytes(model, plan.tp, ws.weight_bytes_per_param, ab, plan.pp,
+                                  plan.ep, plan.expert_replicas)[0])
+    acts = float(workspace_bytes_per_token(model, plan.tp, ab)[0]
+                 * engine.max_num_batched_tokens
+                 + logits_bytes_per_sequence(model, plan.tp) * engine.max_num_seqs)
+    kvb = Dtypes.of_workloads(ws).kv_bytes(model)
+    per_block = float(kv_bytes_per_token(model, plan.tp, kvb)[0]) * engine.block_size / plan.pp
+    left = usable - weights - acts
+    if left < per_block:
+        raise SpecError(
+            f"simulate: {model.name} does not fit on {hw.name} under {plan.describe()}: "
+            f"{usable / 1e9:.2f} GB usable at --gpu-memory-utilization "
+            f"{engine.gpu_memory_utilization:g}, weights {weights / 1e9:.2f} GB, activations "
+            f"{acts / 1e9:.2f} GB, leaving no KV block")
+    return KvPoolSize(int(left // per_block), usable, weights, acts, per_block)
+
+
+class StepPricer:
+    """Times of engine steps of one model on one device under one plan and workload's
+    dtypes. ``times(batches)`` prices them all in one ``price_step`` call."""
+
+    def __init__(self, model: Model, hw: Hardware, plan: Parallelism, w: Workload,
+                 engine: EngineConfig) -> None:
+        self.model, self.hw, self.plan = model, hw, plan
+        ws = Workloads.from_list([w])
+        self.dtypes = Dtypes.of_workloads(ws)
+        self.skew = float(w.expert_skew)
+        self.prefill_timing = int(phase_timing(hw, "prefill", False))
+        self.decode_timing = int(phase_timing(hw, "decode", engine.cuda_graphs))
+        self.calls = 0
+        self.priced = 0
+
+    def times(self, batches: list[Batch]) -> np.ndarray:
+        """Seconds of each batch's step."""
+        k = len(batches)
+        g = max(len(b.ids) for b in batches)
+        count = np.zeros((k, g), np.int64)
+        new = np.ones((k, g), np.int64)
+        ctx = np.ones((k, g), np.int64)
+        for i, b in enumerate(batches):
+            n = len(b.ids)
+            count[i, :n] = 1
+            new[i, :n] = b.new
+            ctx[i, :n] = b.context
+        timing = np.array([self.prefill_timing if b.prefill else self.decode_timing
+                           for b in batches])
+        step = Step(count, new, ctx, expert_skew=self.skew)
+        cost = price_step(self.model, self.hw, self.plan, step,
+                          self.dtypes.take(np.zeros(k, np.int64)), timing)
+        self.calls += 1
+        self.priced += k
+        return cost.time
