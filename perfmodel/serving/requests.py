@@ -16,7 +16,8 @@ class Requests:
     id share their first ``prefix_tokens`` prompt tokens (a system prompt). ``closed_loop``
     > 0: arrivals are not fixed but made by that many users, each sending its next request
     when the last one finishes (``arrival_s`` then holds each request's think time after its
-    user's previous one; 0: at once)."""
+    user's previous one; 0: at once). ``prefilled``: prompt tokens whose KV arrives with the
+    request, computed elsewhere (a disaggregated decode instance's requests), or None."""
 
     arrival_s: np.ndarray
     input_tokens: np.ndarray
@@ -24,6 +25,7 @@ class Requests:
     prefix_id: np.ndarray
     prefix_tokens: np.ndarray
     closed_loop: int = 0
+    prefilled: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -39,6 +41,9 @@ class Requests:
             raise SpecError("requests: input_tokens and output_tokens must be >= 1")
         if np.any(self.prefix_tokens > self.input_tokens):
             raise SpecError("requests: prefix_tokens must be <= input_tokens")
+        if self.prefilled is not None and (len(self.prefilled) != n or np.any(
+                (self.prefilled < 0) | (self.prefilled >= self.input_tokens))):
+            raise SpecError("requests: prefilled must be 0 <= prefilled < input_tokens")
 
     @classmethod
     def of(cls, arrival_s: object, input_tokens: object, output_tokens: object,

@@ -68,15 +68,17 @@ class EngineState:
     waiting: deque
     padded: np.ndarray          # static batching: finished, kept as padding
     sharing: bool = False       # some request has a shared prefix of a full block
+    prefilled: np.ndarray | None = None     # prompt tokens computed elsewhere (their KV came)
 
     @classmethod
     def new(cls, engine: EngineConfig, prompt: np.ndarray, output: np.ndarray,
-            prefix: np.ndarray, prefix_tokens: np.ndarray, blocks: int) -> EngineState:
+            prefix: np.ndarray, prefix_tokens: np.ndarray, blocks: int,
+            prefilled: np.ndarray | None = None) -> EngineState:
         n = len(prompt)
         zeros = [np.zeros(n, np.int64) for _ in range(6)]
         full = prefix_tokens // engine.block_size
         return cls(engine, prompt, output, prefix, full, KVPool(blocks), *zeros, [], deque(),
-                   np.zeros(n, dtype=bool), bool(full.any()))
+                   np.zeros(n, dtype=bool), bool(full.any()), prefilled)
 
     def copy(self) -> EngineState:
         return EngineState(self.engine, self.prompt, self.output, self.prefix,
@@ -84,7 +86,7 @@ class EngineState:
                            self.emitted.copy(), self.own.copy(), self.shared.copy(),
                            self.preemptions.copy(), self.hit_tokens.copy(),
                            list(self.running), deque(self.waiting), self.padded.copy(),
-                           self.sharing)
+                           self.sharing, self.prefilled)
 
     def blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.engine.block_size)
@@ -180,6 +182,8 @@ class EngineState:
             tokens = int(self.prompt[r] + self.emitted[r])
             hit_p, hit_own = self._hits(r, tokens)
             done = (hit_p + hit_own) * self.engine.block_size
+            if self.prefilled is not None and not self.preemptions[r]:
+                done = max(done, int(self.prefilled[r]))     # its KV came with it
             need = tokens - done
             if not self.engine.chunked_prefill and need > budget:
                 break

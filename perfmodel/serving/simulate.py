@@ -93,9 +93,10 @@ def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
     if engines == 1:
         return requests
     users = -(-requests.closed_loop // engines) if requests.closed_loop else 0
+    pre = None if requests.prefilled is None else requests.prefilled[idx]
     return Requests(requests.arrival_s[idx], requests.input_tokens[idx],
                     requests.output_tokens[idx], requests.prefix_id[idx],
-                    requests.prefix_tokens[idx], users)
+                    requests.prefix_tokens[idx], users, pre)
 
 
 def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
@@ -104,7 +105,8 @@ def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     n = len(requests)
     offsets = np.concatenate([[0], np.cumsum(requests.output_tokens)])
     state = EngineState.new(engine, requests.input_tokens, requests.output_tokens,
-                            requests.prefix_id, requests.prefix_tokens, blocks)
+                            requests.prefix_id, requests.prefix_tokens, blocks,
+                            requests.prefilled)
     nan = np.full(n, np.nan)
     run = _Run(state, StepPricer(model, hw, plan, w, engine), Arrivals(requests), offsets,
                np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy())
