@@ -22,6 +22,16 @@ class Arrivals:
     pending: list = field(default_factory=list)     # heap of (time, request)
     next_closed: int = 0
     arrival_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    finished_total: int = 0
+    last_check: float = -np.inf
+
+    @property
+    def cap(self) -> float:
+        return self.requests.client_cap or np.inf
+
+    def limit(self, finished: int = 0) -> float:
+        """Open-loop requests that may have been sent once ``finished`` more are done."""
+        return self.finished_total + finished + self.cap
 
     def __post_init__(self) -> None:
         r = self.requests
@@ -48,16 +58,20 @@ class Arrivals:
             time, i = heapq.heappop(self.pending)
             self.arrival_s[i] = time
             out.append(i)
-        r = self.requests
-        while self.next_open < len(r) and self.arrival_s[self.next_open] <= t:
-            out.append(self.next_open)
+        r, room = self.requests, self.limit()
+        while self.next_open < min(len(r), room) and r.arrival_s[self.next_open] <= t:
+            i = self.next_open
+            self.arrival_s[i] = t if r.arrival_s[i] <= self.last_check else r.arrival_s[i]
+            out.append(i)
             self.next_open += 1
+        self.last_check = t
         return out
 
     def finished(self, t: float, count: int) -> list[int]:
         """A closed loop's users whose requests finished at ``t`` send their next ones:
         those with no think time, returned (they join at once); the others pending."""
         now = []
+        self.finished_total += count
         for _ in range(count):
             if not self.requests.closed_loop or self.next_closed >= len(self.requests):
                 break
@@ -71,9 +85,9 @@ class Arrivals:
                 heapq.heappush(self.pending, (t + think, i))
         return now
 
-
-    def open_count(self, t: np.ndarray | float) -> np.ndarray | int:
-        """Open-loop requests arrived by ``t`` (all of them, counted from the first)."""
+    def open_count(self, t: np.ndarray | float, limit: np.ndarray | float = np.inf
+                   ) -> np.ndarray | int:
+        """Open-loop requests sent by ``t`` (counted from the first), at most ``limit``."""
         if self.requests.closed_loop:
             return np.zeros(np.shape(t), np.int64) + self.next_open
-        return np.searchsorted(self.arrival_s, t, side="right")
+        return np.minimum(np.searchsorted(self.requests.arrival_s, t, side="right"), limit)

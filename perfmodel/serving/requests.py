@@ -17,7 +17,10 @@ class Requests:
     > 0: arrivals are not fixed but made by that many users, each sending its next request
     when the last one finishes (``arrival_s`` then holds each request's think time after its
     user's previous one; 0: at once). ``prefilled``: prompt tokens whose KV arrives with the
-    request, computed elsewhere (a disaggregated decode instance's requests), or None."""
+    request, computed elsewhere (a disaggregated decode instance's requests), or None.
+    ``client_cap`` > 0: the client keeps at most that many requests in flight, sending one
+    that is due only when an earlier one has finished (a load generator's concurrency
+    limit, as ``vllm bench serve --max-concurrency`` has)."""
 
     arrival_s: np.ndarray
     input_tokens: np.ndarray
@@ -26,6 +29,7 @@ class Requests:
     prefix_tokens: np.ndarray
     closed_loop: int = 0
     prefilled: np.ndarray | None = None
+    client_cap: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)

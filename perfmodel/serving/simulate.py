@@ -168,6 +168,7 @@ class _Dry:
     seen: list = field(default_factory=list)
     top: list = field(default_factory=list)
     features: list = field(default_factory=list)
+    ended: list = field(default_factory=list)     # requests finished before each step
 
 
 def _dry_run(run: _Run, guess: _Guess) -> _Dry:
@@ -176,11 +177,12 @@ def _dry_run(run: _Run, guess: _Guess) -> _Dry:
     think time send their next requests at once; one with a think time ends the run)."""
     dry = _Dry(run.state.copy())
     arrivals = run.arrivals
+    sched = arrivals.requests.arrival_s
     closed = arrivals.requests.closed_loop
-    seen, queued, top, t = arrivals.next_open, arrivals.next_closed, -1, run.t
+    seen, queued, top, t, ended = arrivals.next_open, arrivals.next_closed, -1, run.t, 0
     for j in range(guess.lookahead):
-        while j and not closed and seen < len(arrivals.requests) \
-                and arrivals.arrival_s[seen] <= t:
+        room = min(len(sched), arrivals.limit(ended))
+        while j and not closed and seen < room and sched[seen] <= t:
             dry.state.waiting.append(seen)
             seen += 1
         batch = dry.state.schedule()
@@ -193,13 +195,14 @@ def _dry_run(run: _Run, guess: _Guess) -> _Dry:
                             len(dry.state.waiting)))
         dry.seen.append(seen)
         dry.top.append(top)
+        dry.ended.append(ended)
         dry.features.append(guess.features(batch))
         t += guess(dry.features[-1])
+        ended += len(done)
         if closed and len(done):
-            think = arrivals.requests.arrival_s
-            nxt = list(range(queued, min(queued + len(done), len(think))))
+            nxt = list(range(queued, min(queued + len(done), len(sched))))
             queued += len(nxt)
-            if any(think[i] > 0 for i in nxt):
+            if any(sched[i] > 0 for i in nxt):
                 break
             dry.state.waiting.extend(nxt)
         if not dry.state.running and not dry.state.waiting:
@@ -214,12 +217,14 @@ def _valid(run: _Run, dry: _Dry, times: np.ndarray) -> tuple[int, int]:
     scheduled in it or before."""
     ends = run.t + np.cumsum(times)
     starts = np.concatenate([[run.t], ends[:-1]])
-    real = run.arrivals.open_count(starts)
+    arrivals = run.arrivals
+    real = arrivals.open_count(starts, arrivals.limit(np.array(dry.ended)))
     for j, batch in enumerate(dry.plans):
         if (real[j] > dry.seen[j] and batch.open) or \
                 (real[j] < dry.seen[j] and dry.top[j] >= real[j]):
             return j, int(real[j])
-    return len(dry.plans), int(run.arrivals.open_count(ends[-1]))
+    done = dry.ended[-1] + len(dry.effects[-1][2])
+    return len(dry.plans), int(arrivals.open_count(ends[-1], arrivals.limit(done)))
 
 
 def _replay(run: _Run, dry: _Dry, times: np.ndarray) -> int:
@@ -234,7 +239,7 @@ def _replay(run: _Run, dry: _Dry, times: np.ndarray) -> int:
             waiting.pop()
         run.state = dry.state
         if not run.arrivals.requests.closed_loop:
-            run.arrivals.next_open = min(dry.seen[-1], arrived)
+            _sent(run, dry, times, min(dry.seen[-1], arrived))
     st = run.state
     for j in range(cut):
         if adopt:
@@ -247,6 +252,21 @@ def _replay(run: _Run, dry: _Dry, times: np.ndarray) -> int:
             effect = (emit, st.emitted[emit], done, st.pool.used, len(st.waiting))
         _record(run, batch, effect, float(times[j]), queue_more=not adopt)
     return cut
+
+
+def _sent(run: _Run, dry: _Dry, times: np.ndarray, upto: int) -> None:
+    """The send times of the open-loop requests the adopted dry run let in: when due, or,
+    held back by the client's cap, at the start of the step it let them in."""
+    arrivals = run.arrivals
+    sched = arrivals.requests.arrival_s
+    starts = run.t + np.concatenate([[0.0], np.cumsum(times)])
+    first = arrivals.next_open
+    step = np.searchsorted(np.array(dry.seen), np.arange(first, upto), side="right")
+    for i, j in zip(range(first, upto), step.tolist(), strict=True):
+        held = sched[i] <= starts[j - 1]      # due before the step ahead but not let in
+        arrivals.arrival_s[i] = starts[j] if held else sched[i]
+    arrivals.next_open = upto
+    arrivals.last_check = float(starts[len(dry.plans) - 1])
 
 
 def _record(run: _Run, batch: object, effect: tuple, dt: float, queue_more: bool) -> None:
