@@ -23,7 +23,7 @@ class Arrivals:
     next_closed: int = 0
     arrival_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     finished_total: int = 0
-    last_check: float = -np.inf
+    held_upto: float = -np.inf      # requests due by then were held back by the cap
 
     @property
     def cap(self) -> float:
@@ -61,10 +61,11 @@ class Arrivals:
         r, room = self.requests, self.limit()
         while self.next_open < min(len(r), room) and r.arrival_s[self.next_open] <= t:
             i = self.next_open
-            self.arrival_s[i] = t if r.arrival_s[i] <= self.last_check else r.arrival_s[i]
+            self.arrival_s[i] = t if r.arrival_s[i] <= self.held_upto else r.arrival_s[i]
             out.append(i)
             self.next_open += 1
-        self.last_check = t
+        held = self.next_open < len(r) and r.arrival_s[self.next_open] <= t
+        self.held_upto = t if held else -np.inf
         return out
 
     def finished(self, t: float, count: int) -> list[int]:

@@ -262,11 +262,14 @@ def _sent(run: _Run, dry: _Dry, times: np.ndarray, upto: int) -> None:
     starts = run.t + np.concatenate([[0.0], np.cumsum(times)])
     first = arrivals.next_open
     step = np.searchsorted(np.array(dry.seen), np.arange(first, upto), side="right")
+    capped = [dry.seen[j] >= arrivals.limit(dry.ended[j]) for j in range(len(dry.plans))]
     for i, j in zip(range(first, upto), step.tolist(), strict=True):
-        held = sched[i] <= starts[j - 1]      # due before the step ahead but not let in
+        held = capped[j - 1] and sched[i] <= starts[j - 1]   # due, but the cap held it
         arrivals.arrival_s[i] = starts[j] if held else sched[i]
     arrivals.next_open = upto
-    arrivals.last_check = float(starts[len(dry.plans) - 1])
+    last = len(dry.plans) - 1
+    held = capped[last] and upto < len(sched) and sched[upto] <= starts[last]
+    arrivals.held_upto = float(starts[last]) if held else -np.inf
 
 
 def _record(run: _Run, batch: object, effect: tuple, dt: float, queue_more: bool) -> None:
