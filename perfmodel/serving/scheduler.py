@@ -230,7 +230,8 @@ class EngineState:
             self.pool.forget(("r", r))      # what it did not take is no longer its chain
 
     def commit(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        """Apply a step: (requests that emitted a token, requests that finished)."""
+        """Apply a step: (requests that emitted a token, requests that emitted their last:
+        finished, though under static batching their seats are freed with the batch's)."""
         ids = batch.ids
         self.computed[ids] = batch.context
         live = ids[~self.padded[ids]]
@@ -239,13 +240,12 @@ class EngineState:
         if self.engine.prefix_caching and self.sharing:
             self._publish(ids)
         done = emit[self.emitted[emit] >= self.output[emit]]
-        if self.engine.scheduler == "static":
+        if self.engine.scheduler == "static":          # the batch holds its seats to the end
             self.padded[done] = True
             if self.padded[self.running].all():
-                done = np.array(self.running, np.int64)
-                self.padded[done] = False
-            else:
-                return emit, done[:0]
+                for r in list(self.running):
+                    self.finish(r)
+            return emit, done
         for r in done.tolist():
             self.finish(r)
         return emit, done
