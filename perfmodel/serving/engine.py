@@ -10,7 +10,7 @@ this and ``price_step``, so a lone request costs the same in both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from perfmodel.cost.memory import (
     workspace_bytes_per_token,
 )
 from perfmodel.cost.step import Dtypes, Step, price_step
+from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
 from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.scheduler import Batch
@@ -108,3 +109,16 @@ class StepPricer:
         self.calls += 1
         self.priced += k
         return cost.time
+
+
+def capacity_rps(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
+                 engine: EngineConfig) -> float:
+    """Requests per second the static estimate sustains on ``plan.dp`` replicas at the
+    engine's largest batch (``max_num_seqs``, or what the KV memory holds at ``w``'s
+    lengths): the rate past which a simulation's queue grows without bound."""
+    w = replace(w, cuda_graphs=engine.cuda_graphs,
+                usable_memory_fraction=engine.gpu_memory_utilization,
+                kv_block_tokens=engine.block_size)
+    ceiling = estimate(hw, model, w, plan).memory.max_batch
+    batch = max(1, min(engine.max_num_seqs, int(ceiling)))
+    return estimate(hw, model, replace(w, batch=batch), plan).throughput_tokens_per_s / w.gen_len
