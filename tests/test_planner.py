@@ -129,3 +129,121 @@ def test_a_model_that_fits_nowhere():
                      Target(1, 2.0, 0.05, 100, 10))
     with pytest.raises(SpecError, match="context limit"):
         planner.plan(SMALL, [H100], Target(1, 2.0, 0.05, 8000, 1000))
+
+
+# --- the plan command ----------------------------------------------------------------
+
+def _cli():
+    import typer
+
+    from perfmodel.cli.app import OneLineErrors
+    from perfmodel.cli.plan import plan_cmd
+
+    cli = typer.Typer(cls=OneLineErrors, add_completion=False, pretty_exceptions_enable=False,
+                      rich_markup_mode=None)
+    cli.callback()(lambda: None)
+    cli.command("plan")(plan_cmd)
+    return cli
+
+
+def _run(*args: str):
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(_cli(), ["plan", *args])
+
+
+ASK = ("-m", "llama-3-8b", "-H", "h100-sxm,a100-80gb-sxm", "--gpus", "2", "--slo-ttft", "1",
+       "--slo-tpot", "0.03", "--requests", "60")
+
+
+def test_plan_command_explains_and_gives_launch_lines():
+    r = _run(*ASK, "--input-len", "1000", "--output-len", "100")
+    assert r.exit_code == 0, r.output
+    for text in ("chosen:", "met both SLOs in simulation", "why:", "TP (best", "batch ",
+                 "vllm serve meta-llama/Meta-Llama-3-8B", "--max-num-seqs",
+                 "python -m sglang.launch_server", "--max-running-requests", "pipeline",
+                 "planned in"):
+        assert text in r.stdout
+
+
+def test_plan_command_json_and_files(tmp_path):
+    import json
+
+    r = _run(*ASK, "--input-len", "1000", "--output-len", "100", "-f", "json",
+             "--out", str(tmp_path / "p"))
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout.split("\nwrote ")[0])
+    assert data["winner"]["confirmed"] and data["commands"]["vLLM"].startswith("vllm serve")
+    assert data["feasible"] <= data["candidates"] and data["pareto"]
+    head = (tmp_path / "p" / "plan.csv").read_text().splitlines()[0].split(",")
+    assert {"throughput_per_gpu", "tokens_per_s_per_user", "pareto", "feasible"} <= set(head)
+    assert (tmp_path / "p" / "pareto.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["model"] == "llama-3-8b"
+
+
+def test_plan_command_from_a_trace(tmp_path):
+    from perfmodel.serving import traffic
+
+    path = tmp_path / "t.csv"
+    traffic.write_trace(traffic.generate(80, rate=4.0, input_len=800, output_len=80, seed=1),
+                        path)
+    r = _run(*ASK, "--trace", str(path))
+    assert r.exit_code == 0, r.output
+    assert "4.00 req/s" in r.stdout and "the trace's 4.00 req/s" in r.stdout
+    both = _run(*ASK, "--trace", str(path), "--input-len", "5")
+    assert both.exit_code == 2 and "--input-len" in both.stderr
+
+
+@pytest.mark.parametrize(("change", "flag"), [
+    (("--slo-ttft", "0"), "--slo-ttft"), (("--slo-tpot", "-0.1"), "--slo-tpot"),
+    (("--gpus", "0"), "--gpus"), (("-H", "h100-sxmm"), "--hardware"),
+    (("-m", "llama-3.1-405b", "-H", "l4", "--gpus", "1"), "fits on none"),
+    ((), "--input-len")])
+def test_plan_command_bad_input_is_one_line(change, flag):
+    args = list(ASK)
+    for key, value in zip(change[::2], change[1::2], strict=True):
+        args[args.index(key) + 1] = value
+    lengths = () if flag == "--input-len" else ("--input-len", "100", "--output-len", "10")
+    r = _run(*args, *lengths)
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: ") and flag in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_launch_lines_of_moe_and_split_deployments():
+    from types import SimpleNamespace
+
+    from perfmodel.cli.plan import commands
+
+    def cols(**over):
+        base = {"tp": [1], "ep": [4], "attention_dp": [True], "prefill_replicas": [0],
+                "decode_replicas": [2], "batch": [128], "weights_dtype": ["fp8"]}
+        return {k: np.array(v) for k, v in (base | over).items()}
+
+    moe = SimpleNamespace(model=load.model("qwen3-30b-a3b"), winner={"index": 0},
+                          candidates=cols())
+    out = commands(moe)
+    assert "--data-parallel-size 4 --enable-expert-parallel --quantization fp8" in out["vLLM"]
+    assert "--tp 4 --dp 4 --enable-dp-attention --ep-size 4" in out["SGLang"]
+    assert out["vLLM"].startswith("2 replicas, each: vllm serve Qwen/")
+    split = SimpleNamespace(model=SMALL, winner={"index": 0}, candidates=cols(
+        tp=[2], ep=[1], attention_dp=[False], prefill_replicas=[1], decode_replicas=[3],
+        weights_dtype=["bf16"]))
+    out = commands(split)
+    assert out["vLLM"].count("NixlConnector") == 2 and "--quantization" not in out["vLLM"]
+    assert "# 1 prefill instance(s)" in out["vLLM"] and "# 3 decode" in out["vLLM"]
+    assert "--disaggregation-mode prefill" in out["SGLang"]
+    assert "--disaggregation-mode decode --disaggregation-transfer-backend nixl " \
+           "--max-running-requests 128" in out["SGLang"]
+
+
+def test_the_brief_example_answers_in_under_ten_seconds():
+    import time
+
+    start = time.perf_counter()
+    r = _run("-m", "llama-3-70b", "-H", "h100-sxm,a100-80gb-sxm", "--gpus", "8",
+             "--input-len", "2048", "--output-len", "256", "--slo-ttft", "2",
+             "--slo-tpot", "0.05")
+    assert r.exit_code == 0, r.output
+    assert time.perf_counter() - start < 10
+    assert "chosen: h100-sxm" in r.stdout
