@@ -159,7 +159,7 @@ ASK = ("-m", "llama-3-8b", "-H", "h100-sxm,a100-80gb-sxm", "--gpus", "2", "--slo
 def test_plan_command_explains_and_gives_launch_lines():
     r = _run(*ASK, "--input-len", "1000", "--output-len", "100")
     assert r.exit_code == 0, r.output
-    for text in ("chosen:", "met both SLOs in simulation", "why:", "TP (best", "batch ",
+    for text in ("chosen:", "met both SLOs in simulation", "why:", "parallelism (best", "batch ",
                  "vllm serve meta-llama/Meta-Llama-3-8B", "--max-num-seqs",
                  "python -m sglang.launch_server", "--max-running-requests", "pipeline",
                  "planned in"):

@@ -148,9 +148,9 @@ def explain(result: Any) -> list[str]:
     hw, ok = cols["hardware"] == cols["hardware"][i], cols["feasible"]
     out = [f"{result.winner['label']}: {cols['throughput_per_gpu'][i]:.0f} output tok/s per "
            f"GPU estimated on {cols['gpus'][i]} GPUs at {cols['rate_req_s'][i]:.2f} req/s",
-           "TP (best tok/s/GPU meeting the SLOs; sequences the KV cache holds): "
-           + ", ".join(_best(cols, hw & (cols["tp"] == tp), ok, f"TP{tp}", kv=True)
-                       for tp in dict.fromkeys(cols["tp"][hw].tolist())),
+           "parallelism (best tok/s/GPU meeting the SLOs; sequences the KV cache holds): "
+           + ", ".join(_best(cols, hw & (cols["parallel"] == p), ok, p, kv=True)
+                       for p in dict.fromkeys(cols["parallel"][hw].tolist())),
            _batch_reason(cols, i, t),
            _load_reason(cols, i, t),
            "weights: " + ", ".join(_best(cols, hw & (cols["weights_dtype"] == d), ok, d)
@@ -158,7 +158,8 @@ def explain(result: Any) -> list[str]:
            "serving: " + ", ".join(_best(cols, hw & ((cols["prefill_replicas"] > 0) == m), ok,
                                          "disaggregated" if m else "aggregated")
                                    for m in (False, True))
-           + (f" (xP+yD over {cols['link'][i]})" if cols["prefill_replicas"][i] else ""),
+           + ("" if not cols["prefill_replicas"][i] else " (KV moved over the network)"
+              if cols["link"][i] == "network" else " (KV moved over the in-node link)"),
            "device: " + ", ".join(_best(cols, cols["hardware"] == h, ok, h)
                                   for h in dict.fromkeys(cols["hardware"].tolist()))]
     if not np.asarray(ok).any():
@@ -192,7 +193,7 @@ def _batch_reason(cols: dict, i: int, t: Any) -> str:
     """Which limit set the batch: the TPOT SLO, the KV memory, or nothing gained."""
     import numpy as np
 
-    keys = ("hardware", "tp", "ep", "prefill_replicas", "weights_dtype")
+    keys = ("hardware", "parallel", "prefill_replicas", "weights_dtype")
     same = np.logical_and.reduce([cols[k] == cols[k][i] for k in keys])
     b = cols["batch"][i]
     bigger = np.flatnonzero(same & (cols["batch"] > b))

@@ -15,7 +15,8 @@ pd_disaggregation):
    prompt tokens x KV bytes per token per device (``cost.memory.kv_bytes_per_token`` at
    the prefill plan's tp), at once, and every decode device receives its shard; the
    slower end sets the time. ``link`` "network": the pools sit on different nodes, each
-   device's NIC (``interconnect.network_bytes_per_s``); "nvlink": one node, the NVLink;
+   device's NIC (``interconnect.network_bytes_per_s``); "nvlink": one node, the devices'
+   own link (``interconnect.link_bytes_per_s``: NVLink, or PCIe on a card without it);
 3. the decode instance gets the request when its KV has arrived (prefill finish +
    transfer) and generates every output token. vLLM's scheduler, once the KV is in,
    recomputes the prompt's last token to get its logits (``Scheduler.
@@ -88,13 +89,15 @@ def kv_transfer_s(model: Model, prefill: Pool, decode: Pool, tokens: np.ndarray,
 
 
 def describe_link(prefill: Pool, decode: Pool, link: str) -> str:
-    """'network: NIC of each device, 50 GB/s per direction' and the like."""
+    """'network (pools on different nodes): each device's NIC, 50 GB/s per direction' and
+    the like: what the transfer is priced over."""
     if link == "network":
         rate = min(p.hardware.interconnect.network_bytes_per_s for p in (prefill, decode))
         return f"network (pools on different nodes): each device's NIC, {rate / 1e9:g} GB/s " \
                "per direction"
-    rate = prefill.hardware.interconnect.link_bytes_per_s
-    return f"nvlink (pools in one node): {rate / 1e9:g} GB/s per device per direction"
+    link = prefill.hardware.interconnect
+    return f"nvlink (pools in one node): the devices' own link ({link.topology}), " \
+           f"{link.link_bytes_per_s / 1e9:g} GB/s per device per direction"
 
 
 def _check_link(prefill: Pool, decode: Pool, link: str) -> None:

@@ -38,6 +38,7 @@ BATCHES = (8, 16, 32, 64, 128, 256, 512)
 LOADS = np.round(np.arange(1, 19) * 0.05, 2)      # shares of capacity tried, at most 0.9
 CONFIRM = 3
 SIM_REQUESTS = 300
+SIM_SECONDS, SIM_LEAST = 120.0, 30   # a light load's run: ~2 minutes of arrivals, >= 30
 NOTES = ("pipeline parallelism (pp > 1) is not searched: the simulator does not run "
          "pipeline stages yet",
          "ranked per GPU only: no hardware file has a price (a price_per_hour field would "
@@ -242,7 +243,9 @@ def _link(hw: Hardware, gpus: int) -> str | None:
 def _part(hw: Hardware, plan: Parallelism, times: dict, prefill_dp: int, decode_dp: int,
           moved: float, link: str) -> dict:
     n = len(times["batch"])
-    full = {"hardware": np.full(n, hw.name), "tp": np.full(n, plan.tp),
+    par = f"EP{plan.ep} DP-attn" if plan.attention_dp else \
+        f"TP{plan.tp}" + (f"/EP{plan.ep}" if plan.ep > 1 else "")
+    full = {"hardware": np.full(n, hw.name), "parallel": np.full(n, par), "tp": np.full(n, plan.tp),
             "ep": np.full(n, plan.ep), "attention_dp": np.full(n, plan.attention_dp),
             "mode": np.full(n, "disaggregated" if prefill_dp else "aggregated"),
             "prefill_replicas": np.full(n, prefill_dp), "decode_replicas": np.full(n, decode_dp),
@@ -265,7 +268,7 @@ def evaluate(cols: dict, target: Target) -> dict:
     some = meets.any(axis=1)
     best = np.where(some, LOADS[last], 0.0) * st["capacity_req_s"]
     ttft = st["ttft_p90_s"][np.arange(len(last)), np.where(some, last, 0)]
-    rate = best
+    rate = np.where(best > 0, best, LOADS[0] * st["capacity_req_s"])   # none: light load
     if target.rate is not None:
         share = (target.rate / st["capacity_req_s"])[:, None]
         ttft = steady_state(*args, share)["ttft_p90_s"][:, 0]
@@ -288,11 +291,9 @@ def evaluate(cols: dict, target: Target) -> dict:
 
 def label(cols: dict, i: int) -> str:
     """'h100-sxm TP4 x2 fp8 B64', 'h100-sxm TP2 1P+3D bf16 B128'."""
-    par = f"EP{cols['ep'][i]} DP-attn" if cols["attention_dp"][i] else \
-        f"TP{cols['tp'][i]}" + (f"/EP{cols['ep'][i]}" if cols["ep"][i] > 1 else "")
     split = f"{cols['prefill_replicas'][i]}P+{cols['decode_replicas'][i]}D" \
         if cols["prefill_replicas"][i] else f"x{cols['decode_replicas'][i]}"
-    return f"{cols['hardware'][i]} {par} {split} {cols['weights_dtype'][i]} " \
+    return f"{cols['hardware'][i]} {cols['parallel'][i]} {split} {cols['weights_dtype'][i]} " \
            f"B{cols['batch'][i]}"
 
 
@@ -343,14 +344,16 @@ def distinct(cols: dict, order: np.ndarray, count: int) -> list[int]:
 def simulated(model: Model, devices: dict, cols: dict, i: int, target: Target, n: int,
               seed: int) -> dict:
     """Candidate ``i`` simulated at its planned rate (Poisson, ``n`` requests of the mean
-    lengths, seeded; or the trace's first ``n``): its estimate and simulated p90s."""
+    lengths, fewer at a light load: ``SIM_SECONDS`` of arrivals, seeded; or the trace's
+    first ``n``): its estimate and simulated p90s."""
     hw = devices[str(cols["hardware"][i])]
     wl = next(w for w in weight_choices(model, hw) if w.weights_dtype == cols["weights_dtype"][i])
     plan = Parallelism(tp=int(cols["tp"][i]), ep=int(cols["ep"][i]),
                        attention_dp=bool(cols["attention_dp"][i]))
     rate = float(cols["rate_req_s"][i])
     reqs = _head(target.trace, n) if target.trace is not None else generate(
-        n, rate=rate, input_len=target.workload[0], output_len=target.workload[1], seed=seed)
+        int(np.clip(rate * SIM_SECONDS, SIM_LEAST, n)), rate=rate,
+        input_len=target.workload[0], output_len=target.workload[1], seed=seed)
     engine = EngineConfig(max_num_seqs=int(cols["batch"][i]))
     pre, dec = int(cols["prefill_replicas"][i]), int(cols["decode_replicas"][i])
     if pre:
