@@ -247,3 +247,10 @@ def test_the_brief_example_answers_in_under_ten_seconds():
     assert r.exit_code == 0, r.output
     assert time.perf_counter() - start < 10
     assert "chosen: h100-sxm" in r.stdout
+
+
+def test_when_no_candidate_meets_the_slos_the_nearest_is_shown():
+    result = planner.plan(SMALL, [H100], Target(1, 0.001, 0.001, 500, 50), n_requests=40)
+    assert not result.candidates["feasible"].any()
+    assert not result.winner["confirmed"] and not result.winner["meets_slos"]
+    assert all(planner.SIM_LEAST <= c["requests"] <= 40 for c in result.confirmed)

@@ -72,7 +72,8 @@ class Target:
             raise SpecError(f"--gpus: expected a whole number of GPUs >= 1, got {self.gpus!r}")
 
     @property
-    def workload(self) -> tuple[int, int]:
+    def lengths(self) -> tuple[int, int]:
+        """(prompt, output) tokens per request, whole."""
         return max(1, round(self.input_len)), max(1, round(self.output_len))
 
 
@@ -126,7 +127,7 @@ def replica_times(model: Model, hw: Hardware, plan: Parallelism, target: Target)
     sequence is left out): one request's prefill alone (the estimate's TTFT at batch 1)
     and the mean decode step at the batch (its TPOT: the mean context), and the static
     request's throughput at the batch, from one ``estimate_many`` call."""
-    prompt, gen = target.workload
+    prompt, gen = target.lengths
     choices = weight_choices(model, hw)
     rows = [replace(w, batch=b, prompt_len=prompt, gen_len=gen, cuda_graphs=True)
             for w in choices for b in (1, *BATCHES)]
@@ -220,7 +221,7 @@ def candidates(model: Model, hardware: list[Hardware], target: Target) -> dict:
             dp = target.gpus // plan.devices
             link = _link(hw, target.gpus) if dp > 1 else None
             moved = 0.0 if link is None else float(kv_transfer_s(
-                model, Pool(hw, plan), Pool(hw, plan), np.array([target.workload[0]]),
+                model, Pool(hw, plan), Pool(hw, plan), np.array([target.lengths[0]]),
                 Workload.for_model(model), link)[0])
             for pre in range(dp if link else 1):
                 parts.append(_part(hw, plan, times, pre, dp - pre, moved if pre else 0.0,
@@ -260,7 +261,7 @@ def evaluate(cols: dict, target: Target) -> dict:
     the SLO is the planned load (with a ``target.rate``: that rate, which must fit under
     it); the SLO checks, throughput per GPU, tokens/s per user and the Pareto front."""
     args = (cols["prefill_s"], cols["step_s"], cols["static_tokens_per_s"], cols["batch"],
-            target.workload[1],
+            target.lengths[1],
             cols["prefill_replicas"], cols["decode_replicas"], cols["transfer_s"])
     st = steady_state(*args, np.broadcast_to(LOADS, (len(cols["batch"]), len(LOADS))))
     meets = st["ttft_p90_s"] <= target.slo_ttft_s
@@ -278,7 +279,7 @@ def evaluate(cols: dict, target: Target) -> dict:
                   "capacity_req_s": st["capacity_req_s"], "slo_rate_req_s": best,
                   "rate_req_s": rate,
                   "load_share": rate / st["capacity_req_s"],
-                  "throughput_per_gpu": best * target.workload[1] / cols["gpus"],
+                  "throughput_per_gpu": best * target.lengths[1] / cols["gpus"],
                   "tokens_per_s_per_user": 1.0 / st["tpot_s"], "meets_ttft": some,
                   "meets_tpot": st["tpot_s"] <= target.slo_tpot_s}
     out["feasible"] = out["meets_ttft"] & out["meets_tpot"]
@@ -303,7 +304,7 @@ def plan(model: Model, hardware: list[Hardware], target: Target, n_requests: int
     ``confirm`` by simulation (see the module docstring)."""
     if not hardware:
         raise SpecError("-H: expected at least one device")
-    longest = sum(target.workload)
+    longest = sum(target.lengths)
     if model.max_position_embeddings and longest > model.max_position_embeddings:
         raise SpecError(f"--input-len + --output-len: {longest} tokens exceed {model.name}'s "
                         f"context limit {model.max_position_embeddings}")
@@ -353,7 +354,7 @@ def simulated(model: Model, devices: dict, cols: dict, i: int, target: Target, n
     rate = float(cols["rate_req_s"][i])
     reqs = _head(target.trace, n) if target.trace is not None else generate(
         int(np.clip(rate * SIM_SECONDS, SIM_LEAST, n)), rate=rate,
-        input_len=target.workload[0], output_len=target.workload[1], seed=seed)
+        input_len=target.lengths[0], output_len=target.lengths[1], seed=seed)
     engine = EngineConfig(max_num_seqs=int(cols["batch"][i]))
     pre, dec = int(cols["prefill_replicas"][i]), int(cols["decode_replicas"][i])
     if pre:
