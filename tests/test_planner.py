@@ -254,3 +254,8 @@ def test_when_no_candidate_meets_the_slos_the_nearest_is_shown():
     assert not result.candidates["feasible"].any()
     assert not result.winner["confirmed"] and not result.winner["meets_slos"]
     assert all(planner.SIM_LEAST <= c["requests"] <= 40 for c in result.confirmed)
+
+
+def test_splits_a_model_cannot_take_are_skipped():
+    cols = planner.candidates(load.model("falcon-7b"), [H100], Target(4, 2.0, 0.05, 500, 50))
+    assert set(cols["tp"].tolist()) == {1}                   # 71 heads: no TP 2 or 4

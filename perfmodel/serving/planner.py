@@ -215,8 +215,11 @@ def candidates(model: Model, hardware: list[Hardware], target: Target) -> dict:
     parts = []
     for hw in hardware:
         for plan in replica_plans(model, hw, target.gpus):
-            times = replica_times(model, hw, plan, target)
-            if not times or not len(times["batch"]):
+            try:
+                times = replica_times(model, hw, plan, target)
+            except SpecError:       # a split the model's heads or the device cannot take
+                continue
+            if not len(times["batch"]):
                 continue
             dp = target.gpus // plan.devices
             link = _link(hw, target.gpus) if dp > 1 else None
