@@ -25,7 +25,9 @@ CORE = {"estimate": ("perfmodel.cli.estimate", "estimate"),
         "list": ("perfmodel.cli.estimate", "list_specs"),
         "roofline": ("perfmodel.cli.figures", "roofline_cmd"),
         "sweep": ("perfmodel.cli.figures", "sweep_cmd"),
-        "report": ("perfmodel.cli.report", "report_cmd")}
+        "report": ("perfmodel.cli.report", "report_cmd"),
+        "simulate": ("perfmodel.cli.simulate", "simulate_cmd"),
+        "plan": ("perfmodel.cli.plan", "plan_cmd")}
 _plugins_loaded = False
 
 

@@ -1,0 +1,233 @@
+"""CLI command ``simulate``: serve a stream of requests on one engine (or dp replicas) and
+report the latency users see, as vLLM's benchmark tool measures it.
+
+Module level: typer and the standard library only (``perfmodel --help`` stays fast). No
+``from __future__ import annotations``: typer reads the Annotated option types.
+"""
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from perfmodel.cli.common import (
+    AttentionDp,
+    Dp,
+    DtypeOpt,
+    Ep,
+    HardwareOpt,
+    ModelOpt,
+    Pp,
+    Tp,
+    WeightsOpt,
+    fail,
+    numbers,
+    out_dir,
+    plan,
+    save,
+    workload,
+    writing,
+)
+
+_TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
+_ENGINE = "engine (vLLM's flag names and defaults)"
+Opt = typer.Option
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class Scheduler(str, Enum):
+    continuous = "continuous"
+    static = "static"
+
+
+def simulate_cmd(
+    model: ModelOpt,
+    hardware: HardwareOpt,
+    trace: Annotated[Path | None, Opt(rich_help_panel=_TRAFFIC, help=(
+        "CSV of arrival_s,input_tokens,output_tokens[,prefix_id,prefix_tokens]"))] = None,
+    rate: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
+        "requests per second; several, comma-separated, draw latency against load"))] = None,
+    concurrency: Annotated[int, Opt(min=0, rich_help_panel=_TRAFFIC, help=(
+        "closed loop: C users, each sending its next request when the last finishes"))] = 0,
+    num_requests: Annotated[int, Opt(min=1, rich_help_panel=_TRAFFIC)] = 1000,
+    input_len: Annotated[int, Opt(min=1, rich_help_panel=_TRAFFIC,
+                                  help="mean prompt tokens")] = 1024,
+    output_len: Annotated[int, Opt(min=1, rich_help_panel=_TRAFFIC,
+                                   help="mean output tokens")] = 128,
+    arrival: Annotated[str, Opt(rich_help_panel=_TRAFFIC,
+                                help="poisson | constant | gamma")] = "poisson",
+    burstiness: Annotated[float, Opt(rich_help_panel=_TRAFFIC, help=(
+        "gamma shape of the gaps (vLLM's --burstiness): < 1 burstier than Poisson"))] = 1.0,
+    length_dist: Annotated[str, Opt(rich_help_panel=_TRAFFIC, help=(
+        "fixed | uniform | lognormal | empirical (with --lengths-from)"))] = "fixed",
+    spread: Annotated[float, Opt(rich_help_panel=_TRAFFIC, help=(
+        "uniform: +- share of the mean; lognormal: sigma"))] = 0.5,
+    lengths_from: Annotated[Path | None, Opt(rich_help_panel=_TRAFFIC, help=(
+        "a trace whose (input, output) pairs the empirical lengths are drawn from"))] = None,
+    shared_prefix: Annotated[int, Opt(min=0, rich_help_panel=_TRAFFIC, help=(
+        "a system prompt of S tokens before every request's own input"))] = 0,
+    seed: Annotated[int, Opt(rich_help_panel=_TRAFFIC)] = 0,
+    max_num_seqs: Annotated[int, Opt(min=1, rich_help_panel=_ENGINE)] = 256,
+    max_num_batched_tokens: Annotated[int, Opt(min=1, rich_help_panel=_ENGINE)] = 8192,
+    gpu_memory_utilization: Annotated[float, Opt(min=0.01, max=1.0,
+                                                 rich_help_panel=_ENGINE)] = 0.9,
+    block_size: Annotated[int, Opt(min=1, rich_help_panel=_ENGINE)] = 16,
+    chunked_prefill: Annotated[bool, Opt(rich_help_panel=_ENGINE)] = True,
+    prefix_caching: Annotated[bool, Opt(rich_help_panel=_ENGINE)] = True,
+    scheduler: Annotated[Scheduler, Opt(rich_help_panel=_ENGINE, help=(
+        "continuous batching, or the static baseline (a batch runs until its last "
+        "request finishes)"))] = Scheduler.continuous,
+    cuda_graphs: Annotated[bool, Opt(rich_help_panel=_ENGINE, help=(
+        "pure-decode steps replay a CUDA graph (vLLM's default; off: --enforce-eager)"))
+                           ] = True,
+    max_model_len: Annotated[int, Opt(min=0, rich_help_panel=_ENGINE,
+                                      help="0: the model's context limit")] = 0,
+    weights_dtype: WeightsOpt = None,
+    act_dtype: DtypeOpt = "bf16",
+    kv_dtype: DtypeOpt = "bf16",
+    tp: Tp = 1,
+    pp: Pp = 1,
+    ep: Ep = 1,
+    dp: Dp = 1,
+    attention_dp: AttentionDp = False,
+    slo_ttft: Annotated[float | None, Opt(help="TTFT SLO, seconds (goodput)")] = None,
+    slo_tpot: Annotated[float | None, Opt(help="TPOT SLO, seconds (goodput)")] = None,
+    fmt: Annotated[Format, Opt("--format", "-f")] = Format.table,
+    out: Annotated[Path | None, Opt(help=(
+        "folder for requests.csv, steps.csv, summary.json and the figures"))] = None,
+    progress: Annotated[bool, Opt(help="a progress bar on stderr")] = True,
+    dpi: Annotated[int, Opt(min=1, max=1200)] = 120,
+) -> None:
+    """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
+    end-to-end latency, throughput and goodput, per request and in percentiles."""
+    from perfmodel.specs import load
+    from perfmodel.specs.errors import SpecError
+
+    for name, value in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot)):
+        if value is not None and not value > 0:
+            fail(f"{name}: expected a positive number of seconds, got {value}")
+    if out is not None:
+        out_dir(out)
+    try:
+        m, hw = load.model(model), load.hardware(hardware)
+        wl = workload(m, 1, input_len, output_len, weights_dtype, act_dtype, kv_dtype)
+        layout = plan(tp, pp, ep, dp, attention_dp, 0)
+        engine = _engine(max_num_seqs, max_num_batched_tokens, gpu_memory_utilization,
+                         block_size, chunked_prefill, prefix_caching, scheduler.value,
+                         cuda_graphs, max_model_len)
+        streams = _traffic(trace, rate, concurrency, num_requests, input_len, output_len,
+                           arrival, burstiness, length_dist, spread, lengths_from,
+                           shared_prefix, seed)
+        runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label))
+                for r, reqs, label in streams]
+    except SpecError as exc:
+        fail(str(exc))
+    _show(runs, fmt, slo_ttft, slo_tpot, m, hw, layout, wl, engine)
+    if out is not None:
+        _write(out, runs, slo_ttft, slo_tpot, dpi, _capacity(m, hw, layout, wl, engine))
+
+
+def _engine(*values: Any) -> Any:
+    from perfmodel.serving.config import EngineConfig
+
+    return EngineConfig(*values)
+
+
+def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
+             input_len: int, output_len: int, arrival: str, burstiness: float,
+             length_dist: str, spread: float, lengths_from: Path | None,
+             shared_prefix: int, seed: int) -> list:
+    """[(offered rate or None, Requests, label)]: one stream, or one per --rate."""
+    from perfmodel.serving import traffic
+
+    sources = sum(x is not None and x != 0 for x in (trace, rate, concurrency or None))
+    if sources != 1:
+        fail("give one source of traffic: --trace FILE, --rate R or --concurrency C")
+    if trace is not None:
+        return [(None, traffic.read_trace(trace), trace.name)]
+    lengths = traffic.read_trace(lengths_from) if lengths_from is not None else None
+    common = dict(input_len=input_len, output_len=output_len, length_dist=length_dist,
+                  spread=spread, lengths_from=lengths, shared_prefix=shared_prefix, seed=seed)
+    if concurrency:
+        return [(None, traffic.generate(n, concurrency=concurrency, **common),
+                 f"{concurrency} users")]
+    rates = numbers("--rate", rate, float, minimum=0.0)
+    if any(r <= 0 for r in rates):
+        fail(f"--rate: expected request rates > 0, got {rate}")
+    extra = {"burstiness": burstiness} if arrival == "gamma" else {}
+    return [(r, traffic.generate(n, rate=r, arrival=arrival, **extra, **common),
+             f"{r:g} req/s") for r in rates]
+
+
+def _run(m: Any, hw: Any, reqs: Any, layout: Any, engine: Any, wl: Any, progress: bool,
+         label: str) -> Any:
+    from perfmodel.serving.simulate import simulate
+
+    if not progress:
+        return simulate(m, hw, reqs, layout, engine, wl, label=label)
+    from tqdm import tqdm
+
+    with tqdm(total=len(reqs), desc=label, unit="req", leave=False, mininterval=0.5,
+              disable=None) as bar:
+        def tick(done: int, total: int) -> None:
+            bar.update(done - bar.n)
+        return simulate(m, hw, reqs, layout, engine, wl, tick, label)
+
+
+def _show(runs: list, fmt: Format, slo_ttft: float | None, slo_tpot: float | None,
+          m: Any, hw: Any, layout: Any, wl: Any, engine: Any) -> None:
+    from perfmodel.report import serving_tables as tables
+
+    points = [(r, res.summary(slo_ttft, slo_tpot)) for r, res in runs]
+    if fmt is Format.json:
+        if len(points) == 1:
+            typer.echo(tables.summary_json(points[0][1]))
+        else:
+            typer.echo(tables.summary_json({"runs": [dict(s, rate=r) for r, s in points]}))
+        return
+    pool = runs[0][1].info["kv_pool"]
+    typer.echo(f"{m.name} on {hw.name}, {layout.describe() or 'one device'}; {engine.flags()}")
+    typer.echo(f"KV pool {pool.blocks} blocks of {engine.block_size} tokens "
+               f"({pool.blocks * engine.block_size:,} tokens) after {pool.weights_bytes / 1e9:.2f}"
+               f" GB weights and {pool.activation_bytes / 1e9:.2f} GB activations")
+    for (_, s), (_, res) in zip(points, runs, strict=True):
+        typer.echo(tables.summary_table(s, res.label))
+    if len(points) > 1:
+        typer.echo(tables.load_table(points))
+        cap = _capacity(m, hw, layout, wl, engine)
+        typer.echo(f"estimated capacity {cap:.2f} req/s (perfmodel estimate at the largest "
+                   "batch that fits): queueing grows without bound past it")
+
+
+def _capacity(m: Any, hw: Any, layout: Any, wl: Any, engine: Any) -> float:
+    from perfmodel.serving.engine import capacity_rps
+
+    return capacity_rps(m, hw, layout, wl, engine)
+
+
+def _write(out: Path, runs: list, slo_ttft: float | None, slo_tpot: float | None,
+           dpi: int, capacity: float) -> None:
+    from perfmodel.report import serving_plots as plots
+    from perfmodel.report import serving_tables as tables
+
+    with writing(out) as folder:
+        for i, (_, res) in enumerate(runs):
+            tag = "" if len(runs) == 1 else f"-{i}"
+            (folder / f"requests{tag}.csv").write_text(tables.requests_csv(res))
+            (folder / f"steps{tag}.csv").write_text(tables.steps_csv(res))
+            (folder / f"summary{tag}.json").write_text(
+                tables.summary_json(res.summary(slo_ttft, slo_tpot)))
+            save(plots.time_series(res), folder / f"timeseries{tag}.png", dpi)
+        results = [res for _, res in runs]
+        save(plots.latency_cdfs(results, [r.label for r in results]),
+             folder / "latency_cdf.png", dpi)
+        if len(runs) > 1:
+            points = [(r, res.summary(slo_ttft, slo_tpot)) for r, res in runs]
+            save(plots.load_curve(points, capacity), folder / "load.png", dpi)
+            (folder / "load.txt").write_text(tables.load_table(points))
+    typer.echo(f"wrote {out}/")
