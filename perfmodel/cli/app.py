@@ -27,7 +27,8 @@ CORE = {"estimate": ("perfmodel.cli.estimate", "estimate"),
         "sweep": ("perfmodel.cli.figures", "sweep_cmd"),
         "report": ("perfmodel.cli.report", "report_cmd"),
         "simulate": ("perfmodel.cli.simulate", "simulate_cmd"),
-        "plan": ("perfmodel.cli.plan", "plan_cmd")}
+        "plan": ("perfmodel.cli.plan", "plan_cmd"),
+        "compare-serving": ("perfmodel.cli.serving_compare", "compare_serving_cmd")}
 _plugins_loaded = False
 
 

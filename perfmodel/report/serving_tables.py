@@ -79,3 +79,41 @@ def load_table(points: list[tuple[float, dict]]) -> str:
                      f"{s['ttft_s']['p90']:10.3f} {s['tpot_s']['p90'] * 1e3:10.2f} "
                      f"{s['queue_s']['mean']:11.3f}")
     return "\n".join(lines) + "\n"
+
+
+COLUMNS = (("E2E mean", "e2e_s.mean"), ("E2E p90", "e2e_s.p90"), ("TTFT mean", "ttft_s.mean"),
+           ("TTFT p90", "ttft_s.p90"), ("ITL mean", "itl_s.mean"), ("TPOT mean", "tpot_s.mean"),
+           ("TPOT p90", "tpot_s.p90"), ("throughput", "throughput_tokens_per_s"))
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{value * 100:+.1f}%"
+
+
+def compare_table(rows: list[dict], markdown: bool = False) -> str:
+    """One line per replayed run: its signed error on the headline statistics."""
+    head = ["run", *(name for name, _ in COLUMNS)]
+    body = [[r["id"], *(_pct(r.get(k)) for _, k in COLUMNS)] if "skipped" not in r else
+            [r["id"], f"not replayed: {r['skipped']}", *[""] * (len(COLUMNS) - 1)]
+            for r in rows]
+    if markdown:
+        from perfmodel.report.tables import markdown_table
+
+        return markdown_table(head, body)
+    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
+    return "\n".join("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True))
+                     for line in [head, *body]) + "\n"
+
+
+def compare_summary(summary: dict) -> str:
+    """Median absolute error over runs, all and by source."""
+    lines = []
+    for group, s in summary.items():
+        parts = [f"{name} {s[k] * 100:.1f}%" for name, k in
+                 (("E2E", "e2e_s.mean"), ("TTFT", "ttft_s.mean"), ("ITL", "itl_s.mean"),
+                  ("TPOT", "tpot_s.mean"), ("throughput", "throughput_tokens_per_s"))
+                 if k in s]
+        lines.append(f"median |error| over {s['runs']} {group} runs"
+                     f"{' (' + str(s['skipped']) + ' not replayed)' if s['skipped'] else ''}"
+                     f": {', '.join(parts) if parts else '-'}")
+    return "\n".join(lines) + "\n"
