@@ -240,10 +240,6 @@ def test_without_chunked_prefill_a_prompt_runs_whole_or_waits():
     assert _step(st) == ([0, 1], [1, 100], [201, 100])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "vLLM v1 (Scheduler.schedule, chunked prefill off) skips a waiting prompt larger"
-    " than the budget left and goes on to the next; serving.scheduler._waiting stops"
-    " the queue there"))
 def test_without_chunked_prefill_a_prompt_too_big_for_the_budget_left_is_skipped():
     st = _state(EngineConfig(max_num_batched_tokens=256, chunked_prefill=False),
                 [200, 100, 10], [2, 2, 2])

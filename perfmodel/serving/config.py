@@ -37,6 +37,10 @@ class EngineConfig:
             if int(getattr(self, name)) < 1:
                 raise SpecError(f"--{name.replace('_', '-')}: expected an integer >= 1, "
                                 f"got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise SpecError(f"--max-num-batched-tokens: expected at least --max-num-seqs "
+                            f"({self.max_num_seqs}), got {self.max_num_batched_tokens} (vLLM "
+                            "refuses a budget smaller than the seats it fills)")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise SpecError("--gpu-memory-utilization: expected a share in (0, 1], got "
                             f"{self.gpu_memory_utilization}")

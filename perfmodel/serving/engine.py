@@ -5,7 +5,10 @@ decodes, many steps in one vectorised call.
 A step's timing follows the estimate's rule (``schedules.static.phase_timing``): a step
 with a prompt chunk pays host launches as a prefill does, a pure-decode step replays a CUDA
 graph when the engine captures them (vLLM's default). The estimate and the simulator share
-this and ``price_step``, so a lone request costs the same in both.
+this and ``price_step``, so a lone request costs the same in both. A step is a decode step
+when every request in it computes one token (vLLM v1's uniform-decode batch, which it
+replays as a graph), so a one-token prompt's step is one: there, and only there, the
+estimate (which prices any prompt as a prefill) is the dearer by the launches.
 """
 
 from __future__ import annotations

@@ -104,9 +104,8 @@ class KVPool:
             held[1] += 1
             return
         self.take_cached(("p", prefix), blocks)
-        rest = self.cached(("p", prefix))
-        if rest:                 # the tail of the chain it does not use stays cached
-            self.forget(("p", prefix))
+        if self.cached(("p", prefix)):    # the tail it does not use stays free, uncached:
+            self.forget(("p", prefix))      # the chain is now the part in use
         self.active[prefix] = [blocks, 1]
 
     def publish(self, prefix: int, blocks: int) -> bool:

@@ -11,8 +11,9 @@
 2. Then, only if nothing was preempted, waiting requests in order while the budget lasts
    and fewer than ``max_num_seqs`` run: the prefix cache gives the full blocks already
    cached (capped one token short of the prompt: the last token is always recomputed), the
-   rest is scheduled (a chunk of the budget, or, without chunked prefill, the whole prompt
-   or nothing), and the queue stops at the first request whose blocks do not fit.
+   rest is scheduled (a chunk of the budget, or, without chunked prefill, the whole prompt;
+   a prompt larger than the budget left is skipped for this step and the next one tried),
+   and the queue stops at the first request whose blocks do not fit.
 3. After the step, a request whose computed tokens reach its prompt plus output so far
    emits one token; one that has emitted all its output finishes and frees its blocks.
 
@@ -104,8 +105,7 @@ class EngineState:
         if not len(ids):
             return None
         before = self.computed[ids]
-        target = self.prompt[ids] + self.emitted[ids]
-        prefill = bool((new > 1).any() or ((before + 1 < target) & ~self.padded[ids]).any())
+        prefill = bool((new > 1).any())    # vLLM's uniform-decode batch: one token each
         room = budget > 0 and len(self.running) < self.engine.max_num_seqs
         return Batch(ids, new, before + new, prefill,
                      admit and not self.waiting and room, preempted)
@@ -177,6 +177,7 @@ class EngineState:
     def _waiting(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
         ids, chunks = [], []
         static = self.engine.scheduler == "static"
+        skipped = []
         while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             r = self.waiting[0]
             tokens = int(self.prompt[r] + self.emitted[r])
@@ -186,7 +187,8 @@ class EngineState:
                 done = max(done, int(self.prefilled[r]))     # its KV came with it
             need = tokens - done
             if not self.engine.chunked_prefill and need > budget:
-                break
+                skipped.append(self.waiting.popleft())    # vLLM goes on to the next one
+                continue
             new = min(need, budget)
             final = tokens + int(self.output[r] - self.emitted[r]) if static else done + new
             fresh = int(self.blocks_for(np.int64(final))) - hit_p - hit_own
@@ -204,6 +206,7 @@ class EngineState:
             ids.append(r)
             chunks.append(new)
             budget -= new
+        self.waiting.extendleft(reversed(skipped))
         return np.array(ids, np.int64), np.array(chunks, np.int64), budget
 
     def _hits(self, r: int, tokens: int) -> tuple[int, int]:

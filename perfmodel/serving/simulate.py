@@ -72,6 +72,10 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         raise SpecError(f"simulate: a request of {longest} tokens (input + output) is longer "
                         f"than the context limit {limit} (--max-model-len / the model's "
                         "max_position_embeddings)")
+    if not engine.chunked_prefill and longest > engine.max_num_batched_tokens:
+        raise SpecError(f"--max-num-batched-tokens: {engine.max_num_batched_tokens} cannot hold "
+                        f"a request of {longest} tokens whole, which chunked prefill off needs"
+                        " (vLLM refuses a budget below max_model_len without chunking)")
     engines = plan.dp * plan.attention_ways
     one = replace(plan, dp=1)
     pool = kv_pool(model, hw, one, workload, engine)
@@ -215,16 +219,19 @@ def _valid(run: _Run, dry: _Dry, times: np.ndarray) -> tuple[int, int]:
     A step stands unless a request that had arrived by its start was not let in while it
     left the queue empty with room (``Batch.open``), or one the dry run let in early was
     scheduled in it or before."""
-    ends = run.t + np.cumsum(times)
-    starts = np.concatenate([[run.t], ends[:-1]])
+    t, starts = run.t, []
+    for dt in times.tolist():          # added one at a time, as ``_record`` adds them
+        starts.append(t)
+        t += dt
     arrivals = run.arrivals
-    real = arrivals.open_count(starts, arrivals.limit(np.array(dry.ended)))
+    real = arrivals.open_count(np.array(starts), arrivals.limit(np.array(dry.ended)))
+    pending = arrivals.pending[0][0] if arrivals.pending else np.inf   # after a think time
     for j, batch in enumerate(dry.plans):
-        if (real[j] > dry.seen[j] and batch.open) or \
+        if ((real[j] > dry.seen[j] or (j and starts[j] >= pending)) and batch.open) or \
                 (real[j] < dry.seen[j] and dry.top[j] >= real[j]):
             return j, int(real[j])
     done = dry.ended[-1] + len(dry.effects[-1][2])
-    return len(dry.plans), int(arrivals.open_count(ends[-1], arrivals.limit(done)))
+    return len(dry.plans), int(arrivals.open_count(t, arrivals.limit(done)))
 
 
 def _replay(run: _Run, dry: _Dry, times: np.ndarray) -> int:
@@ -259,7 +266,9 @@ def _sent(run: _Run, dry: _Dry, times: np.ndarray, upto: int) -> None:
     held back by the client's cap, at the start of the step it let them in."""
     arrivals = run.arrivals
     sched = arrivals.requests.arrival_s
-    starts = run.t + np.concatenate([[0.0], np.cumsum(times)])
+    starts = [run.t]
+    for dt in times.tolist():
+        starts.append(starts[-1] + dt)
     first = arrivals.next_open
     step = np.searchsorted(np.array(dry.seen), np.arange(first, upto), side="right")
     capped = [dry.seen[j] >= arrivals.limit(dry.ended[j]) for j in range(len(dry.plans))]
