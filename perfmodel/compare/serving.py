@@ -75,10 +75,12 @@ def _plan(row: dict) -> tuple[Parallelism, list]:
 
 
 def _engine(row: dict) -> EngineConfig:
-    def flag(v: object) -> bool:
-        return str(v).strip().lower() in ("true", "1", "yes")
+    def flag(v: object) -> bool:      # "True", "True (vLLM V1 default)", 1
+        return str(v).strip().lower().split(" ")[0] in ("true", "1", "yes")
 
+    limit = row.get("max_model_len")
     return EngineConfig(max_num_seqs=int(row["max_num_seqs"]),
+                        max_model_len=int(limit) if limit == limit and limit else 0,
                         max_num_batched_tokens=int(row["max_num_batched_tokens"]),
                         gpu_memory_utilization=float(row["gpu_mem_util"]),
                         chunked_prefill=flag(row["chunked_prefill"]),
@@ -179,7 +181,7 @@ def compare(runs: list[Run], progress: object = None) -> list[dict]:
         try:
             predicted = replay(run, progress)
         except SpecError as exc:
-            rows.append(dict(row, skipped=str(exc)))
+            rows.append(dict(row, skipped=str(exc).split(" (shipped:")[0]))
             continue
         row["predicted"], row["measured"] = predicted, run.measured
         row.update(errors(predicted, run.measured))
