@@ -60,11 +60,11 @@ def compare_serving_cmd(
         typer.echo(json.dumps({"runs": rows, "summary": summary}, indent=2, default=str))
     else:
         typer.echo(tables.compare_table(rows, fmt is Format.markdown))
-        typer.echo(tables.compare_summary(summary))
+        typer.echo(tables.compare_summary(summary, fmt is Format.markdown))
     if out is not None:
         with writing(out) as folder:
             (folder / "runs.json").write_text(json.dumps({"runs": rows, "summary": summary},
                                                          indent=2, default=str))
             (folder / "report.md").write_text(tables.compare_table(rows, True) + "\n"
-                                              + tables.compare_summary(summary))
+                                              + tables.compare_summary(summary, True))
         typer.echo(f"wrote {out}/")

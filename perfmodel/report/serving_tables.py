@@ -105,15 +105,15 @@ def compare_table(rows: list[dict], markdown: bool = False) -> str:
                      for line in [head, *body]) + "\n"
 
 
-def compare_summary(summary: dict) -> str:
-    """Median absolute error over runs, all and by source."""
+def compare_summary(summary: dict, markdown: bool = False) -> str:
+    """Median absolute error over runs, all and by source (a markdown list when asked)."""
     lines = []
     for group, s in summary.items():
         parts = [f"{name} {s[k] * 100:.1f}%" for name, k in
                  (("E2E", "e2e_s.mean"), ("TTFT", "ttft_s.mean"), ("ITL", "itl_s.mean"),
                   ("TPOT", "tpot_s.mean"), ("throughput", "throughput_tokens_per_s"))
                  if k in s]
-        lines.append(f"median |error| over {s['runs']} {group} runs"
+        lines.append(f"{'- ' if markdown else ''}median |error| over {s['runs']} {group} runs"
                      f"{' (' + str(s['skipped']) + ' not replayed)' if s['skipped'] else ''}"
                      f": {', '.join(parts) if parts else '-'}")
     return "\n".join(lines) + "\n"
