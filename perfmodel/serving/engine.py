@@ -70,7 +70,8 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     left = usable - weights - acts
     if left < per_block:
         raise SpecError(
-            f"simulate: {model.name} does not fit on {hw.name} under {plan.describe()}: "
+            f"simulate: {model.name} does not fit on {hw.name} "
+            f"({plan.describe() or 'one device'}): "
             f"{usable / 1e9:.2f} GB usable at --gpu-memory-utilization "
             f"{engine.gpu_memory_utilization:g}, weights {weights / 1e9:.2f} GB, activations "
             f"{acts / 1e9:.2f} GB, leaving no KV block")
