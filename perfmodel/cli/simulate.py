@@ -194,7 +194,8 @@ def _show(runs: list, fmt: Format, slo_ttft: float | None, slo_tpot: float | Non
     typer.echo(f"{m.name} on {hw.name}, {layout.describe() or 'one device'}; {engine.flags()}")
     typer.echo(f"KV pool {pool.blocks} blocks of {engine.block_size} tokens "
                f"({pool.blocks * engine.block_size:,} tokens) after {pool.weights_bytes / 1e9:.2f}"
-               f" GB weights and {pool.activation_bytes / 1e9:.2f} GB activations")
+               f" GB weights and {pool.activation_bytes / 1e9:.2f} GB activations (and any"
+               " recurrent state)")
     for (_, s), (_, res) in zip(points, runs, strict=True):
         typer.echo(tables.summary_table(s, res.label))
     if len(points) > 1:

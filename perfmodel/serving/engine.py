@@ -20,6 +20,7 @@ import numpy as np
 from perfmodel.cost.memory import (
     kv_bytes_per_token,
     logits_bytes_per_sequence,
+    recurrent_state_per_sequence,
     usable_bytes,
     weights_bytes,
     workspace_bytes_per_token,
@@ -43,7 +44,7 @@ class KvPoolSize:
     blocks: int
     usable_bytes: float
     weights_bytes: float
-    activation_bytes: float
+    activation_bytes: float     # peak activations, and recurrent state for the seats
     bytes_per_block: float
 
     @property
@@ -56,7 +57,10 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     """vLLM's rule: the KV cache gets what is left of ``gpu_memory_utilization`` x memory
     after the runtime's reserve, the weights and the peak activations of its profile run
     (a step of ``max_num_batched_tokens`` tokens, and the logits of ``max_num_seqs``
-    sequences). SpecError when nothing is left."""
+    sequences). A hybrid model's recurrent state (Mamba / linear-attention layers: a fixed
+    size per sequence) is set aside for ``max_num_seqs`` sequences. Every attention layer
+    is counted at full length per cached token: sliding-window layers' blocks are not
+    freed as they leave the window. SpecError when nothing is left."""
     ws = Workloads.from_list([w])
     ab = BYTES[ws.act_dtype]
     usable = float(usable_bytes(hw, engine.gpu_memory_utilization))
@@ -66,6 +70,8 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                  * engine.max_num_batched_tokens
                  + logits_bytes_per_sequence(model, plan.tp) * engine.max_num_seqs)
     kvb = Dtypes.of_workloads(ws).kv_bytes(model)
+    state, conv = recurrent_state_per_sequence(model, plan.tp)
+    acts += (state + conv * float(kvb[0])) * engine.max_num_seqs
     per_block = float(kv_bytes_per_token(model, plan.tp, kvb)[0]) * engine.block_size / plan.pp
     left = usable - weights - acts
     if left < per_block:
