@@ -135,6 +135,16 @@ class SimResult:
             out["goodput_requests_per_s"] = self.goodput(slo_ttft_s, slo_tpot_s)
         return out
 
+    @property
+    def itl_max_s(self) -> np.ndarray:
+        """Each request's longest gap between two of its tokens (NaN: one token)."""
+        gaps = np.diff(self.token_s, append=np.nan)
+        starts = self.token_offsets[:-1]
+        last = self.token_offsets[1:] - 1
+        gaps[last] = -np.inf                      # no gap after a request's last token
+        worst = np.maximum.reduceat(gaps, starts) if len(gaps) else gaps
+        return np.where(self.requests.output_tokens > 1, worst, np.nan)
+
     def records(self) -> dict[str, np.ndarray]:
         """One row per request (pandas-ready columns)."""
         r = self.requests
@@ -145,4 +155,5 @@ class SimResult:
                 "input_tokens": r.input_tokens, "output_tokens": out,
                 "prefix_id": r.prefix_id, "prefix_hit_tokens": self.prefix_hit_tokens,
                 "queue_s": self.queue_s, "ttft_s": self.ttft_s, "tpot_s": tpot,
-                "e2e_s": self.e2e_s, "preemptions": self.preemptions}
+                "itl_max_s": self.itl_max_s, "e2e_s": self.e2e_s,
+                "preemptions": self.preemptions}
