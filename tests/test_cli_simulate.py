@@ -103,3 +103,22 @@ def test_model_that_does_not_fit():
     result = runner.invoke(app, ["simulate", "-m", "llama-3.1-405b", "-H", "l4",
                                  "--no-progress", "--rate", "1", "--num-requests", "2"])
     assert result.exit_code == 2 and "does not fit" in result.output
+
+
+def test_longest_gap_is_the_prompt_step_a_decode_waited_for():
+    """A decoding request's longest gap is the step in which another request's long prompt
+    ran beside it; a one-token request has none."""
+    import numpy as np
+
+    import perfmodel as pm
+    from perfmodel.serving.requests import Requests
+    from perfmodel.serving.simulate import simulate
+
+    model, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
+    res = simulate(model, hw, Requests.of([0.0, 0.05, 0.06], [100, 4000, 10], [40, 1, 3]))
+    s = res.steps
+    end = s.start_s + s.time_s
+    inside = (s.start_s >= res.first_token_s[0] - 1e-12) & (end <= res.finish_s[0] + 1e-12)
+    assert res.itl_max_s[0] == pytest.approx(s.time_s[inside].max(), rel=1e-12)
+    assert res.itl_max_s[0] > 3 * res.tpot_s[0]        # the 4,000-token step stands out
+    assert np.isnan(res.itl_max_s[1])
