@@ -15,6 +15,7 @@ PUBLISHED = {
     "llama-2-7b": (6.74, None), "llama-2-70b": (69.0, None), "llama-3-8b": (8.03, None),
     "llama-3.1-405b": (405.9, None), "mistral-7b": (7.24, None), "gemma-2-9b": (9.24, None),
     "falcon-7b": (6.92, None), "qwen2.5-7b": (7.61, None), "gpt-3-175b": (175.0, None),
+    "llama-3.1-8b": (8.03, None), "qwen3-14b": (14.8, None), "qwen3-32b": (32.8, None),
 }
 
 
