@@ -4,11 +4,13 @@ measurements mapped to shipped specs, and the command's one-line mistakes."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.app import app
 from perfmodel.compare import serving
+from perfmodel.serving.results import SimResult, StepLog
 from perfmodel.specs.errors import SpecError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "serving"
@@ -21,11 +23,11 @@ HEAD = ("source,id,gpu,model,tp,pp,dp,max_num_seqs,max_num_batched_tokens,max_mo
 METRICS = "50,40,60,70,10,10,11,12,10,10,11,12,500,450,600,700,100\n"
 
 
-def _files(tmp_path: Path, model: str = "Qwen/Qwen3-14B") -> tuple[Path, Path]:
+def _files(tmp_path: Path, model: str = "Qwen/Qwen3-14B", tp: str = "1") -> tuple[Path, Path]:
     exp = tmp_path / "experiments.csv"
     exp.write_text(
         HEAD
-        + f"x,a/capped,NVIDIA H100 80GB HBM3,{model},1,1,1,256,8192,,True,True,0.9,"
+        + f"x,a/capped,NVIDIA H100 80GB HBM3,{model},{tp},1,1,256,8192,,True,True,0.9,"
           f"poisson; client cap 2 in flight,4,3,200,8,w,{METRICS}"
         + f"x,a/norows,NVIDIA H100 80GB HBM3,{model},1,1,1,256,8192,,True (vLLM V1 default),"
           f"False,0.9,poisson,4,5,200,8,w,{METRICS}")
@@ -117,3 +119,70 @@ def test_command_json_and_mistakes(tmp_path):
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "none.csv" in result.output
     result = runner.invoke(app, ["compare-serving", str(exp), "--only", "zzz"])
     assert result.exit_code == 2 and "--only" in result.output
+
+
+def _stub(model, hw, requests, plan, engine, progress=None, label=""):
+    """A simulator whose every request gets its first token 0.1 s after it arrives and one
+    token every 10 ms after that."""
+    out = requests.output_tokens
+    first = requests.arrival_s + 0.1
+    token_s = np.concatenate([f + 0.01 * np.arange(k) for f, k in zip(first, out, strict=True)])
+    zero, none = np.zeros(len(out), np.int64), np.zeros(1, np.int64)
+    return SimResult(requests, requests.arrival_s, requests.arrival_s, first,
+                     first + 0.01 * (out - 1), zero, zero,
+                     np.concatenate([[0], np.cumsum(out)]), token_s,
+                     StepLog(none * 0.0, none * 0.0, none, none, none, none, none), 100)
+
+
+def test_errors_of_a_stub_simulator_by_hand(tmp_path):
+    exp, req = _files(tmp_path)
+    row = serving.compare(serving.load_runs(exp, req)[:1], simulate=_stub)[0]
+    # 3 requests sent at 0, 0.3, 0.8 s, 8 tokens each: TTFT 0.1 s, TPOT and ITL 10 ms,
+    # E2E 0.17 s; 24 tokens over 0.97 s. Measured: TTFT 50 ms, ITL 10 ms (p99 12),
+    # TPOT 10 ms, E2E 500 ms, 100 tokens/s
+    assert row["ttft_s.mean"] == pytest.approx(0.1 / 0.05 - 1)
+    assert row["itl_s.mean"] == pytest.approx(0.0, abs=1e-9)
+    assert row["itl_s.p99"] == pytest.approx(0.010 / 0.012 - 1)
+    assert row["tpot_s.mean"] == pytest.approx(0.0, abs=1e-9)
+    assert row["e2e_s.mean"] == pytest.approx(0.17 / 0.5 - 1)
+    assert row["throughput_tokens_per_s"] == pytest.approx(24 / 0.97 / 100 - 1)
+    csv = serving.flat([row])[0]
+    assert csv["predicted.e2e_s.mean"] == pytest.approx(0.17)
+    assert csv["measured.e2e_s.mean"] == pytest.approx(0.5)
+
+
+def test_a_run_without_itl_has_no_itl_error(tmp_path):
+    exp, req = _files(tmp_path)
+    exp.write_text(exp.read_text().replace(",10,10,11,12,10,10,11,12,", ",,,,,10,10,11,12,"))
+    rows = serving.compare(serving.load_runs(exp, req), simulate=_stub)
+    for row in rows:
+        assert "itl_s" not in row["measured"] and not any(k.startswith("itl") for k in row)
+        assert all(v == v for k, v in row.items() if "." in k)        # no NaN
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("tp", r"experiments\.csv: run 'a/capped': column 'tp': 'one' is not a whole number"),
+    ("status", r"requests\.csv: missing column 'status'"),
+    ("sched", r"requests\.csv: run 'a/capped': missing column 'sched_arrival_s'"),
+])
+def test_bad_values_are_one_line_errors_naming_file_run_and_column(tmp_path, change, message):
+    exp, req = _files(tmp_path, tp="one" if change == "tp" else "1")
+    if change in ("status", "sched"):
+        column = ",status" if change == "status" else ",sched_arrival_s"
+        lines = req.read_text().splitlines()
+        at = lines[0].split(",").index(column[1:])
+        req.write_text("\n".join(",".join(x for i, x in enumerate(line.split(","))
+                                           if i != at) for line in lines) + "\n")
+    with pytest.raises(SpecError, match=message) as info:
+        serving.load_runs(exp, req)
+    assert "\n" not in str(info.value)
+
+
+def test_command_csv(tmp_path):
+    exp, req = _files(tmp_path)
+    result = CliRunner().invoke(app, ["compare-serving", str(exp), "--requests", str(req),
+                                      "--format", "csv", "--no-progress", "--only", "capped"])
+    assert result.exit_code == 0, result.output
+    head, *body = result.stdout.splitlines()
+    assert len(body) == 1 and body[0].startswith("a/capped,qwen3-14b,h100-sxm,")
+    assert "e2e_s.mean" in head.split(",") and "measured.e2e_s.mean" in head.split(",")

@@ -6,6 +6,8 @@ Module level: typer and the standard library only. No ``from __future__ import
 annotations``: typer reads the Annotated option types.
 """
 
+import csv
+import io
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +21,17 @@ class Format(str, Enum):
     table = "table"
     json = "json"
     markdown = "markdown"
+    csv = "csv"
+
+
+def _csv(records: list[dict]) -> str:
+    """Flat records as CSV: the union of their columns, blank where a run has none."""
+    names = list(dict.fromkeys(k for r in records for k in r))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, names, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return out.getvalue()
 
 
 def compare_serving_cmd(
@@ -29,16 +42,13 @@ def compare_serving_cmd(
         help="only the runs whose id contains this text")] = None,
     fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
     out: Annotated[Path | None, typer.Option(
-        help="folder for report.md and runs.json")] = None,
+        help="folder for report.md, runs.json and runs.csv")] = None,
     progress: Annotated[bool, typer.Option(help="name each run on stderr as it starts")
                         ] = True,
 ) -> None:
     """Replay measured serving runs (the schema of ../shared/measurements/serving) through
     the simulator and report its error per run and the median over runs."""
-    import json
-
     from perfmodel.compare import serving
-    from perfmodel.report import serving_tables as tables
     from perfmodel.specs.errors import SpecError
 
     if out is not None:
@@ -55,9 +65,21 @@ def compare_serving_cmd(
         if progress:
             typer.echo(f"replaying {run.id} ...", err=True)
         rows += serving.compare([run])
-    summary = serving.summarize(rows)
+    _write(rows, serving.summarize(rows), fmt, out)
+
+
+def _write(rows: list[dict], summary: dict, fmt: Format, out: Path | None) -> None:
+    """Print the replays in ``fmt``; with ``out``, also write report.md, runs.json and
+    runs.csv there."""
+    import json
+
+    from perfmodel.compare import serving
+    from perfmodel.report import serving_tables as tables
+
     if fmt is Format.json:
         typer.echo(json.dumps({"runs": rows, "summary": summary}, indent=2, default=str))
+    elif fmt is Format.csv:
+        typer.echo(_csv(serving.flat(rows)), nl=False)
     else:
         typer.echo(tables.compare_table(rows, fmt is Format.markdown))
         typer.echo(tables.compare_summary(summary, fmt is Format.markdown))
@@ -65,6 +87,7 @@ def compare_serving_cmd(
         with writing(out) as folder:
             (folder / "runs.json").write_text(json.dumps({"runs": rows, "summary": summary},
                                                          indent=2, default=str))
+            (folder / "runs.csv").write_text(_csv(serving.flat(rows)))
             (folder / "report.md").write_text(tables.compare_table(rows, True) + "\n"
                                               + tables.compare_summary(summary, True))
         typer.echo(f"wrote {out}/")

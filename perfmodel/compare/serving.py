@@ -13,8 +13,10 @@ Error = predicted / measured - 1. Nothing here is fitted to these runs.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +32,7 @@ NEEDED = ("id", "gpu", "model", "tp", "dp", "max_num_seqs", "max_num_batched_tok
           "chunked_prefill", "prefix_caching", "gpu_mem_util", "arrival",
           "rate_or_concurrency", "n_requests", "input_len_mean", "output_len_mean",
           "throughput_output_tok_s")
+REQUEST_COLUMNS = ("experiment_id", "arrival_s", "input_tokens", "output_tokens", "status")
 
 
 @dataclass(eq=False)
@@ -53,20 +56,34 @@ def _names() -> dict:
     return yaml.safe_load(NAMES.read_text())
 
 
+def _num(row: dict, column: str, kind: type = float) -> Any:
+    """``row[column]`` as a number, or a ValueError naming the column."""
+    value = row[column]
+    try:
+        number = float(value)
+        if kind is int and number != int(number):
+            raise ValueError
+        return kind(number)
+    except (TypeError, ValueError):
+        raise ValueError(f"column {column!r}: {value!r} is not "
+                         f"{'a whole number' if kind is int else 'a number'}") from None
+
+
 def _measured(row: dict) -> dict:
+    """The measured statistics in seconds; a metric with no mean (ITL of the in-process
+    runs) is left out, one with a mean only keeps the mean."""
     out = {}
     for short, key in METRICS:
-        values = {s: row.get(f"{short}_{s}_ms") for s in STATS}
-        if all(v is not None and v == v for v in values.values()):
-            out[key] = {s: float(v) / 1e3 for s, v in values.items()}
-        elif values["mean"] is not None and values["mean"] == values["mean"]:
-            out[key] = {"mean": float(values["mean"]) / 1e3}
-    out["throughput_tokens_per_s"] = float(row["throughput_output_tok_s"])
+        values = {s: _num(row, f"{short}_{s}_ms") for s in STATS if f"{short}_{s}_ms" in row}
+        given = {s: v / 1e3 for s, v in values.items() if v == v}
+        if "mean" in given:
+            out[key] = given if len(given) == len(STATS) else {"mean": given["mean"]}
+    out["throughput_tokens_per_s"] = _num(row, "throughput_output_tok_s")
     return out
 
 
 def _plan(row: dict) -> tuple[Parallelism, list]:
-    tp, dp = int(row["tp"]), int(row["dp"])
+    tp, dp = _num(row, "tp", int), _num(row, "dp", int)
     if "expert_parallel" in str(row.get("workload", "")):
         return (Parallelism(tp=1, ep=tp * dp, attention_dp=True),
                 [f"expert parallel over {tp * dp} GPUs with data-parallel attention (vLLM "
@@ -79,38 +96,76 @@ def _engine(row: dict) -> EngineConfig:
         return str(v).strip().lower().split(" ")[0] in ("true", "1", "yes")
 
     limit = row.get("max_model_len")
-    return EngineConfig(max_num_seqs=int(row["max_num_seqs"]),
-                        max_model_len=int(limit) if limit == limit and limit else 0,
-                        max_num_batched_tokens=int(row["max_num_batched_tokens"]),
-                        gpu_memory_utilization=float(row["gpu_mem_util"]),
+    limit = _num(row, "max_model_len", int) if limit == limit and limit else 0
+    return EngineConfig(max_num_seqs=_num(row, "max_num_seqs", int),
+                        max_model_len=limit,
+                        max_num_batched_tokens=_num(row, "max_num_batched_tokens", int),
+                        gpu_memory_utilization=_num(row, "gpu_mem_util"),
                         chunked_prefill=flag(row["chunked_prefill"]),
                         prefix_caching=flag(row["prefix_caching"]))
 
 
-def _requests(row: dict, rows: object | None) -> tuple[Requests, list]:
-    """The run's requests: its rows when there are any, else a Poisson regeneration."""
+def _column(rows: Any, name: str) -> Any:
+    """One numeric column of a run's request rows (a ValueError naming it)."""
+    if name not in rows.columns:
+        raise ValueError(f"missing column {name!r}")
+    try:
+        return rows[name].astype(float).to_numpy()
+    except (TypeError, ValueError):
+        raise ValueError(f"column {name!r}: not all numbers") from None
+
+
+def _replayed(row: dict, rows: Any) -> tuple[Requests, list]:
+    """The run's ``ok`` request rows, at their scheduled send times through the client's
+    cap when its ``arrival`` names one, else at their send times."""
     cap = re.search(r"client cap (\d+)", str(row["arrival"]))
+    ok = rows[rows["status"].astype(str).str.strip() == "ok"]
+    notes = [f"{len(rows) - len(ok)} failed requests left out"] if len(ok) < len(rows) else []
+    if not len(ok):
+        raise ValueError("no request rows with status 'ok'")
+    when = "sched_arrival_s" if cap else "arrival_s"
+    ok = ok.iloc[_column(ok, when).argsort(kind="stable")]
+    inputs = _column(ok, "input_tokens").astype(np.int64)
+    outputs = _column(ok, "output_tokens").astype(np.int64)
+    if not cap:
+        return Requests.of(_column(ok, when), inputs, outputs), notes
+    notes.append(f"replayed at the scheduled send times through a client of at most "
+                 f"{cap.group(1)} requests in flight")
+    return Requests(_column(ok, when), inputs, outputs, np.full(len(ok), -1),
+                    np.zeros(len(ok), np.int64), client_cap=int(cap.group(1))), notes
+
+
+def _requests(row: dict, rows: Any | None) -> tuple[Requests, list]:
+    """The run's requests: its rows when there are any, else a Poisson regeneration."""
     if rows is not None and len(rows):
-        ok = rows[rows["status"] == "ok"]
-        notes = [f"{len(rows) - len(ok)} failed requests left out"] if len(ok) < len(rows) \
-            else []
-        if cap:
-            ok = ok.sort_values("sched_arrival_s", kind="stable")
-            notes.append(f"replayed at the scheduled send times through a client of at most"
-                         f" {cap.group(1)} requests in flight")
-            return Requests(ok["sched_arrival_s"].to_numpy(float),
-                            ok["input_tokens"].to_numpy(np.int64),
-                            ok["output_tokens"].to_numpy(np.int64),
-                            np.full(len(ok), -1), np.zeros(len(ok), np.int64),
-                            client_cap=int(cap.group(1))), notes
-        ok = ok.sort_values("arrival_s", kind="stable")
-        return Requests.of(ok["arrival_s"], ok["input_tokens"], ok["output_tokens"]), notes
+        return _replayed(row, rows)
     from perfmodel.serving.traffic import generate
 
-    reqs = generate(int(row["n_requests"]), rate=float(row["rate_or_concurrency"]),
-                    input_len=round(float(row["input_len_mean"])),
-                    output_len=round(float(row["output_len_mean"])), seed=0)
+    reqs = generate(_num(row, "n_requests", int), rate=_num(row, "rate_or_concurrency"),
+                    input_len=round(_num(row, "input_len_mean")),
+                    output_len=round(_num(row, "output_len_mean")), seed=0)
     return reqs, ["no request rows: regenerated from the rate and mean lengths (Poisson)"]
+
+
+def _run(row: dict, names: dict, rows: Any | None, files: tuple) -> Run:
+    """One experiment row (and its request rows) as a Run; a bad value is a SpecError
+    naming the file, the run and the column."""
+    experiments, requests = files
+    try:
+        plan, notes = _plan(row)
+        engine, measured = _engine(row), _measured(row)
+    except ValueError as exc:
+        raise SpecError(f"{experiments}: run {row['id']!r}: {exc}") from None
+    try:
+        reqs, more = _requests(row, rows)
+    except (ValueError, SpecError) as exc:
+        where = requests if rows is not None and len(rows) else experiments
+        raise SpecError(f"{where}: run {row['id']!r}: {exc}") from None
+    model = names["models"].get(row["model"], "")
+    hw = names["hardware"].get(row["gpu"], "")
+    skip = "" if model and hw else \
+        f"no shipped spec named for {row['model'] if not model else row['gpu']!r}"
+    return Run(row["id"], model, hw, plan, engine, reqs, measured, skip, notes + more)
 
 
 def load_runs(experiments: str | Path, requests: str | Path | None = None) -> list[Run]:
@@ -122,21 +177,13 @@ def load_runs(experiments: str | Path, requests: str | Path | None = None) -> li
     if missing:
         raise SpecError(f"{experiments}: missing column {missing[0]!r}")
     req = _read(requests, pd, {"request_id": str}) if requests is not None else None
-    if req is not None and "experiment_id" not in req.columns:
-        raise SpecError(f"{requests}: missing column 'experiment_id'")
+    missing = [c for c in REQUEST_COLUMNS if req is not None and c not in req.columns]
+    if missing:
+        raise SpecError(f"{requests}: missing column {missing[0]!r}")
     groups = dict(tuple(req.groupby("experiment_id", sort=False))) if req is not None else {}
     names = _names()
-    runs = []
-    for row in exp.to_dict("records"):
-        model = names["models"].get(row["model"], "")
-        hw = names["hardware"].get(row["gpu"], "")
-        plan, notes = _plan(row)
-        reqs, more = _requests(row, groups.get(row["id"]))
-        skip = "" if model and hw else \
-            f"no shipped spec named for {row['model'] if not model else row['gpu']!r}"
-        runs.append(Run(row["id"], model, hw, plan, _engine(row), reqs, _measured(row),
-                        skip, notes + more))
-    return runs
+    return [_run(row, names, groups.get(row["id"]), (experiments, requests))
+            for row in exp.to_dict("records")]
 
 
 def _read(path: str | Path, pd: object, dtype: dict | None = None) -> object:
@@ -146,10 +193,14 @@ def _read(path: str | Path, pd: object, dtype: dict | None = None) -> object:
         raise SpecError(f"{path}: cannot read: {exc}") from None
 
 
-def replay(run: Run, progress: object = None) -> dict:
-    """The simulated summary of ``run`` on its shipped specs (SpecError if one is absent)."""
+def replay(run: Run, progress: object = None, simulate: Callable | None = None) -> dict:
+    """The simulated summary of ``run`` on its shipped specs (SpecError if one is absent).
+    ``simulate``: the simulator, ``perfmodel.serving.simulate.simulate`` by default (a test
+    passes a stand-in with its signature)."""
     import perfmodel as pm
-    from perfmodel.serving.simulate import simulate
+
+    if simulate is None:
+        from perfmodel.serving.simulate import simulate
 
     model, hw = pm.model(run.model), pm.hardware(run.hardware)
     return simulate(model, hw, run.requests, run.plan, run.engine, progress=progress,
@@ -169,7 +220,8 @@ def errors(predicted: dict, measured: dict) -> dict:
     return out
 
 
-def compare(runs: list[Run], progress: object = None) -> list[dict]:
+def compare(runs: list[Run], progress: object = None, simulate: Callable | None = None
+            ) -> list[dict]:
     """One record per run: its error on every statistic, or why it was not replayed."""
     rows = []
     for run in runs:
@@ -179,7 +231,7 @@ def compare(runs: list[Run], progress: object = None) -> list[dict]:
             rows.append(dict(row, skipped=run.skip))
             continue
         try:
-            predicted = replay(run, progress)
+            predicted = replay(run, progress, simulate)
         except SpecError as exc:
             rows.append(dict(row, skipped=str(exc).split(" (shipped:")[0]))
             continue
@@ -207,4 +259,29 @@ def summarize(rows: list[dict]) -> dict:
             values = [abs(r[key]) for r in done if key in r]
             if values:
                 out[name][key] = float(np.median(values))
+    return out
+
+
+def _stats(summary: dict, prefix: str, keys: list) -> dict:
+    out = {}
+    for key in keys:
+        name, _, stat = key.partition(".")
+        value = summary.get(name)
+        out[f"{prefix}{key}"] = value.get(stat) if isinstance(value, dict) else value
+    return out
+
+
+def flat(rows: list[dict]) -> list[dict]:
+    """The records of ``compare`` as flat rows for a CSV (one per run): its names, every
+    statistic's signed error, then the predicted and measured values (seconds, tokens/s)."""
+    out = []
+    for r in rows:
+        keys = [k for k in r if "." in k or k == "throughput_tokens_per_s"]
+        row = {k: r[k] for k in ("id", "model", "hardware", "plan")}
+        row["skipped"] = r.get("skipped", "")
+        row.update({k: r[k] for k in keys})
+        if "predicted" in r:
+            row.update(_stats(r["predicted"], "predicted.", keys))
+            row.update(_stats(r["measured"], "measured.", keys))
+        out.append(dict(row, notes=r["notes"]))
     return out
