@@ -197,6 +197,9 @@ class Hardware:
     # workspaces (cuBLAS, NCCL) that vLLM counts as non-torch memory; 0 where the runtime's
     # own limit already excludes it (TPU bytes_limit). cost.memory.usable_bytes subtracts it
     runtime_reserved_bytes: float = 0.0
+    # US dollars per device-hour (the optional ``price:`` block; its ``source`` says whose
+    # price and when); None: no price, so the planner ranks per GPU only
+    price_per_hour: float | None = None
     # derived tables the cost model keeps per device (a fresh one for every copy)
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -25,7 +25,9 @@ MODELS_DIR = ROOT / "models"
 
 
 HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
-                 "interconnect", "efficiency", "calibration")
+                 "interconnect", "efficiency", "calibration", "price")
+# US dollars per device-hour: a figure above this is a typo (or a node's price, not a device's)
+MAX_USD_PER_HOUR = 1000.0
 
 
 def _sources(block: Fields, key: str, sources: dict[str, str]) -> None:
@@ -71,15 +73,32 @@ def load_hardware(path: str | Path) -> Hardware:
     chip.finish()
     link = _interconnect(f.sub("interconnect"), sources)
     eff = _efficiency(f.sub("efficiency"), sources)
+    price = _price(f.sub("price", required=False), sources)
     hw = Hardware(
         name=f.text("name"), vendor=f.text("vendor", "other"),
         description=f.text("description", ""), peak_flops_per_s=peaks,
         memory_bytes=capacity, memory_bytes_per_s=bandwidth, compute_units=units_count,
         l2_bytes=l2, interconnect=link, efficiency=eff, sources=sources,
         calibration=f.raw("calibration", None), runtime_reserved_bytes=reserved,
+        price_per_hour=price,
     )
     f.finish()
     return hw
+
+
+def _price(f: Fields | None, sources: dict[str, str]) -> float | None:
+    """The optional ``price:`` block: ``usd_per_hour`` per device, a plain number (the unit
+    is in its name, so "$2.99" or "2.99 USD" is refused), and its ``source``."""
+    if f is None:
+        return None
+    value = f.raw("usd_per_hour")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise f.error("usd_per_hour", f"expected a number of US dollars per device-hour, "
+                      f"got {value!r}")
+    out = f.quantity("usd_per_hour", "number", maximum=MAX_USD_PER_HOUR)
+    _sources(f, "price", sources)
+    f.finish()
+    return out
 
 
 def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
