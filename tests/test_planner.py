@@ -259,3 +259,110 @@ def test_when_no_candidate_meets_the_slos_the_nearest_is_shown():
 def test_splits_a_model_cannot_take_are_skipped():
     cols = planner.candidates(load.model("falcon-7b"), [H100], Target(4, 2.0, 0.05, 500, 50))
     assert set(cols["tp"].tolist()) == {1}                   # 71 heads: no TP 2 or 4
+
+
+# --- prices: the hardware YAML's price: block, tokens per dollar, --rank cost ------------
+
+PRICES = {"h100-sxm": 10.0, "a100-80gb-sxm": 1.0}     # USD per GPU-hour, made up for the test
+
+
+def _priced(tmp_path, name: str, block: str) -> str:
+    """A copy of the shipped ``name``.yaml with ``block`` appended at the top level."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(load.HARDWARE_DIR.joinpath(f"{name}.yaml").read_text() + block)
+    return str(path)
+
+
+def _price_block(usd: object, extra: str = "") -> str:
+    return f"price:\n  usd_per_hour: {usd}\n  source: \"made up for a test\"\n{extra}"
+
+
+def test_shipped_files_carry_no_price():
+    assert all(load.hardware(n).price_per_hour is None for n in load.shipped(load.HARDWARE_DIR))
+
+
+def test_a_price_block_gives_price_per_hour(tmp_path):
+    hw = load.hardware(_priced(tmp_path, "h100-sxm", _price_block(2.99)))
+    assert hw.price_per_hour == 2.99 and hw.sources["price"] == "made up for a test"
+    assert hw.peak("bf16") == H100.peak("bf16")
+
+
+@pytest.mark.parametrize(("block", "what"), [
+    (_price_block(-2.5), "positive"), (_price_block(".nan"), "finite"),
+    (_price_block('"$2.99"'), "number of US dollars"), (_price_block('"2.99"'), "US dollars"),
+    (_price_block(5000), "at most 1000"), (_price_block(2.0, "  currency: EUR\n"), "unknown"),
+    ("price:\n  usd_per_hour: 2.0\n", "missing"), ("price: 2.99\n", "mapping")])
+def test_bad_prices_are_one_line_errors_naming_file_and_field(tmp_path, block, what):
+    path = _priced(tmp_path, "h100-sxm", block)
+    with pytest.raises(SpecError) as err:
+        load.hardware(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: price") and what in msg and "\n" not in msg
+    field = "source" if what == "missing" else "currency" if what == "unknown" else \
+        "price" if what == "mapping" else "usd_per_hour"
+    assert field in msg
+
+
+def _two_priced(tmp_path) -> list:
+    return [load.hardware(_priced(tmp_path, n, _price_block(usd))) for n, usd in PRICES.items()]
+
+
+def test_cost_ranking_picks_the_cheaper_per_token_device(tmp_path):
+    from perfmodel.serving.dollars import priced
+
+    target = Target(2, 1.0, 0.03, 1000, 100)
+    devices = _two_priced(tmp_path)
+    cols = planner.evaluate(planner.candidates(SMALL, devices, target), target)
+    cols, note = priced(cols, devices, "gpu")
+    ok = cols["feasible"]
+    best = {n: cols["throughput_per_gpu"][ok & (cols["hardware"] == n)].max() for n in PRICES}
+    # by hand: tokens per dollar = tok/s per GPU x 3600 s / USD per GPU-hour
+    per_dollar = {n: best[n] * 3600 / PRICES[n] for n in PRICES}
+    assert best["h100-sxm"] > best["a100-80gb-sxm"]          # faster per GPU ...
+    assert per_dollar["a100-80gb-sxm"] > per_dollar["h100-sxm"]   # ... dearer per token
+    by_gpu, by_cost = (planner.ranking(cols, target, r) for r in ("gpu", "cost"))
+    assert cols["hardware"][by_gpu[0]] == "h100-sxm"
+    assert cols["hardware"][by_cost[0]] == "a100-80gb-sxm"
+    assert cols["tokens_per_dollar"][by_cost[0]] == pytest.approx(per_dollar["a100-80gb-sxm"])
+    assert "ranked by throughput per GPU" in note
+    won = planner.plan(SMALL, devices, target, n_requests=60, rank="cost")
+    assert won.winner["label"].startswith("a100-80gb-sxm") and won.rank == "cost"
+    assert won.winner["estimated_tokens_per_dollar"] == pytest.approx(
+        won.candidates["tokens_per_dollar"][won.winner["index"]])
+    assert any("ranked by output tokens per dollar" in n for n in won.notes)
+
+
+def test_some_devices_priced_ranks_per_gpu_and_says_so(tmp_path):
+    target = Target(2, 1.0, 0.03, 1000, 100)
+    mixed = [load.hardware(_priced(tmp_path, "h100-sxm", _price_block(2.0))), A100]
+    result = planner.plan(SMALL, mixed, target, n_requests=60)
+    assert "tokens_per_dollar" not in result.candidates
+    assert any("a100-80gb-sxm has no price while h100-sxm has one" in n for n in result.notes)
+    with pytest.raises(SpecError, match="--rank cost: no price for a100-80gb-sxm"):
+        planner.plan(SMALL, mixed, target, n_requests=60, rank="cost")
+    assert any("no hardware file has a price" in n for n in planner.plan(
+        SMALL, [H100], target, n_requests=40).notes)
+
+
+def test_plan_command_ranks_per_dollar(tmp_path):
+    import json
+
+    paths = ",".join(_priced(tmp_path, n, _price_block(usd)) for n, usd in PRICES.items())
+    ask = ["-m", "llama-3-8b", "-H", paths, "--gpus", "2", "--slo-ttft", "1", "--slo-tpot",
+           "0.03", "--requests", "60", "--input-len", "1000", "--output-len", "100"]
+    by_gpu = _run(*ask)
+    assert by_gpu.exit_code == 0, by_gpu.output
+    assert "chosen: h100-sxm" in by_gpu.stdout and "tok/$" in by_gpu.stdout
+    assert "ranked by throughput per GPU (--rank cost" in by_gpu.stdout
+    r = _run(*ask, "--rank", "cost", "-f", "json", "--out", str(tmp_path / "p"))
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout.split("\nwrote ")[0])
+    assert data["ranked_by"] == "cost" and data["winner"]["label"].startswith("a100-80gb-sxm")
+    assert data["first_by"]["gpu"].startswith("h100-sxm")
+    assert data["first_by"]["cost"].startswith("a100-80gb-sxm")
+    assert any("per dollar" in line for line in data["reasons"])
+    head = (tmp_path / "p" / "plan.csv").read_text().splitlines()[0].split(",")
+    assert {"tokens_per_dollar", "usd_per_gpu_hour"} <= set(head)
+    unpriced = _run(*ASK, "--input-len", "1000", "--output-len", "100", "--rank", "cost")
+    assert unpriced.exit_code == 2 and unpriced.stderr.startswith("error: --rank cost")
+    assert len(unpriced.stderr.strip().splitlines()) == 1

@@ -26,6 +26,11 @@ class Format(str, Enum):
     json = "json"
 
 
+class Rank(str, Enum):
+    gpu = "gpu"
+    cost = "cost"
+
+
 def plan_cmd(
     model: ModelOpt,
     hardware: Annotated[str, Opt("--hardware", "-H", help=(
@@ -44,10 +49,14 @@ def plan_cmd(
     out: Annotated[Path | None, Opt(help=(
         "folder for plan.csv (every candidate), pareto.png and plan.json"))] = None,
     dpi: Annotated[int, Opt(min=1, max=1200)] = 120,
+    rank: Annotated[Rank, Opt(help=(
+        "pick the winner by output tokens/s per GPU, or per dollar (cost: needs a price: "
+        "block in every hardware file)"))] = Rank.gpu,
 ) -> None:
     """Plan a deployment: device, tensor parallelism, weights dtype, max batch, and
-    aggregated or disaggregated prefill/decode, for the most output tokens per GPU within
-    the SLOs; estimated for every candidate, the best simulated."""
+    aggregated or disaggregated prefill/decode, for the most output tokens per GPU (or per
+    dollar, --rank cost) within the SLOs; estimated for every candidate, the best
+    simulated."""
     from perfmodel.serving import planner
     from perfmodel.specs import load
     from perfmodel.specs.errors import SpecError
@@ -59,7 +68,7 @@ def plan_cmd(
         m = load.model(model)
         devices = [load.hardware(h) for h in names("--hardware", hardware)]
         target = _target(gpus, slo_ttft, slo_tpot, input_len, output_len, trace)
-        result = planner.plan(m, devices, target, requests, seed)
+        result = planner.plan(m, devices, target, requests, seed, rank=rank.value)
     except SpecError as exc:
         fail(str(exc))
     report = summary(result)
@@ -101,10 +110,22 @@ def summary(result: Any) -> dict:
             "gpus": t.gpus, "input_len": t.input_len, "output_len": t.output_len,
             "rate_req_s": t.rate, "slo_ttft_s": t.slo_ttft_s, "slo_tpot_s": t.slo_tpot_s,
             "candidates": len(cols["label"]), "feasible": int(cols["feasible"].sum()),
+            "ranked_by": result.rank, "first_by": _firsts(result),
             "confirmed": result.confirmed, "winner": result.winner,
             "reasons": explain(result), "commands": commands(result),
             "pareto": [r for r in result.records() if r["pareto"]],
             "notes": list(result.notes)}
+
+
+def _firsts(result: Any) -> dict[str, str]:
+    """The top candidate of each ranking the plan can make (per GPU; per dollar where every
+    device has a price), before the confirming simulations."""
+    from perfmodel.serving.dollars import RANKS
+    from perfmodel.serving.planner import ranking
+
+    cols = result.candidates
+    return {r: cols["label"][ranking(cols, result.target, r)[0]] for r, key in RANKS.items()
+            if key in cols}
 
 
 def text(result: Any, report: dict) -> str:
@@ -117,9 +138,12 @@ def text(result: Any, report: dict) -> str:
             + f"; SLOs: TTFT p90 <= {t.slo_ttft_s:g} s, TPOT p90 <= {t.slo_tpot_s * 1e3:g} ms",
             f"{report['candidates']} candidates estimated, {report['feasible']} meet both SLOs "
             f"by the estimate, {len(report['pareto'])} on the Pareto front", ""]
-    rows = [("candidate", "tok/s/GPU at SLO", "req/s", "TTFT p90", "TPOT", "sim TTFT p90",
-             "sim TPOT p90", "SLOs")]
-    rows += [(c["label"], f"{c['estimated_throughput_per_gpu']:.0f}", f"{c['rate_req_s']:.2f}",
+    cost = "tokens_per_dollar" in result.candidates
+    rows = [("candidate", "tok/s/GPU at SLO", *(("tok/$",) if cost else ()), "req/s",
+             "TTFT p90", "TPOT", "sim TTFT p90", "sim TPOT p90", "SLOs")]
+    rows += [(c["label"], f"{c['estimated_throughput_per_gpu']:.0f}",
+              *((_per_dollar(c["estimated_tokens_per_dollar"]),) if cost else ()),
+              f"{c['rate_req_s']:.2f}",
               f"{c['estimated_ttft_p90_s']:.2f} s", f"{c['estimated_tpot_s'] * 1e3:.1f} ms",
               f"{c['simulated_ttft_p90_s']:.2f} s", f"{c['simulated_tpot_p90_s'] * 1e3:.1f} ms",
               "met" if c["meets_slos"] else "missed") for c in result.confirmed]
@@ -131,6 +155,11 @@ def text(result: Any, report: dict) -> str:
     for name, cmd in report["commands"].items():
         body += [f"{name}:", *(f"  {line}" for line in cmd.splitlines())]
     return "\n".join(head + body + ["notes:", *(f"  - {n}" for n in report["notes"])])
+
+
+def _per_dollar(tokens: float) -> str:
+    """Output tokens per US dollar, as '1.23M'."""
+    return f"{tokens / 1e6:.2f}M" if tokens >= 1e5 else f"{tokens:.0f}"
 
 
 def _aligned(rows: list[tuple[str, ...]]) -> str:
@@ -162,6 +191,12 @@ def explain(result: Any) -> list[str]:
               if cols["link"][i] == "network" else " (KV moved over the in-node link)"),
            "device: " + ", ".join(_best(cols, cols["hardware"] == h, ok, h)
                                   for h in dict.fromkeys(cols["hardware"].tolist()))]
+    if "tokens_per_dollar" in cols:
+        out.append(f"per dollar (output tokens per USD; ranked by {result.rank}): " + ", ".join(
+            f"{_best(cols, cols['hardware'] == h, ok, h, key='tokens_per_dollar')} at "
+            f"${cols['usd_per_gpu_hour'][cols['hardware'] == h][0]:g}/GPU-hour"
+            for h in dict.fromkeys(cols["hardware"].tolist()))
+            + f"; the winner {_per_dollar(cols['tokens_per_dollar'][i])}")
     if not np.asarray(ok).any():
         out.insert(1, "no candidate meets both SLOs by the estimate: the nearest is shown")
     return out
@@ -179,14 +214,16 @@ def _load_reason(cols: dict, i: int, t: Any) -> str:
     return given + "TTFT has room up to the planner's cap of 90% of capacity"
 
 
-def _best(cols: dict, mask: Any, ok: Any, name: str, kv: bool = False) -> str:
-    """'TP4 1234' (the best meeting the SLOs), or why there is none."""
+def _best(cols: dict, mask: Any, ok: Any, name: str, kv: bool = False,
+          key: str = "throughput_per_gpu") -> str:
+    """'TP4 1234' (the best ``key`` meeting the SLOs), or why there is none."""
     if not mask.any():
         return f"{name} holds no sequence"
     room = f" (KV {cols['kv_max_batch'][mask].max()})" if kv else ""
     if not (mask & ok).any():
         return f"{name} misses the SLOs{room}"
-    return f"{name} {cols['throughput_per_gpu'][mask & ok].max():.0f}{room}"
+    best = cols[key][mask & ok].max()
+    return f"{name} {_per_dollar(best) if key == 'tokens_per_dollar' else f'{best:.0f}'}{room}"
 
 
 def _batch_reason(cols: dict, i: int, t: Any) -> str:

@@ -5,9 +5,10 @@ tokens per GPU while the p90 TTFT and TPOT stay within their SLOs, on a budget o
 1. Every candidate is estimated analytically, one ``estimate_many`` call per (device,
    replica plan) over all weights dtypes and batches (``replica_times``); the formulas
    that turn those times into a steady state are in ``steady_state``, and nowhere else.
-2. Candidates are filtered by the SLOs and ranked by throughput per GPU (no hardware file
-   has a price, so not per dollar-hour); the first few are confirmed by ``simulate``
-   (Poisson arrivals at the load the estimate says they sustain, seeded).
+2. Candidates are filtered by the SLOs and ranked by throughput per GPU, or (``rank``
+   "cost", when every device's hardware file has a ``price:``) by output tokens per dollar
+   (``serving.dollars``); the first few are confirmed by ``simulate`` (Poisson arrivals
+   at the load the estimate says they sustain, seeded).
 3. ``PlanResult`` holds every candidate as columns (the CSV), the Pareto front of
    throughput per GPU against tokens per second per user, the confirmations, the winner
    (``cli.plan`` explains it and writes its vLLM and SGLang command lines).
@@ -25,6 +26,7 @@ from perfmodel.cost.memory import memory_estimate
 from perfmodel.schedules.estimates import estimate_many
 from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.disagg import Pool, kv_transfer_s, simulate_disaggregated
+from perfmodel.serving.dollars import RANKS, priced
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.simulate import simulate
 from perfmodel.serving.traffic import generate
@@ -41,8 +43,6 @@ SIM_REQUESTS = 300
 SIM_SECONDS, SIM_LEAST = 120.0, 30   # a light load's run: ~2 minutes of arrivals, >= 30
 NOTES = ("pipeline parallelism (pp > 1) is not searched: the simulator does not run "
          "pipeline stages yet",
-         "ranked per GPU only: no hardware file has a price (a price_per_hour field would "
-         "rank per dollar-hour)",
          "estimates: M/D/1 queueing for prompt compute, M/D/c for batch slots (Erlang C, "
          "half M/M/c's wait); TPOT at the full batch; the top candidates simulated")
 
@@ -90,6 +90,7 @@ class PlanResult:
     confirmed: list[dict]
     winner: dict
     notes: tuple[str, ...] = NOTES
+    rank: str = "gpu"                   # the ranking the winner was chosen by (``RANKS``)
 
     def records(self) -> list[dict]:
         """One dict per candidate (pandas-ready)."""
@@ -302,32 +303,34 @@ def label(cols: dict, i: int) -> str:
 
 
 def plan(model: Model, hardware: list[Hardware], target: Target, n_requests: int = SIM_REQUESTS,
-         seed: int = 0, confirm: int = CONFIRM) -> PlanResult:
-    """Search, estimate, rank by throughput per GPU within the SLOs, and confirm the first
-    ``confirm`` by simulation (see the module docstring)."""
+         seed: int = 0, confirm: int = CONFIRM, rank: str = "gpu") -> PlanResult:
+    """Search, estimate, rank by throughput per GPU (or, ``rank`` "cost", per dollar) within
+    the SLOs, and confirm the first ``confirm`` by simulation (see the module docstring)."""
     if not hardware:
         raise SpecError("-H: expected at least one device")
+    if rank not in RANKS:
+        raise SpecError(f"--rank: expected one of {', '.join(RANKS)}, got {rank!r}")
     longest = sum(target.lengths)
     if model.max_position_embeddings and longest > model.max_position_embeddings:
         raise SpecError(f"--input-len + --output-len: {longest} tokens exceed {model.name}'s "
                         f"context limit {model.max_position_embeddings}")
-    cols = evaluate(candidates(model, hardware, target), target)
-    order = ranking(cols, target)
+    cols, note = priced(evaluate(candidates(model, hardware, target), target), hardware, rank)
+    order = ranking(cols, target, rank)
     devices = {h.name: h for h in hardware}
     checked = [simulated(model, devices, cols, i, target, n_requests, seed)
                for i in distinct(cols, order, confirm)]
     won = next((c for c in checked if c["meets_slos"]), None)
     winner = dict(won or checked[0], confirmed=won is not None)
-    return PlanResult(model, target, cols, checked, winner)
+    return PlanResult(model, target, cols, checked, winner, (NOTES[0], note, *NOTES[1:]), rank)
 
 
-def ranking(cols: dict, target: Target) -> np.ndarray:
-    """Candidates meeting both SLOs by throughput per GPU (highest first, ties to the lower
-    TPOT); when none does, all of them by how far they miss (the larger of TTFT p90 / SLO
-    and TPOT / SLO)."""
+def ranking(cols: dict, target: Target, rank: str = "gpu") -> np.ndarray:
+    """Candidates meeting both SLOs by ``RANKS[rank]``, throughput per GPU or tokens per
+    dollar (highest first, ties to the lower TPOT); when none does, all of them by how far
+    they miss (the larger of TTFT p90 / SLO and TPOT / SLO)."""
     if cols["feasible"].any():
         idx = np.flatnonzero(cols["feasible"])
-        return idx[np.lexsort((cols["tpot_s"][idx], -cols["throughput_per_gpu"][idx]))]
+        return idx[np.lexsort((cols["tpot_s"][idx], -cols[RANKS[rank]][idx]))]
     miss = np.maximum(cols["ttft_p90_s"] / target.slo_ttft_s, cols["tpot_s"] / target.slo_tpot_s)
     return np.argsort(miss, kind="stable")
 
@@ -372,6 +375,8 @@ def simulated(model: Model, devices: dict, cols: dict, i: int, target: Target, n
             "estimated_ttft_p90_s": float(cols["ttft_p90_s"][i]),
             "estimated_tpot_s": float(cols["tpot_s"][i]),
             "estimated_throughput_per_gpu": float(cols["throughput_per_gpu"][i]),
+            **({"estimated_tokens_per_dollar": float(cols["tokens_per_dollar"][i])}
+               if "tokens_per_dollar" in cols else {}),
             "simulated_ttft_p90_s": ttft, "simulated_tpot_p90_s": tpot,
             "simulated_throughput_per_gpu":      # the whole run: ramp-up and drain included
                 float(s["throughput_tokens_per_s"] / cols["gpus"][i]),
