@@ -154,6 +154,18 @@ def test_sweep_gen_1_leaves_the_decode_split_blank(tmp_path):
     (["--format", "jpg"], ("--format",)),
     (["--gen", "0"], ("--gen",)),
     (["--kv-block", "0"], ("--kv-block",)),
+    (["--weights-format", "nvfp4,nvfp5"], ("--weights-format", "'nvfp5'",
+                                           "did you mean 'nvfp4'")),
+    (["--weights-format", "nvfp4", "--weights-dtype", "fp8"], ("--weights-format",
+                                                               "drop --weights-dtype")),
+    (["--weights-format", "mxfp4", "--group-size", "64"], ("drop --group-size",)),
+    (["--kv-dtype", "int8", "--kv-group-size", "64,-1"], ("--kv-group-size", "'-1'")),
+    (["--kv-dtype", "int8", "--kv-scale-bytes", "2,0"], ("--kv-scale-bytes", "'0'")),
+    (["--weights-dtype", "int4", "--outlier-fraction", "0,0.7"], ("--outlier-fraction",
+                                                                   "0.7")),
+    (["--weights-dtype", "int4", "--group-size", "128,x"], ("--group-size", "'x'")),
+    (["--group-size", "128"], ("weight_group_size 128", "bf16")),
+    (["--weights-dtype", ""], ("--weights-dtype",)),
 ])
 def test_sweep_bad_input(tmp_path, console, args, words):
     _one_line_error(console([*SWEEP, "--out", str(tmp_path / "o"), *args]), *words)

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from perfmodel.cli.common import (
+    WEIGHT_FORMATS,
     AttentionDp,
     DraftHeads,
     DraftK,
@@ -37,6 +38,7 @@ from perfmodel.cli.common import (
     plan,
     save,
     speculation,
+    weights_format,
     workload,
     writing,
 )
@@ -108,8 +110,23 @@ def sweep_cmd(
     context: Annotated[str, typer.Option("--context", "--prompt",
                        help="prompt lengths (tokens), comma list")] = "512,2048,8192",
     gen: Gen = 128,
-    weights_dtype: Annotated[str, typer.Option(help="weight dtypes, comma list")] = "bf16",
+    weights_dtype: Annotated[str | None, typer.Option(
+        show_default="bf16", help="weight dtypes, comma list")] = None,
+    weights_formats: Annotated[str | None, typer.Option(
+        "--weights-format", help="weights formats, comma list, each one of "
+             f"{', '.join(WEIGHT_FORMATS)}: sets the dtype, group size and scale bytes "
+             "(instead of --weights-dtype / --group-size)")] = None,
+    group_size: Annotated[str | None, typer.Option(
+        help="weight quantization group sizes, comma list")] = None,
+    outlier_fraction: Annotated[str, typer.Option(
+        help="shares of the quantized weights' input channels kept in 16 bits, comma "
+             "list")] = "0",
     kv_dtype: Annotated[str, typer.Option(help="KV-cache dtypes, comma list")] = "bf16",
+    kv_group_size: Annotated[str | None, typer.Option(
+        show_default="a scale per (token, head) for int8/int4, none otherwise",
+        help="KV-cache elements per scale (0: none), comma list")] = None,
+    kv_scale_bytes: Annotated[str, typer.Option(
+        help="bytes of scale per KV-cache group, comma list")] = "4",
     act_dtype: DtypeOpt = "bf16", tp: Tp = 1, cuda_graphs: Graphs = False,
     memory_fraction: MemFrac = 0.9, kv_block: KvBlock = 16,
     pp: Annotated[str, typer.Option(help="pipeline stages, comma list")] = "1",
@@ -135,13 +152,17 @@ def sweep_cmd(
         help="draw the four figures (--no-figures: the CSVs only, for large grids)")] = True,
     fmt: Fmt = FigFormat.png, dpi: Dpi = 100,
 ) -> None:
-    """Sweep batch x context x device x dtype: sweep.csv (and four figures) in --out."""
+    """Sweep batch x context x device x dtype x plan x lever: sweep.csv (and four figures)
+    in --out."""
     batches, prompts = ints("--batch", batch), ints("--context", context)
     stages, replicas, experts = ints("--pp", pp), ints("--dp", dp), ints("--ep", ep)
     copies = numbers("--expert-replicas", expert_replicas, int, 0)
     levers = {"shared_prefix": numbers("--shared-prefix", shared_prefix, int, 0),
-              "expert_skew": numbers("--expert-skew", expert_skew, float, 0.0)}
-    wdts, kdts = dtypes("--weights-dtype", weights_dtype), dtypes("--kv-dtype", kv_dtype)
+              "expert_skew": numbers("--expert-skew", expert_skew, float, 0.0),
+              **_scale_levers(group_size, outlier_fraction, kv_group_size, kv_scale_bytes)}
+    formats = _formats(weights_formats, weights_dtype, group_size)
+    wdts = dtypes("--weights-dtype", "bf16" if weights_dtype is None else weights_dtype)
+    kdts = dtypes("--kv-dtype", kv_dtype)
     if split_batch is not None and split_batch not in batches:
         fail(f"--split-batch: {split_batch} is not one of --batch {batch}")
     out_dir(out)
@@ -154,9 +175,13 @@ def sweep_cmd(
         hws = [load.hardware(h) for h in names("--hardware", hardware)]
         kv_list, left_out = _splittable([load.model(n) for n in names("--kv-models", kv_models)
                                          if n not in {m.name for m in models}], tp)
-        base = workload(models[0], batches[0], prompts[0], gen, wdts[0], act_dtype, kdts[0],
-                        cuda_graphs=cuda_graphs, memory_fraction=memory_fraction,
-                        kv_block=kv_block)
+        # the KV and max-batch tables: the first weights and KV-cache choice of each axis
+        first_wdt, first_group, fmt_fields = weights_format(formats[0], None, None) \
+            if formats else (wdts[0], None, {})
+        base = workload(models[0], batches[0], prompts[0], gen, first_wdt, act_dtype, kdts[0],
+                        first_group, cuda_graphs=cuda_graphs, memory_fraction=memory_fraction,
+                        kv_block=kv_block, **fmt_fields,
+                        **{k: v[0] for k, v in levers.items() if k in _SCALES})
         par = plan(tp)
         plans = [plan(tp, s, e, r, attention_dp, c) for s in stages for r in replicas
                  for e in experts for c in copies]
@@ -167,8 +192,9 @@ def sweep_cmd(
         rates = [None] if acceptances is None else [
             str(a) for a in numbers("--acceptances", acceptances, float, 0.0)]
         speculations = [speculation(draft, draft_k, a, mtp_depth, draft_heads) for a in rates]
-        columns = sweep.sweep(models, hws, batches, prompts, base, wdts, kdts, plans=plans,
-                              levers=levers, speculations=speculations)
+        columns = sweep.sweep(models, hws, batches, prompts, base, None if formats else wdts,
+                              kdts, plans=plans, levers=levers, speculations=speculations,
+                              weights_formats=formats or None)
         kv_models_all = list({m.name: m for m in [*models, *kv_list]}.values())
         contexts = sweep.powers_of_two(512, 131072)
         kv_rows = sweep.kv_cache_table(kv_models_all, contexts, base, tp)
@@ -181,12 +207,62 @@ def sweep_cmd(
             _write_csv(out / name, {k: [r[k] for r in rows] for k in rows[0]} if rows else {})
         drawn = _sweep_figures(out, sweep.rows(columns), kv_rows, mb_rows,
                                split_batch or batches[0],
-                               f"TP {tp}, weights {wdts[0]}, KV {kdts[0]}", fmt.value, dpi) \
+                               f"TP {tp}, weights {(formats or wdts)[0]}, KV {kdts[0]}",
+                               fmt.value, dpi) \
             if figures else []
     typer.echo(f"wrote {out}/sweep.csv ({len(columns['ttft_s'])} points), kv_cache.csv, "
                "max_batch.csv" + "".join(f", {f}" for f in drawn))
     for reason in left_out:
         typer.echo(f"note: --kv-models: left out {reason}")
+
+
+# workload fields of the quantization options that are sweep levers
+_SCALES = ("weight_group_size", "outlier_fraction", "kv_group_size", "kv_scale_bytes")
+
+
+def _scale_levers(group_size: str | None, outlier_fraction: str, kv_group_size: str | None,
+                  kv_scale_bytes: str) -> dict[str, list]:
+    """The quantization options' comma lists as sweep levers (the group sizes only when
+    given: unset, the checkpoint's or the KV dtype's default applies)."""
+    levers: dict[str, list] = {
+        "outlier_fraction": _bounded("--outlier-fraction", outlier_fraction, 0.0, 0.5),
+        "kv_scale_bytes": _bounded("--kv-scale-bytes", kv_scale_bytes, 0.01, 16.0)}
+    if group_size is not None:
+        levers["weight_group_size"] = ints("--group-size", group_size)
+    if kv_group_size is not None:
+        levers["kv_group_size"] = numbers("--kv-group-size", kv_group_size, int, 0)
+    return levers
+
+
+def _bounded(option: str, text: str, low: float, high: float) -> list[float]:
+    """'0,0.01' -> [0.0, 0.01], each in [low, high]; anything else a one-line error."""
+    values = numbers(option, text, float, low)
+    above = [v for v in values if v > high]
+    if above:
+        fail(f"{option}: expected comma-separated floats in [{low:g}, {high:g}], got "
+             f"{above[0]:g} in {text!r}")
+    return values
+
+
+def _formats(text: str | None, weights_dtype: str | None, group_size: str | None
+             ) -> list[str]:
+    """The --weights-format list ([] when unset); a one-line error for an unknown format
+    (with the closest name) or for one beside --weights-dtype or --group-size."""
+    if text is None:
+        return []
+    from perfmodel.specs.errors import did_you_mean
+
+    out = names("--weights-format", text)
+    for f in out:
+        if f not in WEIGHT_FORMATS:
+            fail(f"--weights-format: unknown format {f!r}, expected one of "
+                 f"{', '.join(WEIGHT_FORMATS)}{did_you_mean(f, WEIGHT_FORMATS)}")
+    given = [o for o, v in (("--weights-dtype", weights_dtype), ("--group-size", group_size))
+             if v is not None]
+    if given:
+        fail(f"--weights-format sets the weights' dtype, group size and scale bytes; drop "
+             f"{' and '.join(given)}")
+    return out
 
 
 def _splittable(models: list, tp: int) -> tuple[list, list[str]]:
@@ -217,7 +293,7 @@ def _sweep_figures(out: Path, rows: list[dict], kv_rows: list[dict], mb_rows: li
     from perfmodel.schedules.sweep import SERIES_COLUMNS
 
     first = rows[0]
-    split = [r for r in rows if all(r[k] == first[k] for k in SERIES_COLUMNS
+    split = [r for r in rows if all(r.get(k) == first.get(k) for k in SERIES_COLUMNS
                                     if k != "workload_prompt_len")
              and r["workload_batch"] == split_batch]
     figures = {

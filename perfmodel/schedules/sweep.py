@@ -8,7 +8,8 @@ of the other axes, so 10^5 points take seconds (benchmarks/bench_core.py).
 ``sweep`` returns columns (name -> array, one entry per point; ``pandas.DataFrame(cols)``
 makes the table): ``Estimates.columns`` (the scalars of ``estimate --format json``,
 ``workload_*``, ``tp``/``pp``/``ep``/``dp``, ``<phase>_*``) plus ``attention_kind``,
-``context_len`` (= prompt + generated, the length the KV cache is sized for), and the time
+``context_len`` (= prompt + generated, the length the KV cache is sized for),
+``workload_weights_format`` (when the sweep is over weights formats), and the time
 per operator class: ``ttft_<class>_s`` (prefill) and ``tpot_<class>_s`` (mean decode step),
 which sum to ``ttft_s`` and ``tpot_s`` (``tpot_<class>_s`` is NaN when gen_len is 1: there is
 no decode step to split). ``rows`` turns columns into records for the figures.
@@ -17,6 +18,7 @@ no decode step to split). ``rows`` turns columns into records for the figures.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
 
 import numpy as np
 
@@ -27,6 +29,8 @@ from perfmodel.cost.memory import (
     memory_estimate,
 )
 from perfmodel.schedules.estimates import Estimates, estimate_many
+from perfmodel.specs.dtypes import WEIGHT_FORMATS
+from perfmodel.specs.errors import SpecError, did_you_mean
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import OP_CLASSES
 from perfmodel.specs.model import Model
@@ -38,24 +42,81 @@ def sweep(models: Sequence[Model], hardware: Sequence[Hardware], batches: Iterab
           weights_dtypes: Iterable[str] | None = None, kv_dtypes: Iterable[str] | None = None,
           plan: Parallelism | None = None, plans: Sequence[Parallelism] | None = None,
           levers: dict[str, Sequence] | None = None,
-          speculations: Sequence[object] | None = None) -> dict[str, np.ndarray | list]:
+          speculations: Sequence[object] | None = None,
+          weights_formats: Sequence[str] | None = None) -> dict[str, np.ndarray | list]:
     """Columns for the product model x hardware x plan x levers x weights dtype x kv dtype x
     prompt x batch (batch varies fastest). ``plans`` (default: ``[plan]``) are parallelism
     plans; ``speculations`` (``schedules.speculative.Speculation``, None for plain decode)
     one more dimension, after the plans; ``levers`` maps further workload fields
-    (shared_prefix, prefix_hit_rate, expert_skew, ...) to their values. ``base`` supplies
-    every other workload field (gen_len, act dtype, ...); the dtype lists default to its
-    dtypes. Invalid workloads raise SpecError before any point is evaluated."""
+    (shared_prefix, prefix_hit_rate, expert_skew, weight_group_size, outlier_fraction,
+    kv_group_size, kv_scale_bytes, ...) to their values. ``weights_formats`` (names of
+    ``dtypes.WEIGHT_FORMATS``) take the weights dtype's place: each sets the dtype, group
+    size and scale bytes of its points, and adds the column ``workload_weights_format``.
+    ``base`` supplies every other workload field (gen_len, act dtype, ...); the dtype lists
+    default to its dtypes. Invalid workloads raise SpecError before any point is evaluated."""
     base = base or Workload()
+    formats = _check_formats(weights_formats, weights_dtypes, levers)
     axes = {**{k: list(v) for k, v in (levers or {}).items()},
-            "weights_dtype": list(weights_dtypes or [base.weights_dtype]),
+            "weights_dtype": [WEIGHT_FORMATS[f][0] for f in formats]
+            or list(weights_dtypes or [base.weights_dtype]),
             "kv_dtype": list(kv_dtypes or [base.kv_dtype]),
             "prompt_len": list(prompts), "batch": list(batches)}
     fixed = {k: v for k, v in _fields(base).items() if k not in axes}
     w = Workloads.grid(**fixed, **axes)     # the axes last, in this order: batch fastest
-    parts = [point_columns(estimate_many(hw, m, w, p, sp)) for m in models for hw in hardware
+    names = None
+    if formats:
+        w, names = _formatted(w, formats, [len(v) for v in axes.values()],
+                              list(axes).index("weights_dtype"))
+    parts = [_named(point_columns(estimate_many(hw, m, w, p, sp)), names)
+             for m in models for hw in hardware
              for p in (plans or [plan]) for sp in (speculations or [None])]
     return {k: _concat([p[k] for p in parts]) for k in parts[0]}
+
+
+_FORMAT_FIELDS = ("weight_group_size", "weight_scale_bytes")
+
+
+def _check_formats(formats: Sequence[str] | None, weights_dtypes: Iterable[str] | None,
+                   levers: dict[str, Sequence] | None) -> list[str]:
+    """The weights formats as a list; SpecError for an unknown one, or for one beside the
+    weights dtypes or a lever of the fields a format sets."""
+    out = list(formats or [])
+    for f in out:
+        if f not in WEIGHT_FORMATS:
+            raise SpecError(f"weights format: unknown {f!r}, expected one of "
+                            f"{', '.join(WEIGHT_FORMATS)}{did_you_mean(f, WEIGHT_FORMATS)}")
+    clash = [k for k in _FORMAT_FIELDS if k in (levers or {})]
+    if out and (weights_dtypes is not None or clash):
+        raise SpecError("weights format: it sets the weights' dtype, group size and scale "
+                        f"bytes; drop {' and '.join(clash or ['the weights dtypes'])}")
+    return out
+
+
+def _formatted(w: Workloads, formats: list[str], sizes: list[int],
+               axis: int) -> tuple[Workloads, list[str]]:
+    """``w`` (its weights_dtype axis, number ``axis`` of ``sizes``, holding the formats'
+    dtypes in order) with each point's group size and scale bytes those of its format, and
+    the format of every point."""
+    inner = int(np.prod(sizes[axis + 1:], dtype=np.int64))
+    at = np.arange(len(w)) // inner % len(formats)
+    specs = [WEIGHT_FORMATS[f] for f in formats]
+    arrays = {f.name: getattr(w, f.name) for f in fields(w)}
+    arrays["weight_group_size"] = np.array([g or 0 for _, g, _ in specs], dtype=np.int64)[at]
+    arrays["weight_scale_bytes"] = np.array([s for _, _, s in specs], dtype=float)[at]
+    return Workloads.of(**arrays), np.asarray(formats, dtype=object)[at].tolist()
+
+
+def _named(cols: dict[str, np.ndarray | list],
+           names: list[str] | None) -> dict[str, np.ndarray | list]:
+    """``cols`` with ``workload_weights_format`` (``names``) before the weights dtype."""
+    if names is None:
+        return cols
+    out: dict[str, np.ndarray | list] = {}
+    for k, v in cols.items():
+        if k == "workload_weights_dtype":
+            out["workload_weights_format"] = names
+        out[k] = v
+    return out
 
 
 def _concat(values: list) -> np.ndarray | list:
@@ -174,22 +235,37 @@ def powers_of_two(lo: int, hi: int) -> list[int]:
     return out
 
 
-SERIES_COLUMNS = ("model", "hardware", "workload_weights_dtype", "workload_act_dtype",
-                  "workload_kv_dtype", "workload_prompt_len", "workload_gen_len", "tp")
+SERIES_COLUMNS = ("model", "hardware", "workload_weights_format", "workload_weights_dtype",
+                  "workload_weight_group_size", "workload_outlier_fraction",
+                  "workload_act_dtype", "workload_kv_dtype", "workload_kv_group_size",
+                  "workload_kv_scale_bytes", "workload_prompt_len", "workload_gen_len", "tp",
+                  "pp", "ep", "dp", "expert_replicas", "workload_shared_prefix",
+                  "workload_expert_skew", "speculation_acceptance_mean")
 _SERIES_LABELS = {"workload_weights_dtype": "W {}", "workload_act_dtype": "A {}",
-                  "workload_kv_dtype": "KV {}", "workload_prompt_len": "prompt {}",
-                  "workload_gen_len": "gen {}", "tp": "TP {}"}
+                  "workload_weight_group_size": "group {}", "workload_outlier_fraction":
+                  "outliers {:g}", "workload_kv_dtype": "KV {}", "workload_kv_group_size":
+                  "KV group {}", "workload_kv_scale_bytes": "KV scale {:g} B",
+                  "workload_prompt_len": "prompt {}", "workload_gen_len": "gen {}",
+                  "tp": "TP {}", "pp": "PP {}", "ep": "EP {}", "dp": "DP {}",
+                  "expert_replicas": "{} hot copies", "workload_shared_prefix": "prefix {}",
+                  "workload_expert_skew": "skew {:g}", "speculation_acceptance_mean":
+                  "acceptance {:g}"}
+# a weights format names its dtype and group size: the label shows the format alone
+_SET_BY_FORMAT = ("workload_weights_dtype", "workload_weight_group_size")
 
 
 def varying(rows: Sequence[dict], columns: Sequence[str] = SERIES_COLUMNS) -> list[str]:
-    """The columns among ``columns`` that take more than one value in ``rows``."""
-    return [c for c in columns if len({r[c] for r in rows}) > 1]
+    """The columns among ``columns`` that take more than one value in ``rows`` (a column
+    the rows lack takes none)."""
+    return [c for c in columns if len({r.get(c) for r in rows}) > 1]
 
 
 def series(rows: Sequence[dict], exclude: Sequence[str] = ()) -> dict[str, list[dict]]:
     """Group sweep rows into labelled series: one per combination of the SERIES_COLUMNS that
     vary (minus ``exclude``); the label names only what varies ("h100-sxm, W fp8")."""
     cols = [c for c in varying(rows) if c not in exclude]
+    if "workload_weights_format" in cols:
+        cols = [c for c in cols if c not in _SET_BY_FORMAT]
     out: dict[str, list[dict]] = {}
     for r in rows:
         parts = [_SERIES_LABELS.get(c, "{}").format(r[c]) for c in cols]
