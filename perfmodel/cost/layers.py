@@ -72,8 +72,12 @@ def _build(model: Model, tp: int, ep: int = 1, dispatch: bool = False) -> list[S
         out += _mla(model, tp) if model.mla is not None else _attention(model, tp)
     out += recurrent_mixers(model, tp)
     sublayers = mixers + mlps       # each ends in a residual add (and under TP a reduce)
+    both = model.parallel_mixer_layers
+    if both:        # Falcon-H1: the attention and Mamba outputs summed (vLLM reduces each)
+        out.append(PointwiseSpec("mixer_sum", "add", d, both))
     if tp > 1:
-        out.append(AllReduceSpec("all_reduce", d, tp, L if model.parallel_block else sublayers))
+        out.append(AllReduceSpec("all_reduce", d, tp,
+                                 L if model.parallel_block else sublayers + both))
     out.append(PointwiseSpec("residual_add", "add", d, sublayers))
     extra_norms = model.norms_per_layer - 1 - (0 if model.parallel_block else 1)
     if not model.parallel_block:

@@ -157,8 +157,8 @@ def recurrent_state_per_sequence(model: Model, tp: int = 1) -> tuple[float, floa
     state is kept at the KV-cache dtype (``kv_bytes_per_sequence``)."""
     state = conv = 0.0
     m, a = model.mamba, model.linear_attention
-    if m is not None and model.layer_count("mamba"):
-        layers = model.layer_count("mamba")
+    if m is not None and model.mamba_layers:
+        layers = model.mamba_layers
         state += layers * m.d_inner / tp * m.d_state * DTYPE_BYTES[m.state_dtype]
         conv += layers * (m.d_conv - 1) * m.conv_channels / tp
     if a is not None and model.layer_count("linear"):

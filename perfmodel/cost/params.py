@@ -150,7 +150,7 @@ def linear_attention_params(model: Model, tp: int = 1) -> tuple[float, float]:
 def mixer_params(model: Model, tp: int = 1) -> tuple[float, float]:
     """(projections, the rest) of every recurrent mixer of the model on one device."""
     proj = rest = 0.0
-    for kind, count in (("mamba", model.layer_count("mamba")),
+    for kind, count in (("mamba", model.mamba_layers),
                         ("linear", model.layer_count("linear"))):
         if count:
             p, r = (mamba_params if kind == "mamba" else linear_attention_params)(model, tp)

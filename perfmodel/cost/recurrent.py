@@ -1,8 +1,9 @@
 """The step template of the recurrent mixers: Mamba (``specs.model.Mamba``) and linear
 attention (``specs.model.LinearAttention``), each counted over the layers of its kind in
-the model's layer pattern. Their operators do not move with the context: a decode step
-reads and writes a constant state per sequence whatever the context (``ScanSpec.context``
-is False), so the decode sum prices them once.
+the model's layer pattern (Mamba also in every attention layer when it runs beside
+attention: ``Mamba.parallel``, Falcon-H1). Their operators do not move with the context: a
+decode step reads and writes a constant state per sequence whatever the context
+(``ScanSpec.context`` is False), so the decode sum prices them once.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from perfmodel.specs.model import Model
 def recurrent_mixers(model: Model, tp: int) -> list[Spec]:
     """Every operator of the model's Mamba and linear-attention layers on one device."""
     out: list[Spec] = []
-    if model.layer_count("mamba"):
-        out += _mamba(model, tp, model.layer_count("mamba"))
+    if model.mamba_layers:          # mamba layers, or beside attention (Falcon-H1)
+        out += _mamba(model, tp, model.mamba_layers)
     if model.layer_count("linear"):
         out += _linear(model, tp, model.layer_count("linear"))
     return out

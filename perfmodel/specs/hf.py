@@ -31,7 +31,7 @@ from perfmodel.specs.schema import model_from_fields
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3",
             "gemma3_text", "phi3", "llama4", "llama4_text", "gpt_oss", "deepseek_v3",
             "deepseek_v2", "kimi_k2", "jamba", "nemotron_h", "qwen3_next", "minimax",
-            "minimax_text_01")
+            "minimax_text_01", "falcon_h1")
 # multimodal configs: the text model's config sits under ``text_config``
 _TEXT = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _FAMILY = {"mixtral": families.mixtral, "qwen3_moe": families.qwen3_moe,
@@ -40,7 +40,7 @@ _FAMILY = {"mixtral": families.mixtral, "qwen3_moe": families.qwen3_moe,
            "deepseek_v2": families.deepseek, "kimi_k2": families.deepseek,
            "jamba": hybrids.jamba, "nemotron_h": hybrids.nemotron_h,
            "qwen3_next": hybrids.qwen3_next, "minimax": hybrids.minimax,
-           "minimax_text_01": hybrids.minimax}
+           "minimax_text_01": hybrids.minimax, "falcon_h1": hybrids.falcon_h1}
 _ACT = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
         "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "relu": "relu"}
 

@@ -1,9 +1,10 @@
 """Hybrid (recurrent + attention) families of the Hugging Face ``config.json`` translation
-(``specs.hf``): Jamba, Nemotron-H, Qwen3-Next, MiniMax-Text-01.
+(``specs.hf``): Jamba, Nemotron-H, Qwen3-Next, MiniMax-Text-01, Falcon-H1.
 
 Each function reads the keys one family adds and writes them into ``out`` (the
 models/README.md schema): the per-layer kinds into ``attention.layer_pattern`` (mamba,
-linear, mlp, global) and the recurrent block (``mamba:`` or ``linear_attention:``). A layer
+linear, mlp, global) and the recurrent block (``mamba:`` or ``linear_attention:``; Falcon-H1:
+``mamba.parallel``, a Mamba-2 mixer beside attention in every layer). A layer
 letter or type not understood is an error naming the key. Key names follow the families'
 ``configuration_*.py`` (transformers; the hub's remote code for Nemotron-H and MiniMax).
 """
@@ -95,6 +96,38 @@ def nemotron_h(hf: Fields, out: dict[str, Any]) -> None:
                     "d_conv": _either(hf, "conv_kernel", "mamba_d_conv", 4),
                     "chunk_size": _either(hf, "chunk_size", "mamba_chunk_size", 256),
                     "conv_bias": hf.flag("use_conv_bias", hf.flag("mamba_conv_bias", True))}
+
+
+def falcon_h1(hf: Fields, out: dict[str, Any]) -> None:
+    """Falcon-H1: every layer runs attention and a Mamba-2 mixer in parallel on one normed
+    input (``layers_block_type`` all "hybrid"), then a SwiGLU MLP. Mamba-2 of
+    ``mamba_d_ssm`` (else ``mamba_expand`` x d) in ``mamba_n_heads`` heads of
+    ``mamba_d_head`` ("auto": d_ssm / heads), ``mamba_d_state``, ``mamba_n_groups``,
+    ``mamba_d_conv``, ``mamba_chunk_size``, with its gated RMSNorm (``mamba_rms_norm``).
+    The muP multipliers are scalings and cost nothing here."""
+    if hf.raw("attn_layer_indices", None) is not None:
+        raise hf.error("attn_layer_indices", "attention on only some layers is not modelled "
+                       "for Falcon-H1; expected null")
+    for key in ("mamba_proj_bias", "projectors_bias", "mlp_bias"):
+        if hf.flag(key, False):
+            raise hf.error(key, "biased projections are not modelled for Falcon-H1")
+    if not hf.flag("mamba_rms_norm", False):
+        raise hf.error("mamba_rms_norm", "only the Mamba-2 mixer with its gated RMSNorm is "
+                       "modelled; expected true")
+    heads = hf.integer("mamba_n_heads")
+    inner = hf.integer("mamba_d_ssm") if hf.raw("mamba_d_ssm", None) is not None \
+        else hf.integer("mamba_expand", 2) * out["d_model"]
+    head = inner // heads if hf.raw("mamba_d_head", "auto") == "auto" \
+        else hf.integer("mamba_d_head")
+    if head * heads != inner:
+        raise hf.error("mamba_n_heads", f"expected heads x mamba_d_head = {inner}, got "
+                       f"{heads} x {head}")
+    out["mamba"] = {"d_inner": inner, "head_dim": head,
+                    "d_state": hf.integer("mamba_d_state", 256),
+                    "n_groups": hf.integer("mamba_n_groups", 1),
+                    "d_conv": hf.integer("mamba_d_conv", 4),
+                    "chunk_size": hf.integer("mamba_chunk_size", 256),
+                    "conv_bias": hf.flag("mamba_conv_bias", True), "parallel": True}
 
 
 def _either(hf: Fields, key: str, alias: str, default: int) -> int:

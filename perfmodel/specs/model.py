@@ -70,7 +70,9 @@ class Mamba:
     RMSNorm, out_proj d_inner -> d. Mamba-1 (Jamba; ``dt_rank`` > 0): in_proj d ->
     2 d_inner, x_proj d_inner -> dt_rank + 2 d_state, dt_proj dt_rank -> d_inner, the
     selective scan per channel (head_dim 1, one group, chunk 1: recurrent). The state is
-    kept at ``state_dtype``; the conv state at the KV-cache dtype."""
+    kept at ``state_dtype``; the conv state at the KV-cache dtype. ``parallel`` (Falcon-H1,
+    arXiv 2507.22448): every attention layer also runs this mixer beside its attention, on
+    the same normed input, the two outputs summed into the residual."""
 
     d_inner: int
     d_state: int
@@ -81,6 +83,7 @@ class Mamba:
     dt_rank: int = 0
     conv_bias: bool = True
     state_dtype: str = "fp32"
+    parallel: bool = False
 
     @property
     def n_heads(self) -> int:
@@ -188,6 +191,17 @@ class Model:
     def attention_layers(self) -> int:
         """Layers with softmax attention (global, local or chunk)."""
         return self.layer_count(*ATTENTION_KINDS)
+
+    @property
+    def mamba_layers(self) -> int:
+        """Layers that run a Mamba mixer: the pattern's mamba layers, and every attention
+        layer when the mixer runs beside attention (``Mamba.parallel``, Falcon-H1)."""
+        return self.layer_count("mamba") + self.parallel_mixer_layers
+
+    @property
+    def parallel_mixer_layers(self) -> int:
+        """Layers holding two mixers (attention and Mamba) whose outputs are summed."""
+        return self.attention_layers if self.mamba is not None and self.mamba.parallel else 0
 
     @property
     def mixer_layers(self) -> int:

@@ -101,7 +101,12 @@ def _check_recurrent(f: Fields, model: Model) -> None:
     """A pattern's mamba / linear layers need their block and a block needs its layers;
     MLP-only layers (mlp) exclude MoE; MLA and KV sharing stay with attention-only models."""
     kinds = set(model.layer_kinds())
-    for kind, key, block in (("mamba", "mamba", model.mamba),
+    parallel = model.mamba is not None and model.mamba.parallel
+    if parallel and (model.mamba.dt_rank or kinds & {"mamba", "linear"}
+                     or not model.attention_layers):
+        raise f.error("mamba.parallel", "expected a Mamba-2 mixer (no dt_rank) beside the "
+                      "attention layers, and no mamba or linear layers in the pattern")
+    for kind, key, block in (("mamba", "mamba", None if parallel else model.mamba),
                              ("linear", "linear_attention", model.linear_attention)):
         if (kind in kinds) != (block is not None):
             raise f.error(key, f"required when attention.layer_pattern has {kind!r} layers"
@@ -111,7 +116,8 @@ def _check_recurrent(f: Fields, model: Model) -> None:
                       "modelled")
     if "mlp" in kinds and model.moe is not None:
         raise f.error("moe", "MoE with MLP-only ('mlp') layers is not modelled")
-    if kinds & {"mamba", "linear", "mlp"} and (model.mla is not None or model.kv_share > 1):
+    if (kinds & {"mamba", "linear", "mlp"} or parallel) \
+            and (model.mla is not None or model.kv_share > 1):
         raise f.error("attention.layer_pattern", "recurrent or MLP-only layers with MLA or "
                       "KV sharing are not modelled")
 
@@ -151,7 +157,8 @@ def _mamba(f: Fields | None) -> Mamba | None:
                 n_groups=1 if dt_rank else size(f, "n_groups", 1),
                 d_conv=size(f, "d_conv", 4), chunk_size=1 if dt_rank else size(f, "chunk_size"),
                 dt_rank=dt_rank, conv_bias=f.flag("conv_bias", True),
-                state_dtype=f.text("state_dtype", "fp32", DTYPES))
+                state_dtype=f.text("state_dtype", "fp32", DTYPES),
+                parallel=f.flag("parallel", False))
     if out.d_inner % out.head_dim or out.n_heads % out.n_groups:
         raise f.error("head_dim", "expected head_dim to divide d_inner and n_groups the heads")
     f.finish()
