@@ -1,26 +1,39 @@
 """A simulated run as text: the summary table, per-request and per-step CSV, JSON, and the
-latency-against-load table. Pure: returns strings; the CLI writes them."""
+latency-against-load table. Pure: returns strings; the CLI writes them.
+
+Times in ``SimResult.summary()`` are seconds; the tables print latencies in ms (the load
+table's TTFT and queueing, which reach seconds past the knee, in s)."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from perfmodel.report.tables import columns_csv
+
+if TYPE_CHECKING:
+    from perfmodel.serving.results import SimResult
 
 ROWS = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"),
         ("queueing", "queue_s"))
+STATS = ("mean", "p50", "p90", "p99")
+LABEL = 12                 # width of the row labels
 
 
 def summary_table(summary: dict, title: str = "") -> str:
-    """Means and percentiles in ms, then throughput and the run's counts."""
+    """``SimResult.summary()`` as text: means and percentiles in ms, then throughput,
+    goodput (when the summary has it) and the run's counts."""
     lines = [title] if title else []
-    lines.append(f"{'':10s} {'mean':>10s} {'p50':>10s} {'p90':>10s} {'p99':>10s}   ms")
+    lines.append(f"{'':{LABEL}s} " + " ".join(f"{k:>10s}" for k in STATS) + "   ms")
     for label, key in ROWS:
         v = summary[key]
-        lines.append(f"{label:10s} " + " ".join(f"{v[k] * 1e3:10.2f}"
-                                                for k in ("mean", "p50", "p90", "p99")))
+        lines.append(f"{label:{LABEL}s} " + " ".join(f"{v[k] * 1e3:10.2f}" for k in STATS))
+    lines += [f"{k:{LABEL}s} {v}" for k, v in _summary_extras(summary)]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_extras(summary: dict) -> list[tuple[str, str]]:
     extra = [("throughput", f"{summary['throughput_tokens_per_s']:,.0f} output tokens/s, "
                             f"{summary['requests_per_s']:.3f} requests/s")]
     if "goodput_requests_per_s" in summary:
@@ -30,45 +43,51 @@ def summary_table(summary: dict, title: str = "") -> str:
                            f"{summary['preemptions']} preemptions)"),
               ("prefix hits", f"{summary['prefix_hit_tokens']:,} tokens"),
               ("steps", f"{summary['steps']:,} over {summary['duration_s']:.1f} s"),
-              ("peak", f"{summary['peak_running']} running, KV pool "
-                       f"{summary['peak_kv_use'] * 100:.1f}% used")]
-    lines += [f"{k:10s} {v}" for k, v in extra]
-    return "\n".join(lines) + "\n"
+              ("peak KV use", f"{summary['peak_kv_use'] * 100:.1f}% of "
+                              f"{summary['kv_blocks_total']:,} blocks"),
+              ("peak running", f"{summary['peak_running']} sequences")]
+    return extra
 
 
-def _csv(columns: dict[str, Any]) -> str:
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    names = list(columns)
-    w.writerow(names)
-    for row in zip(*(columns[n] for n in names), strict=True):
-        w.writerow(["" if isinstance(x, float) and math.isnan(x) else
-                    (f"{x:.9g}" if isinstance(x, float) else x) for x in
-                    (v.item() if hasattr(v, "item") else v for v in row)])
-    return out.getvalue()
+def requests_csv(result: SimResult) -> str:
+    """``result.records()``, one row per request: floats to 10 significant digits, a blank
+    cell for a NaN (the TPOT and longest gap of a request of one output token)."""
+    return columns_csv(result.records())
 
 
-def requests_csv(result: Any) -> str:
-    """One row per request (a blank TPOT for a request of one output token)."""
-    return _csv(result.records())
-
-
-def steps_csv(result: Any) -> str:
-    """One row per engine step of the first engine."""
+def steps_csv(result: SimResult) -> str:
+    """One row per engine step (of the first engine): its start and duration (s), the
+    sequences and tokens it ran, its prompt tokens, the KV blocks in use after it, their
+    share of the pool (``kv_use``, 0 to 1) and the requests waiting."""
     s = result.steps
-    use = s.kv_blocks / max(result.kv_blocks_total, 1)
-    return _csv({"start_s": s.start_s, "time_s": s.time_s, "seqs": s.seqs,
-                 "tokens": s.tokens, "prefill_tokens": s.prefill_tokens,
-                 "kv_blocks": s.kv_blocks, "kv_use": use, "waiting": s.waiting})
+    return columns_csv({"start_s": s.start_s, "time_s": s.time_s, "seqs": s.seqs,
+                        "tokens": s.tokens, "prefill_tokens": s.prefill_tokens,
+                        "kv_blocks": s.kv_blocks,
+                        "kv_use": s.kv_blocks / max(result.kv_blocks_total, 1),
+                        "waiting": s.waiting})
 
 
 def summary_json(summary: dict) -> str:
-    """The summary as JSON (no NaN: a non-finite number is an error)."""
-    return json.dumps(summary, indent=2, allow_nan=False, default=str)
+    """The summary as JSON, keys as they are (indent 2): numpy scalars and arrays as plain
+    numbers and lists, a NaN or infinity as null (strict JSON has neither)."""
+    return json.dumps(_plain(summary), indent=2, allow_nan=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "tolist"):                      # a numpy scalar or array
+        return _plain(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def load_table(points: list[tuple[float, dict]]) -> str:
-    """One row per offered rate."""
+    """One row per offered rate (``(rate, summary)`` pairs): the rate, the requests/s and
+    output tokens/s achieved, mean and p90 TTFT (s), p90 TPOT (ms), mean queueing (s)."""
     head = (f"{'offered':>9s} {'served':>9s} {'tok/s':>9s} {'TTFT mean':>10s} "
             f"{'TTFT p90':>10s} {'TPOT p90':>10s} {'queue mean':>11s}")
     lines = [head, f"{'req/s':>9s} {'req/s':>9s} {'':9s} {'s':>10s} {'s':>10s} "
