@@ -295,7 +295,7 @@ def _hf_name(model: Any) -> str:
 
 
 def _write(out: Path, result: Any, report: dict, dpi: int) -> None:
-    from perfmodel.report.plan_plots import pareto_front
+    from perfmodel.report.serving_plots import pareto_front
     from perfmodel.report.tables import columns_csv
 
     cols = result.candidates
@@ -310,7 +310,8 @@ def _write(out: Path, result: Any, report: dict, dpi: int) -> None:
         fig = pareto_front(shown, "tokens_per_s_per_user", "throughput_per_gpu",
                            shown["pareto"], shown["label"], f"{report['model']}, "
                            f"{result.target.gpus} GPUs: throughput per GPU against speed "
-                           "per user", 1.0 / result.target.slo_tpot_s, mark,
-                           ("tokens/s per user (1 / TPOT)", "output tokens/s per GPU"))
+                           "per user", x_min=1.0 / result.target.slo_tpot_s, mark=mark,
+                           axis_labels=("tokens/s per user (1 / TPOT)",
+                                        "output tokens/s per GPU"))
         save(fig, folder / "pareto.png", dpi)
     typer.echo(f"wrote {out}/ (plan.csv, plan.json, pareto.png)")
