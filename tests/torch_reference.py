@@ -87,7 +87,8 @@ class Mamba(nn.Module):
             self.dt_bias = nn.Parameter(torch.empty(heads))
             self.A_log = nn.Parameter(torch.empty(heads))
             self.D = nn.Parameter(torch.empty(heads))
-            self.norm = nn.RMSNorm(inner)
+            if m.rms_norm:                   # Falcon-H1's mamba_rms_norm
+                self.norm = nn.RMSNorm(inner)
         self.out_proj = nn.Linear(inner, d, bias=False)
 
 
@@ -127,7 +128,8 @@ class MoE(nn.Module):
 
 class Block(nn.Module):
     """A decoder layer of ``kind``: its mixer and its MLP (a Nemotron-H layer, in a pattern
-    with MLP-only layers, holds one of the two)."""
+    with MLP-only layers, holds one of the two; a Falcon-H1 layer holds attention and a
+    Mamba mixer side by side, FalconH1DecoderLayer's ``self_attn`` and ``mamba``)."""
 
     def __init__(self, model: Model, moe: bool, kind: str = "global") -> None:
         super().__init__()
@@ -137,6 +139,8 @@ class Block(nn.Module):
             self.linear_attn = LinearAttention(model)
         elif kind != "mlp":
             self.self_attn = LatentAttention(model) if model.mla else Attention(model)
+            if model.mamba is not None and model.mamba.parallel:
+                self.mamba = Mamba(model)
         if kind == "mlp" or "mlp" not in model.layer_kinds():
             self.mlp = MoE(model) if moe else MLP(model, model.intermediate_size)
         self.norms = nn.ModuleList(_norm(model, model.d_model)

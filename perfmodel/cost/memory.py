@@ -26,6 +26,7 @@ import numpy as np
 from perfmodel.cost.params import (
     LINEAR_CLASSES,
     kv_heads_per_device,
+    mamba_conv_channels,
     param_counts,
     stage_layers,
     unquantized,
@@ -160,7 +161,7 @@ def recurrent_state_per_sequence(model: Model, tp: int = 1) -> tuple[float, floa
     if m is not None and model.mamba_layers:
         layers = model.mamba_layers
         state += layers * m.d_inner / tp * m.d_state * DTYPE_BYTES[m.state_dtype]
-        conv += layers * (m.d_conv - 1) * m.conv_channels / tp
+        conv += layers * (m.d_conv - 1) * mamba_conv_channels(model, tp)
     if a is not None and model.layer_count("linear"):
         layers = model.layer_count("linear")
         state += layers * a.n_heads / tp * a.head_k_dim * a.head_v_dim \
@@ -176,7 +177,7 @@ def workspace_bytes_per_token(model: Model, tp: int, act_bytes: np.ndarray) -> n
     qkv = (model.n_heads // tp + 2 * kv_heads_per_device(model, tp)) * model.head_dim
     widths = [model.intermediate_size]
     if model.mamba is not None:        # in_proj's outputs, as wide as an MLP's gate+up
-        qkv = max(qkv, (2 * model.mamba.d_inner + model.mamba.conv_channels) // tp)
+        qkv = max(qkv, 2 * model.mamba.d_inner // tp + mamba_conv_channels(model, tp))
     if model.linear_attention is not None:
         a = model.linear_attention
         qkv = max(qkv, (a.conv_channels + 2 * a.n_heads * a.head_v_dim) // tp)

@@ -2,7 +2,8 @@
 
 Independent check: tests build a torch module of the same shape and compare sum(numel).
 Under TP degree t, heads, MLP/expert widths and the vocabulary split t ways; KV heads split
-but never below one per device (replicated); norms, routers and the MLA down-projections
+but never below one per device (replicated), as does a lone Mamba-2 B/C group
+(``mamba_groups``); norms, routers and the MLA down-projections
 (q_a, kv_a) are replicated. A recurrent mixer's (Mamba, linear attention) projections
 count as ``attention`` (the mixer class), its conv, per-head scalars and norm as ``norms``
 (kept at the activation dtype).
@@ -53,15 +54,20 @@ def unquantized(model: Model) -> tuple[str, ...]:
 
 
 def check_tp(model: Model, tp: int) -> None:
-    """TP must split heads evenly and KV heads evenly (or replicate them whole)."""
+    """TP must split heads evenly and KV heads evenly (or replicate them whole); Mamba-2's
+    B/C groups evenly, or one group replicated on every device (``mamba_groups``)."""
     if model.n_heads % tp:
         raise SpecError(f"parallelism: tp={tp} must divide n_heads={model.n_heads} of {model.name}")
     kv = model.n_kv_heads
     if kv % tp and tp % kv:
         raise SpecError(f"parallelism: tp={tp} and n_kv_heads={kv} of {model.name}: one must "
                         "divide the other")
-    heads = {"mamba heads": model.mamba.n_heads if model.mamba else tp,
-             "mamba.n_groups": model.mamba.n_groups if model.mamba else tp,
+    m = model.mamba
+    if m is not None and m.dt_rank and tp > 1:
+        raise SpecError(f"parallelism: tp={tp} with the Mamba-1 mixer (mamba.dt_rank) of "
+                        f"{model.name} is not modelled (x_proj's all-reduce); expected tp=1")
+    heads = {"mamba heads": m.n_heads if m else tp,
+             "mamba.n_groups": tp if m is None or m.n_groups == 1 else m.n_groups,
              "linear_attention.n_heads": model.linear_attention.n_heads
              if model.linear_attention else tp,
              "linear_attention.n_k_heads": model.linear_attention.n_k_heads
@@ -76,6 +82,21 @@ def check_tp(model: Model, tp: int) -> None:
         if width < tp:
             raise SpecError(f"parallelism: tp={tp} exceeds {name}={width} of {model.name}: "
                             f"every device needs a share of it")
+
+
+def mamba_groups(model: Model, tp: int) -> int:
+    """Mamba-2 B/C groups on one device: n_groups / tp, or a lone group copied to every
+    device. vLLM's MambaMixer2 (vllm/model_executor/layers/mamba/mamba_mixer2.py,
+    ``extra_groups_for_head_shards``) accepts tp not dividing n_groups only when n_groups
+    is 1, and then replicates that group so it follows each head shard: in_proj's B and C
+    rows, the conv's channels and the conv state hold one whole group per device."""
+    return max(1, model.mamba.n_groups // tp)
+
+
+def mamba_conv_channels(model: Model, tp: int) -> int:
+    """Conv channels (x, B, C; Mamba-1: x) of one Mamba layer on one device."""
+    m = model.mamba
+    return m.d_inner // tp + (0 if m.dt_rank else 2 * mamba_groups(model, tp) * m.d_state)
 
 
 def kv_heads_per_device(model: Model, tp: int) -> int:
@@ -114,12 +135,12 @@ def mamba_params(model: Model, tp: int = 1) -> tuple[float, float]:
     """(projections, the rest) of one Mamba layer on one device (``specs.model.Mamba``):
     Mamba-2 in_proj d x (2 d_inner + 2 G N + H) and out_proj d_inner x d; the conv
     (channels x d_conv, + channels of bias), A_log, D and dt_bias (H each) and the gated
-    norm's d_inner weights. Mamba-1: in_proj d x 2 d_inner, x_proj d_inner x (R + 2N),
-    dt_proj R x d_inner (+ d_inner bias), out_proj; conv, A_log d_inner x N, D d_inner and
-    Jamba's RMSNorms over dt, B and C (R + 2N).
-    Heads, groups and d_inner split tp ways."""
+    norm's d_inner weights (``rms_norm``). Mamba-1: in_proj d x 2 d_inner, x_proj
+    d_inner x (R + 2N), dt_proj R x d_inner (+ d_inner bias), out_proj; conv, A_log
+    d_inner x N, D d_inner and Jamba's RMSNorms over dt, B and C (R + 2N).
+    Heads, groups (``mamba_groups``) and d_inner split tp ways."""
     m, d = model.mamba, model.d_model
-    inner, conv = m.d_inner / tp, m.conv_channels / tp
+    inner, conv = m.d_inner / tp, mamba_conv_channels(model, tp)
     if m.dt_rank:
         proj = d * 2 * inner + inner * (m.dt_rank + 2 * m.d_state) + m.dt_rank * inner \
             + inner * d
@@ -127,8 +148,8 @@ def mamba_params(model: Model, tp: int = 1) -> tuple[float, float]:
             + m.dt_rank + 2 * m.d_state       # Jamba's dt, B and C RMSNorms
         return proj, rest
     heads = m.n_heads / tp
-    proj = d * (2 * inner + 2 * m.n_groups / tp * m.d_state + heads) + inner * d
-    return proj, conv * (m.d_conv + m.conv_bias) + 3 * heads + inner
+    proj = d * (inner + conv + heads) + inner * d
+    return proj, conv * (m.d_conv + m.conv_bias) + 3 * heads + (inner if m.rms_norm else 0)
 
 
 def linear_attention_params(model: Model, tp: int = 1) -> tuple[float, float]:

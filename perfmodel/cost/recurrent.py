@@ -8,7 +8,16 @@ decode step reads and writes a constant state per sequence whatever the context
 
 from __future__ import annotations
 
-from perfmodel.cost.operators import ConvSpec, GemmSpec, PointwiseSpec, ScanSpec, Spec, weights_of
+from perfmodel.cost.operators import (
+    AllReduceSpec,
+    ConvSpec,
+    GemmSpec,
+    PointwiseSpec,
+    ScanSpec,
+    Spec,
+    weights_of,
+)
+from perfmodel.cost.params import mamba_conv_channels, mamba_groups
 from perfmodel.specs.dtypes import DTYPE_BYTES
 from perfmodel.specs.model import Model
 
@@ -25,11 +34,13 @@ def recurrent_mixers(model: Model, tp: int) -> list[Spec]:
 
 def _mamba(model: Model, tp: int, layers: int) -> list[Spec]:
     """Mamba-2: in_proj (z, x, B, C, dt), conv1d over x, B, C, the SSD scan, y * silu(z)
-    and the gated RMSNorm, out_proj. Mamba-1 (``dt_rank``): in_proj (x, z), conv1d over
-    x, x_proj (dt, B, C) and dt_proj, the selective scan per channel (heads = d_inner,
-    head_dim 1, one group, chunk 1), y * silu(z), out_proj."""
+    and the gated RMSNorm (``rms_norm``; under TP with one group its sum of squares is
+    all-reduced, one number per token: vLLM's ``Mixer2RMSNormGated``), out_proj. Mamba-1
+    (``dt_rank``): in_proj (x, z), conv1d over x, x_proj (dt, B, C) and dt_proj, the
+    selective scan per channel (heads = d_inner, head_dim 1, one group, chunk 1),
+    y * silu(z), out_proj."""
     m, d, w = model.mamba, model.d_model, weights_of(model, "attention")
-    inner, groups = m.d_inner // tp, max(1, m.n_groups // tp)
+    inner, groups = m.d_inner // tp, mamba_groups(model, tp)
     state = DTYPE_BYTES[m.state_dtype]
     if m.dt_rank:
         out: list[Spec] = [GemmSpec("mamba.in_proj", 2 * inner, d, layers, weights=w),
@@ -41,14 +52,16 @@ def _mamba(model: Model, tp: int, layers: int) -> list[Spec]:
                                     False, 1, layers, state)]
     else:
         heads = m.n_heads // tp
-        out = [GemmSpec("mamba.in_proj", 2 * inner + 2 * groups * m.d_state + heads, d,
-                        layers, weights=w),
-               ConvSpec("mamba.conv1d", inner + 2 * groups * m.d_state, m.d_conv, layers),
+        conv = mamba_conv_channels(model, tp)
+        out = [GemmSpec("mamba.in_proj", inner + conv + heads, d, layers, weights=w),
+               ConvSpec("mamba.conv1d", conv, m.d_conv, layers),
                ScanSpec("mamba.scan", "ssm_scan", heads, groups, m.d_state, m.head_dim,
                         m.chunk_size, False, 1, layers, state)]
     out.append(PointwiseSpec("mamba.gate", "silu_and_mul", inner, layers))
-    if not m.dt_rank:
+    if m.rms_norm:
         out.append(PointwiseSpec("mamba.norm", "rms_norm", inner, layers))
+        if tp > 1 and m.n_groups == 1:     # the sum of squares spans the devices
+            out.append(AllReduceSpec("mamba.norm_all_reduce", 1, tp, layers))
     out.append(GemmSpec("mamba.out_proj", d, inner, layers, weights=w))
     return out
 

@@ -294,7 +294,8 @@ def _kv_formula(e: Estimate) -> str:
     if m.mla is not None:
         return (f"({m.mla.kv_lora_rank} latent + {m.mla.qk_rope_head_dim} rope) x "
                 f"{m.n_layers} layers x {nbytes}")
-    state = " + a constant recurrent state" if m.layer_count("mamba", "linear") else ""
+    recurrent = m.mamba_layers + m.layer_count("linear")     # Falcon-H1: beside attention
+    state = " + a constant recurrent state" if recurrent else ""
     return (f"2 (K, V) x {m.n_kv_heads} KV heads x {m.head_dim} x {m.attention_layers} "
             f"layers x {nbytes}{state}")
 

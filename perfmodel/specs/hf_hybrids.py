@@ -103,17 +103,16 @@ def falcon_h1(hf: Fields, out: dict[str, Any]) -> None:
     input (``layers_block_type`` all "hybrid"), then a SwiGLU MLP. Mamba-2 of
     ``mamba_d_ssm`` (else ``mamba_expand`` x d) in ``mamba_n_heads`` heads of
     ``mamba_d_head`` ("auto": d_ssm / heads), ``mamba_d_state``, ``mamba_n_groups``,
-    ``mamba_d_conv``, ``mamba_chunk_size``, with its gated RMSNorm (``mamba_rms_norm``).
-    The muP multipliers are scalings and cost nothing here."""
+    ``mamba_d_conv``, ``mamba_chunk_size``, with or without its gated RMSNorm
+    (``mamba_rms_norm``, default false as in transformers' ``FalconH1Config``; the norm's
+    place, ``mamba_norm_before_gate``, costs the same). The muP multipliers
+    (``*_multiplier(s)``) are scalings folded into existing passes and cost nothing here."""
     if hf.raw("attn_layer_indices", None) is not None:
         raise hf.error("attn_layer_indices", "attention on only some layers is not modelled "
                        "for Falcon-H1; expected null")
     for key in ("mamba_proj_bias", "projectors_bias", "mlp_bias"):
         if hf.flag(key, False):
             raise hf.error(key, "biased projections are not modelled for Falcon-H1")
-    if not hf.flag("mamba_rms_norm", False):
-        raise hf.error("mamba_rms_norm", "only the Mamba-2 mixer with its gated RMSNorm is "
-                       "modelled; expected true")
     heads = hf.integer("mamba_n_heads")
     inner = hf.integer("mamba_d_ssm") if hf.raw("mamba_d_ssm", None) is not None \
         else hf.integer("mamba_expand", 2) * out["d_model"]
@@ -127,7 +126,10 @@ def falcon_h1(hf: Fields, out: dict[str, Any]) -> None:
                     "n_groups": hf.integer("mamba_n_groups", 1),
                     "d_conv": hf.integer("mamba_d_conv", 4),
                     "chunk_size": hf.integer("mamba_chunk_size", 256),
-                    "conv_bias": hf.flag("mamba_conv_bias", True), "parallel": True}
+                    "conv_bias": hf.flag("mamba_conv_bias", True),
+                    "rms_norm": hf.flag("mamba_rms_norm", False), "parallel": True,
+                    # vLLM's mamba_ssm_cache_dtype "auto": the model's (bfloat16) dtype
+                    "state_dtype": "bf16"}
 
 
 def _either(hf: Fields, key: str, alias: str, default: int) -> int:

@@ -70,7 +70,9 @@ class Mamba:
     RMSNorm, out_proj d_inner -> d. Mamba-1 (Jamba; ``dt_rank`` > 0): in_proj d ->
     2 d_inner, x_proj d_inner -> dt_rank + 2 d_state, dt_proj dt_rank -> d_inner, the
     selective scan per channel (head_dim 1, one group, chunk 1: recurrent). The state is
-    kept at ``state_dtype``; the conv state at the KV-cache dtype. ``parallel`` (Falcon-H1,
+    kept at ``state_dtype``; the conv state at the KV-cache dtype. ``rms_norm`` false: a
+    Mamba-2 mixer without the gated norm's weights, y x silu(z) only (Falcon-H1-0.5B's
+    ``mamba_rms_norm``). ``parallel`` (Falcon-H1,
     arXiv 2507.22448): every attention layer also runs this mixer beside its attention, on
     the same normed input, the two outputs summed into the residual."""
 
@@ -93,6 +95,7 @@ class Mamba:
     def conv_channels(self) -> int:
         """Channels of the conv: x, B and C (Mamba-1: x)."""
         return self.d_inner + (0 if self.dt_rank else 2 * self.n_groups * self.d_state)
+    rms_norm: bool = True
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,7 @@ def _mamba(f: Fields | None) -> Mamba | None:
                 d_conv=size(f, "d_conv", 4), chunk_size=1 if dt_rank else size(f, "chunk_size"),
                 dt_rank=dt_rank, conv_bias=f.flag("conv_bias", True),
                 state_dtype=f.text("state_dtype", "fp32", DTYPES),
+                rms_norm=not dt_rank and f.flag("rms_norm", True),
                 parallel=f.flag("parallel", False))
     if out.d_inner % out.head_dim or out.n_heads % out.n_groups:
         raise f.error("head_dim", "expected head_dim to divide d_inner and n_groups the heads")
