@@ -4,6 +4,7 @@ every stage in series; the phase's rows add up to its time)."""
 
 import itertools
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -236,21 +237,25 @@ def test_sweep_takes_expert_parallel_plans(tmp_path):
 
 def test_dispatch_sends_each_token_once_per_remote_node():
     """DeepEP's internode dispatch sends a token once to each remote node its experts sit
-    on and forwards it there over NVLink: over 2 nodes a token's 8 pairs reach the other
-    node with probability 1 - (1/2)^8, so 0.99609 / 8 of the pair bytes cross the NIC, not
-    the even half. By hand, against collectives.all_to_all_parts."""
+    on and forwards it there over NVLink: over 2 nodes of 128 experts each, with no group
+    limit, a token's 8 distinct experts all miss the other node with probability
+    C(128, 8) / C(256, 8), so (1 - that) / 8 = 0.99651 / 8 of the pair bytes cross the NIC,
+    not the even half. By hand, against collectives.all_to_all_parts."""
+    from math import comb
+
     from perfmodel.cost.collectives import all_to_all_parts
     from perfmodel.cost.instantiate import remote_share
 
-    share = remote_share(np.array([2.0]), np.array([8.0]))[0]
-    assert share == pytest.approx((1 - 0.5 ** 8) / 8)
+    free = replace(DSV3.moe, n_groups=1, topk_groups=1)
+    share = remote_share(free, 16, 8)
+    assert share == pytest.approx((1 - comb(128, 8) / comb(256, 8)) / 8, rel=1e-12)
     nbytes = 1e8
     even = all_to_all_parts(H200, 16, nbytes, 2)
     dedup = all_to_all_parts(H200, 16, nbytes, 2, share)
     assert even.wire_s == pytest.approx(8 / 16 * nbytes / 50e9)
     nvlink = 7 / 16 * nbytes / (450e9 * 0.82)           # the on-node peers, at once
     assert dedup.wire_s == pytest.approx(max(share * nbytes / 50e9, nvlink), rel=1e-9)
-    assert remote_share(np.array([1.0]), np.array([8.0]))[0] < 0      # one node: the even rule
+    assert remote_share(free, 8, 8) < 0                  # one node: the even rule
 
 
 def test_a_batch_below_the_attention_devices_is_stated():

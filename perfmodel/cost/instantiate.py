@@ -37,12 +37,17 @@ from perfmodel.cost.ops import (
     OpRecord,
     Pointwise,
 )
-from perfmodel.cost.routing import device_imbalance, expected_max_touched, zipf_distinct
+from perfmodel.cost.routing import (
+    device_imbalance,
+    expected_max_touched,
+    token_reach,
+    zipf_distinct,
+)
 from perfmodel.cost.scan import Conv1d, LinearScan, Scan
 from perfmodel.cost.timebase import HOST
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import POINTWISE_CODE
-from perfmodel.specs.model import Model
+from perfmodel.specs.model import Model, MoE
 
 SPEC_KIND = {GemmSpec: "gemm", AttentionSpec: "attention", EmbeddingSpec: "embedding",
              KvWriteSpec: "kv_cache_write", AllReduceSpec: "all_reduce",
@@ -259,12 +264,12 @@ def _other(b: Block, v: Values, hw: Hardware | None, timing: np.ndarray | int) -
         return AllReduce(payload=v.tokens * c["width"] * v.ab, devices=c["devices"],
                          dtype=v.act, count=c["count"])
     if kind is AllToAllSpec:        # the pairs this device's tokens send to their experts
-        per_node = hw.interconnect.max_devices if hw is not None else c["devices"]
+        per_node = hw.interconnect.max_devices if hw is not None else None
         elem = np.where(c["elem_bytes"] > 0, c["elem_bytes"], v.ab)
-        nodes = np.ceil(c["devices"] / per_node)
+        nodes = np.ceil(c["devices"] / (per_node or c["devices"]))
+        share = np.array([[remote_share(s.moe, int(s.devices), per_node)] for s in b.specs])
         return AllToAll(payload=v.pairs * c["width"] * elem, devices=c["devices"],
-                        nodes=nodes, dtype=v.act, count=c["count"],
-                        off_node=remote_share(nodes, v.pairs / np.maximum(v.tokens, 1)))
+                        nodes=nodes, dtype=v.act, count=c["count"], off_node=share)
     on = hw is not None and hw.efficiency.layer_overhead_s > 0
     host = np.asarray(timing) == HOST
     return LayerOverhead(dtype=v.act, count=c["count"] * (host & on) * np.ones_like(v.tokens))
@@ -285,11 +290,13 @@ def build(block: Block, v: Values, step: object, hw: Hardware | None,
     return _other(block, v, hw, timing)
 
 
-def remote_share(nodes: np.ndarray, top_k: np.ndarray) -> np.ndarray:
-    """Share of a token's k (token, expert) pairs that cross the network when each token
-    is sent once per remote node its experts sit on (DeepEP's internode dispatch, forwarded
-    over NVLink on arrival): E[distinct other nodes among k uniform picks] / k, with
-    (N - 1)(1 - (1 - 1/N)^k) distinct other nodes of N. One node: none."""
-    nodes = np.asarray(nodes, dtype=float)
-    other = (nodes - 1) * (1 - (1 - 1 / np.maximum(nodes, 1)) ** top_k)
-    return np.where(nodes > 1, other / np.maximum(top_k, 1), -1.0)
+def remote_share(moe: MoE | None, ep: int, per_node: int | None) -> float:
+    """Share of a token's k (token, expert) pairs that cross the network when each token is
+    sent once per remote node its experts sit on (DeepEP's internode dispatch, forwarded
+    over NVLink on arrival): the expected remote nodes of ``routing.token_reach`` (group-
+    limited routing included) over k. One node (or no hardware, ``per_node`` None): -1,
+    the even rule, which sends nothing off the node."""
+    if moe is None or per_node is None or ep <= per_node:
+        return -1.0
+    return token_reach(moe.n_experts, moe.top_k, ep, per_node, moe.n_groups,
+                       moe.topk_groups).nodes / moe.top_k

@@ -228,12 +228,12 @@ def _mlp(model: Model, tp: int, ep: int = 1, dispatch: bool = False) -> list[Spe
         out.append(GemmSpec("router", moe.n_experts, model.d_model, n_moe, weights="act"))
         if dispatch:      # DeepEP: dispatch in fp8 with a 4-byte scale per 128, combine
             out.append(AllToAllSpec("moe_dispatch", model.d_model, ep, n_moe,
-                                    DISPATCH_BYTES))
+                                    DISPATCH_BYTES, moe))
         out += _mlp_block(model, tp if ep == 1 else 1, "experts.",
                           moe.expert_intermediate_size, n_moe, "expert_rows", "touched",
                           "experts")
         if dispatch:
-            out.append(AllToAllSpec("moe_combine", model.d_model, ep, n_moe))
+            out.append(AllToAllSpec("moe_combine", model.d_model, ep, n_moe, 0.0, moe))
         if moe.n_shared_experts:
             out += _mlp_block(model, tp, "shared.",
                               moe.n_shared_experts * moe.expert_intermediate_size, n_moe,

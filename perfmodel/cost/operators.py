@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from perfmodel.cost.params import unquantized
-from perfmodel.specs.model import Model
+from perfmodel.specs.model import Model, MoE
 
 ROW_QUANTITIES = ("tokens", "seqs", "logits", "expert_rows", "expert_act_rows", "absorbed",
                   "expanded_context")
@@ -84,7 +84,8 @@ class AllReduceSpec(NamedTuple):
 class AllToAllSpec(NamedTuple):
     """Expert-parallel dispatch or combine: each device sends ``width`` activations per
     (token, expert) pair of its tokens, ``elem_bytes`` each (0: the activation dtype), to
-    the ``devices`` holding the experts (``cost.collectives.all_to_all_parts``)."""
+    the ``devices`` holding the experts (``cost.collectives.all_to_all_parts``); ``moe``:
+    the routing (experts, top-k, group limit) that sets the nodes a token reaches."""
 
     context = False
     name: str
@@ -92,6 +93,7 @@ class AllToAllSpec(NamedTuple):
     devices: int
     count: float
     elem_bytes: float = 0.0
+    moe: MoE | None = None
 
 
 class OverheadSpec(NamedTuple):

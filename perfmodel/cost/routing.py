@@ -34,11 +34,23 @@ eplb+r = ``place`` with r redundant experts.
     16  0.5   3.488  1.119  1.000  1.000      32  0.5   4.576  1.508  1.032  1.002
     16  1.0   8.504  2.165  1.000  1.000      32  1.0  13.387  4.151  1.005  1.002
     16  1.5  12.097  2.045  1.000  1.000      32  1.5  20.087  4.039  1.040  1.040
+
+Where a token's experts sit (``token_reach``): the all-to-all sends a token once per remote
+node its experts sit on (DeepEP), so its network bytes follow the distinct nodes one
+token's top-k reach. With group-limited routing (DeepSeek-V3: 256 experts in 8 groups of
+consecutive ids, each token's 8 from at most 4 groups; arXiv 2412.19437 section 2.1.2, a
+token reaches at most M = 4 nodes where each group is a node) a token first picks
+``topk_groups`` groups, then its k experts among theirs. Under expert parallelism expert e
+sits on device e // ceil(E / ep) (contiguous ranges, as ``place`` without a balancer and
+vLLM's default expert map), device d on node d // per_node, so a group can be a node, part
+of one, or span several (EP16 on 2 x 8: 4 groups per node; EP256: each group on 4 nodes),
+and the count below follows whichever it is.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -245,3 +257,88 @@ def device_imbalance(n_experts: int, top_k: int, skew: np.ndarray | float, devic
         p = zipf_popularity(n_experts, top_k, s)
         out[skew == s] = float(imbalance(place(p, devices, replicas)).reshape(-1)[0])
     return out
+
+
+class Reach(NamedTuple):
+    """Expected distinct nodes and devices, other than its sender's, one token's experts sit
+    on (``token_reach``)."""
+
+    nodes: float
+    devices: float
+
+
+def _missed(counts: np.ndarray, pool: int, top_k: int) -> np.ndarray:
+    """C(pool - c, k) / C(pool, k) per count c: k distinct uniform picks from ``pool``
+    experts all avoid c given ones (the product of (pool - c - i) / (pool - i), i < k)."""
+    c = np.asarray(counts, dtype=float)[..., None]
+    i = np.arange(top_k)
+    return np.prod(np.clip((pool - c - i) / (pool - i), 0.0, None), axis=-1)
+
+
+def _sum_ways(held: tuple[int, ...], picked: int) -> np.ndarray:
+    """ways[c] (up to a common scale): how many of the ``picked``-subsets of the groups hold
+    c of a unit's experts (``held``: its experts in each group); subset-sum counting, one
+    group at a time."""
+    total = sum(held)
+    ways = np.zeros((picked + 1, total + 1))
+    ways[0, 0] = 1.0
+    for x in held:
+        grown = ways.copy()
+        grown[1:, x:] += ways[:-1, :total + 1 - x]
+        ways = grown / grown.max()           # only the ratios matter: no overflow
+    return ways[picked]
+
+
+def _reached(held: np.ndarray, pool: int, top_k: int, topk_groups: int) -> np.ndarray:
+    """P(a token's experts include one of each unit's), per row of ``held`` (units x groups:
+    each unit's experts in each group). The token picks ``topk_groups`` of the groups
+    uniformly, then ``top_k`` distinct experts uniformly among the ``pool`` experts of those
+    groups; a unit holding c of them is missed with probability ``_missed(c)``, averaged
+    over the group sets (``_sum_ways``). No limit (every group picked): C(E - |U|, k) /
+    C(E, k), the hypergeometric. Units with the same counts (in any order) are priced once."""
+    out = np.empty(len(held))
+    memo: dict[tuple[int, ...], float] = {}
+    for j, row in enumerate(held.astype(int).tolist()):
+        key = tuple(sorted(row))
+        if key not in memo:
+            ways = _sum_ways(key, topk_groups)
+            missed = ways @ _missed(np.arange(len(ways)), pool, top_k) / ways.sum()
+            memo[key] = 1.0 - float(missed)
+        out[j] = memo[key]
+    return out
+
+
+@lru_cache(maxsize=256)
+def token_reach(n_experts: int, top_k: int, ep: int, per_node: int, groups: int = 1,
+                topk_groups: int = 1) -> Reach:
+    """Expected distinct nodes and devices, besides its sender's, holding one token's
+    ``top_k`` experts when ``ep`` devices of ``per_node`` per node hold the ``n_experts``
+    in contiguous ranges, under uniform routing limited to ``topk_groups`` of ``groups``
+    groups (module docstring). Every device sends alike (data-parallel attention), so
+    remote nodes = sum_j (1 - n_j / ep) P(node j reached) over the nodes (n_j devices
+    each), other devices = (1 - 1 / ep) sum_d P(device d reached). Exact for uniform
+    routing; the limit never adds nodes, and topk_groups >= groups is no limit."""
+    if not (1 <= top_k <= n_experts and ep >= 1 and per_node >= 1 and groups >= 1
+            and n_experts % groups == 0):
+        raise SpecError(f"routing: need 1 <= top_k <= n_experts, ep, per_node >= 1 and "
+                        f"groups dividing n_experts, got top_k {top_k}, {n_experts} experts, "
+                        f"ep {ep}, {per_node} per node, {groups} groups")
+    picked = min(max(topk_groups, 1), groups)
+    size = n_experts // groups
+    if top_k > picked * size:
+        raise SpecError(f"routing: top_k {top_k} exceeds the {picked * size} experts of "
+                        f"{picked} groups")
+    experts = np.arange(n_experts)
+    device = experts // -(-n_experts // ep)
+    node = device // per_node
+    group = experts // size
+    on_device = np.zeros((ep, groups))
+    np.add.at(on_device, (device, group), 1.0)
+    n_nodes = -(-ep // per_node)
+    on_node = np.zeros((n_nodes, groups))
+    np.add.at(on_node, (node, group), 1.0)
+    pool = picked * size
+    senders = np.bincount(np.arange(ep) // per_node, minlength=n_nodes)
+    nodes = float(((1.0 - senders / ep) * _reached(on_node, pool, top_k, picked)).sum())
+    devices = float((1.0 - 1.0 / ep) * _reached(on_device, pool, top_k, picked).sum())
+    return Reach(nodes, devices)

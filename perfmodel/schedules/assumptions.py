@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.cost.instantiate import remote_share
 from perfmodel.cost.memory import kv_vector_elems
+from perfmodel.cost.routing import token_reach
 from perfmodel.schedules.speculative import Speculation
 from perfmodel.specs.dtypes import CODE, DTYPES, KV_PER_VECTOR, KV_SCALED, compute_codes
 from perfmodel.specs.errors import SpecError
@@ -60,6 +62,7 @@ def assumptions(hw: Hardware, model: Model, w: Workloads,
                 plan: Parallelism | None = None) -> list[Assumption]:
     """Every assumption that applies to at least one configuration of ``w``."""
     out = _rates(hw, w) + _checkpoint(model, w) + _quant_formats(model, w)
+    out += _dispatch_reach(hw, model, w, plan)
     ways = plan.attention_ways if plan is not None else 1
     idle = w.batch < ways
     if idle.any():
@@ -75,6 +78,27 @@ def assumptions(hw: Hardware, model: Model, w: Workloads,
         out.append((single, "gen_len 1: the prefill emits the only token and no decode step "
                             "runs (decode rate 0; TPOT is the step that would follow)"))
     return out
+
+
+def _dispatch_reach(hw: Hardware, model: Model, w: Workloads,
+                    plan: Parallelism | None) -> list[Assumption]:
+    """The nodes a token's experts reach, which set the bytes the expert-parallel
+    all-to-all sends over the network (``routing.token_reach``), when it spans nodes."""
+    per_node = hw.interconnect.max_devices
+    if plan is None or not plan.attention_dp or model.moe is None or plan.ep <= per_node:
+        return []
+    moe, nodes = model.moe, -(-plan.ep // per_node)
+    reach = token_reach(moe.n_experts, moe.top_k, plan.ep, per_node, moe.n_groups,
+                        moe.topk_groups)
+    limit = (f"from at most {moe.topk_groups} of {moe.n_groups} expert groups"
+             if moe.group_limited else "no group limit")
+    return [(np.ones(np.shape(w.batch), dtype=bool),
+             f"EP all-to-all over {nodes} nodes of {per_node}: a token's {moe.top_k} experts "
+             f"({limit}; uniform routing, experts on contiguous devices) sit on "
+             f"{reach.nodes:.3f} of the {nodes - 1} other nodes and {reach.devices:.2f} other "
+             f"devices on average; sent once per remote node (DeepEP), "
+             f"{remote_share(moe, plan.ep, per_node):.1%} of the dispatch and combine bytes "
+             f"cross the network")]
 
 
 def _rates(hw: Hardware, w: Workloads) -> list[Assumption]:

@@ -120,7 +120,10 @@ def mixtral(hf: Fields, out: dict[str, Any]) -> None:
 
 def deepseek(hf: Fields, out: dict[str, Any]) -> None:
     """DeepSeek-V2/V3 (and Kimi K2, a V3 shape): MLA, routed + shared experts after the
-    first dense layers, MTP modules."""
+    first dense layers, MTP modules. ``n_group`` / ``topk_group``: a token's experts come
+    from at most topk_group of n_group expert groups (V2's device-limited, V3's node-limited
+    routing; vLLM's grouped top-k applies them whatever ``topk_method`` says); absent: no
+    limit."""
     nope, rope = hf.integer("qk_nope_head_dim"), hf.integer("qk_rope_head_dim")
     out["head_dim"] = nope + rope
     out["n_kv_heads"] = out["n_heads"]
@@ -136,6 +139,8 @@ def deepseek(hf: Fields, out: dict[str, Any]) -> None:
                       "top_k": hf.integer("num_experts_per_tok"),
                       "expert_intermediate_size": hf.integer("moe_intermediate_size"),
                       "n_shared_experts": hf.integer("n_shared_experts", 0, minimum=0),
-                      "first_dense_layers": hf.integer("first_k_dense_replace", 0, minimum=0)}
+                      "first_dense_layers": hf.integer("first_k_dense_replace", 0, minimum=0),
+                      "n_groups": hf.integer("n_group", 1),
+                      "topk_groups": hf.integer("topk_group", hf.integer("n_group", 1))}
     if hf.integer("num_nextn_predict_layers", 0, minimum=0):
         out["mtp"] = {"n_modules": hf.integer("num_nextn_predict_layers", minimum=0)}

@@ -35,6 +35,16 @@ class MoE:
     n_shared_experts: int = 0
     first_dense_layers: int = 0
     layer_step: int = 1         # every layer_step-th layer is MoE (Llama 4 Maverick: 2)
+    # group-limited routing (HF n_group / topk_group): the experts form n_groups groups of
+    # consecutive ids and a token's top_k come from at most topk_groups of them (DeepSeek-V2's
+    # device-limited, V3's node-limited routing); topk_groups >= n_groups: no limit
+    n_groups: int = 1
+    topk_groups: int = 1
+
+    @property
+    def group_limited(self) -> bool:
+        """A token's experts come from fewer groups than there are."""
+        return self.topk_groups < self.n_groups
 
 
 @dataclass(frozen=True)

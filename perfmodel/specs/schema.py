@@ -38,7 +38,7 @@ MAX = {"n_layers": 4096, "d_model": WIDTH, "n_heads": 16384, "n_kv_heads": 16384
        "q_lora_rank": WIDTH, "kv_lora_rank": WIDTH, "qk_nope_head_dim": 65536,
        "qk_rope_head_dim": 65536, "v_head_dim": 65536, "group_size": 2**24,
        "d_inner": WIDTH, "d_state": 65536, "n_groups": 16384, "d_conv": 64, "dt_rank": WIDTH,
-       "n_k_heads": 16384, "head_k_dim": 65536, "head_v_dim": 65536}
+       "n_k_heads": 16384, "head_k_dim": 65536, "head_v_dim": 65536, "topk_groups": 16384}
 QUANTIZED_DTYPES = tuple(d for d in DTYPES if d in ("int8", "int4", "fp8", "fp4"))
 
 
@@ -195,15 +195,33 @@ def _mla(f: Fields | None) -> MLA | None:
 def _moe(f: Fields | None) -> MoE | None:
     if f is None:
         return None
+    groups = size(f, "n_groups", 1)
     out = MoE(n_experts=size(f, "n_experts"), top_k=size(f, "top_k"),
               expert_intermediate_size=size(f, "expert_intermediate_size"),
               n_shared_experts=size(f, "n_shared_experts", 0, minimum=0),
               first_dense_layers=size(f, "first_dense_layers", 0, minimum=0),
-              layer_step=size(f, "layer_step", 1))
+              layer_step=size(f, "layer_step", 1), n_groups=groups,
+              topk_groups=size(f, "topk_groups", groups))
     if out.top_k > out.n_experts:
         raise f.error("top_k", f"expected at most n_experts ({out.n_experts}), got {out.top_k}")
+    _check_groups(f, out)
     f.finish()
     return out
+
+
+def _check_groups(f: Fields, moe: MoE) -> None:
+    """Group-limited routing: equal groups, at most n_groups of them picked, and enough
+    experts in the picked groups for top_k."""
+    if moe.n_experts % moe.n_groups:
+        raise f.error("n_groups", f"expected a divisor of n_experts ({moe.n_experts}), got "
+                                  f"{moe.n_groups}")
+    if moe.topk_groups > moe.n_groups:
+        raise f.error("topk_groups", f"expected at most n_groups ({moe.n_groups}), got "
+                                     f"{moe.topk_groups}")
+    reach = moe.topk_groups * (moe.n_experts // moe.n_groups)
+    if moe.top_k > reach:
+        raise f.error("topk_groups", f"expected topk_groups x n_experts / n_groups >= top_k "
+                                     f"({moe.top_k}), got {reach} experts")
 
 
 def _mtp(f: Fields | None) -> int:
