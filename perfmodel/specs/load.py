@@ -45,7 +45,8 @@ def load_hardware(path: str | Path) -> Hardware:
     """Read one hardware YAML (schema in hardware/README.md; .yaml, .yml, or .json)."""
     path = _user_path(path, "hardware", f"a path to {HARDWARE_EXPECTED}")
     _check_suffix(path, "a hardware YAML", "the same schema in JSON")
-    f = Fields(read_mapping(path, HARDWARE_EXPECTED), str(path), allowed=HARDWARE_KEYS)
+    data = _with_base(read_mapping(path, HARDWARE_EXPECTED), path)
+    f = Fields(data, str(path), allowed=HARDWARE_KEYS)
     check_version(f)
     sources: dict[str, str] = {}
     compute = f.sub("compute")
@@ -84,6 +85,39 @@ def load_hardware(path: str | Path) -> Hardware:
     )
     f.finish()
     return hw
+
+
+def _with_base(data: dict, path: Path) -> dict:
+    """A variant of another device: ``base: NAME`` (a shipped hardware name, or a path
+    relative to this file) reads that file and lays this one over it, block by block: a key
+    given here replaces the base's, a block (``memory:``) merges key by key. A block changed
+    here must carry its own ``source`` (the base's would now describe figures it no longer
+    holds), and a base cannot have a base of its own."""
+    if "base" not in data:
+        return data
+    base = data["base"]
+    if not isinstance(base, str) or not base:
+        raise SpecError(f"{path}: base: expected the name or path of a hardware YAML, "
+                        f"got {base!r}")
+    local = path.parent / base
+    base_path = local if local.suffix in YAML_SUFFIXES and local.is_file() else \
+        _resolve(base, HARDWARE_DIR, "hardware")
+    if base_path.resolve() == path.resolve():
+        raise SpecError(f"{path}: base: {base!r} names this file itself")
+    merged = read_mapping(base_path, HARDWARE_EXPECTED)
+    if "base" in merged:
+        raise SpecError(f"{path}: base: {base_path} has a base of its own; expected a file "
+                        f"without one")
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            if "source" not in value:
+                raise SpecError(f"{path}: {key}.source: a block changed over base {base!r} "
+                                f"needs its own source")
+            merged[key] = {k: v for k, v in merged[key].items() if k != "note"} | value
+        else:
+            merged[key] = value
+    merged.pop("base")
+    return merged
 
 
 def _price(f: Fields | None, sources: dict[str, str]) -> float | None:
