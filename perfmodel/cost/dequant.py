@@ -19,8 +19,21 @@ The GEMM rule combines it with the body (``DequantKernel.overlap``):
     no overlap: body = max(compute_s, memory_s) + dequant_s
 
 A GEMM gets it only where its stored weights are narrower than a 16-bit compute dtype and
-the device lists a kernel for that weight dtype (``Efficiency.dequant``); CPU and TPU files
-list none, so their GEMMs are unchanged.
+the device lists a kernel for that weight dtype (``Efficiency.dequant``, ``converts``); CPU
+and TPU files list none, so their GEMMs are unchanged.
+
+What the reports show (``OpTimes.dequant_s``, the ``dequant`` row of ``--breakdown``): the
+seconds the conversion adds to the step, the GEMM's time with it less its time without it,
+both through the same fixed cost and host launch:
+
+    dequant row = time(body with dequant_s) - time(body with dequant_s = 0)
+                = max(c, m, d) - max(c, m)   overlap (0 while the conversion hides under the
+                                             tensor cores' work or the weight stream)
+                = d                          no overlap (and less where a host launch that
+                                             outlasts the device time hides it: timing stream)
+
+The GEMM's own row keeps the rest, so the rows still add up to the step and the totals are
+the GEMMs' whole times. A weight-only GEMM whose conversion hides entirely shows a 0 row.
 """
 
 from __future__ import annotations
@@ -44,6 +57,18 @@ def _table(hw: Hardware) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return memo
 
 
+def converts(hw: Hardware, weights: np.ndarray | int, compute: np.ndarray | int
+             ) -> np.ndarray:
+    """Where a GEMM of stored weight dtype codes ``weights`` (-1: stored at the compute
+    dtype) at compute dtype codes ``compute`` converts its weights in the kernel on ``hw``:
+    weights narrower than a 16-bit compute dtype, and a kernel listed for them."""
+    wcode = np.asarray(weights, dtype=int)
+    code = np.where(wcode >= 0, wcode, 0)
+    compute_bytes = BYTES[np.asarray(compute, dtype=int)]
+    listed = np.array([d in hw.efficiency.dequant for d in DTYPES])
+    return (wcode >= 0) & (BYTES[code] < compute_bytes) & (compute_bytes == 2.0) & listed[code]
+
+
 def dequant_time(op: Gemm, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
     """(dequant_s, overlap) of every instance of ``op`` on ``hw`` (module docstring);
     dequant_s is 0 where the weights are not narrower than a 16-bit compute dtype or the
@@ -53,9 +78,7 @@ def dequant_time(op: Gemm, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
     ops, tile, overlap = _table(hw)
     wcode = np.asarray(op.weight_dtype, dtype=int)
     code = np.where(wcode >= 0, wcode, 0)
-    compute_bytes = BYTES[np.asarray(op.dtype, dtype=int)]
-    applies = (wcode >= 0) & (BYTES[code] < compute_bytes) & (compute_bytes == 2.0)
-    per_weight = np.where(applies, ops[code], 0.0)
+    per_weight = np.where(converts(hw, wcode, op.dtype), ops[code], 0.0)
     if not per_weight.any():
         return np.zeros(np.shape(per_weight)), overlap[code]
     eff = hw.efficiency

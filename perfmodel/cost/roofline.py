@@ -19,6 +19,7 @@ interconnect, framework glue the host. Each record's rule comes from the registr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from perfmodel.cost.timebase import (
     finish,
     kind_memory_fraction,
     peak,
+    per_instance,
     size_ramp,
     timing_code,
 )
@@ -86,13 +88,18 @@ def _gemm_time(op: Gemm, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
     compute_s = op.flops / (peak(hw, op.dtype) * c_eff)        # efficiencies are > 0
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff)
     dequant_s, overlap = dequant_time(op, hw)                   # 0 unless weight-only
+    bare_s = np.maximum(compute_s, memory_s) if eff.gemm_overlap else compute_s + memory_s
     if eff.gemm_overlap:
-        compute_s, body_s = combine(compute_s, memory_s, dequant_s, overlap)
+        work_s, body_s = combine(compute_s, memory_s, dequant_s, overlap)
     else:
-        compute_s = compute_s + dequant_s
-        body_s = compute_s + memory_s
+        work_s = compute_s + dequant_s
+        body_s = work_s + memory_s
     fixed_s = eff.latency_for("gemm") * (1.0 + (split > 1))
-    return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff, m_eff)
+    times = finish(op, hw, timing, work_s, memory_s, body_s, fixed_s, c_eff, m_eff)
+    if not np.any(dequant_s):
+        return times
+    without = per_instance(hw, timing, bare_s + fixed_s) * op.count     # dequant's row
+    return replace(times, dequant_s=times.time_s - without)
 
 
 def gemm_memory_efficiency(nbytes: np.ndarray, hw: Hardware, m: np.ndarray, k: np.ndarray

@@ -173,7 +173,8 @@ class StepCost(OperatorTotals):
     step template, the order to show them in). ``count``: instances in the step
     (0: the operator does not run in that row); ``flops``, ``bytes`` and ``time_s`` cover all
     instances; ``compute_s``, ``memory_s``, ``fixed_s`` are per instance; ``bound`` codes
-    (``roofline.BOUNDS``)."""
+    (``roofline.BOUNDS``); ``dequant_s``: of ``time_s``, the seconds a weight-only GEMM's
+    in-kernel conversion adds (``cost.dequant``; 0 for every other operator)."""
 
     names: tuple[str, ...]
     kinds: tuple[str, ...]
@@ -190,12 +191,13 @@ class StepCost(OperatorTotals):
     compute_efficiency: np.ndarray
     memory_efficiency: np.ndarray
     dtype: np.ndarray            # compute dtype codes (``specs.dtypes``)
+    dequant_s: np.ndarray
 
     def take(self, index: slice | np.ndarray) -> StepCost:
         """The steps at ``index`` (along N)."""
         arrays = {k: getattr(self, k)[:, index] for k in (
             "count", "flops", "time_s", "compute_s", "memory_s", "fixed_s", "bound",
-            "compute_efficiency", "memory_efficiency", "dtype")}
+            "compute_efficiency", "memory_efficiency", "dtype", "dequant_s")}
         return StepCost(self.names, self.kinds, self.classes, self.positions, bytes=ByteCounts(
             *(b[:, index] for b in self.bytes.astuple())), **arrays)
 
@@ -279,8 +281,8 @@ def compiled(model: Model, tp: int, part: str, ep: int = 1, dispatch: bool = Fal
     return model.memo[key]
 
 
-_FIELDS = 15    # count, flops, 5 byte sources, time, compute, memory, fixed, bound, c, m,
-                # the compute dtype
+_FIELDS = 16    # count, flops, 5 byte sources, time, compute, memory, fixed, bound, c, m,
+                # the compute dtype, the conversion's seconds
 
 
 def _priced(out: np.ndarray, rec: object, hw: Hardware, timing: np.ndarray | int) -> None:
@@ -292,7 +294,7 @@ def _priced(out: np.ndarray, rec: object, hw: Hardware, timing: np.ndarray | int
         out[2 + j] = b * count
     for j, x in enumerate((times.time_s, times.compute_s, times.memory_s, times.fixed_s,
                            times.bound, times.compute_efficiency, times.memory_efficiency,
-                           rec.dtype)):
+                           rec.dtype, times.dequant_s)):
         out[7 + j] = x
 
 

@@ -32,6 +32,8 @@ class OpTimes:
     bound: np.ndarray
     compute_efficiency: np.ndarray
     memory_efficiency: np.ndarray
+    # of ``time_s``, the seconds a weight-only GEMM's in-kernel conversion adds (``dequant``)
+    dequant_s: np.ndarray | float = 0.0
 
     def bound_name(self, i: int = 0) -> str:
         return BOUNDS[int(np.ravel(self.bound)[i])]
@@ -88,14 +90,25 @@ def finish(op: OpRecord, hw: Hardware, timing: np.ndarray | int, compute_s: np.n
            memory_s: np.ndarray, body_s: np.ndarray, fixed_s: np.ndarray,
            c_eff: np.ndarray, m_eff: np.ndarray) -> OpTimes:
     """Add the fixed cost and the host launch (per ``timing``), pick the bound, x count."""
-    launch = hw.efficiency.launch_overhead_s
-    device = body_s + fixed_s
-    if isinstance(timing, int):
-        per = (device, np.maximum(device, launch), device + launch)[timing]
-    else:
-        per = np.where(timing == STREAM, np.maximum(device, launch),
-                       np.where(timing == HOST, device + launch, device))
+    per = per_instance(hw, timing, body_s + fixed_s)
     overhead = per - body_s
-    bound = np.where(overhead > np.maximum(compute_s, memory_s), OVERHEAD,
-                     np.where(compute_s >= memory_s, COMPUTE, MEMORY))
-    return OpTimes(compute_s, memory_s, fixed_s, overhead, per * op.count, bound, c_eff, m_eff)
+    return OpTimes(compute_s, memory_s, fixed_s, overhead, per * op.count,
+                   bound_code(compute_s, memory_s, overhead), c_eff, m_eff)
+
+
+def per_instance(hw: Hardware, timing: np.ndarray | int, device_s: np.ndarray) -> np.ndarray:
+    """Seconds of one instance whose device time is ``device_s``, with the host launch as
+    ``timing`` counts it (the module docstring of ``roofline``)."""
+    launch = hw.efficiency.launch_overhead_s
+    if isinstance(timing, int):
+        return (device_s, np.maximum(device_s, launch), device_s + launch)[timing]
+    return np.where(timing == STREAM, np.maximum(device_s, launch),
+                    np.where(timing == HOST, device_s + launch, device_s))
+
+
+def bound_code(compute_s: np.ndarray, memory_s: np.ndarray, overhead_s: np.ndarray
+               ) -> np.ndarray:
+    """Which term a kernel's time follows (a ``BOUNDS`` code): overhead where the time beyond
+    the body exceeds both roofline terms, else the larger of compute and memory."""
+    return np.where(overhead_s > np.maximum(compute_s, memory_s), OVERHEAD,
+                    np.where(compute_s >= memory_s, COMPUTE, MEMORY))

@@ -15,9 +15,25 @@ def lever_lines(e: Estimate) -> list[str]:
                    f"{fmt_time(e.ttft_without_prefix_cache_s)}.")
     if wl.expert_skew:
         out.append(f"MoE routing skew: expert popularity ~ 1/rank^{wl.expert_skew:g}.")
+    out += _quantization_lines(e)
     spec = getattr(e, "speculation", None)
     if spec is not None:
         out.append(f"Speculative decoding: {spec.draft}, K = {spec.k}, "
                    f"{spec.tokens_per_round:.2f} tokens per round, {spec.speedup:.2f}x plain "
                    f"decode.")
+    return out
+
+
+def _quantization_lines(e: Estimate) -> list[str]:
+    """The weights' in-kernel conversion (the breakdown's ``dequant`` row) when the GEMMs
+    convert them."""
+    wl, out = e.workload, []
+    rows = [o for o in e.ops if o.kind == "dequant"]
+    if rows:
+        added = sum(o.time_s for o in rows)
+        per_phase = ", ".join(f"{fmt_time(o.time_s)} in {o.phase}" for o in rows)
+        out.append(f"Weight-only {wl.weights_dtype} weights are converted to "
+                   f"{wl.act_dtype} inside the GEMM kernels: the conversion adds {per_phase} "
+                   f"({added / e.e2e_s:.1%} of the request) beyond the GEMMs' max(compute, "
+                   f"memory), the breakdown's dequant row (perfmodel/cost/dequant.py).")
     return out

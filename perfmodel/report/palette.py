@@ -7,7 +7,7 @@ from __future__ import annotations
 CLASS_COLORS = {"gemm": "#1f77b4", "attention": "#ff7f0e", "norm": "#2ca02c",
                 "activation": "#d62728", "elementwise": "#9467bd", "embedding": "#8c564b",
                 "communication": "#7f7f7f", "framework": "#e377c2", "idle": "#d9d9d9",
-                "draft": "#17becf"}
+                "draft": "#17becf", "dequant": "#bcbd22"}
 OTHER_COLOR = "#000000"   # a class missing above
 
 

@@ -147,8 +147,13 @@ def breakdown_note(e: Estimate) -> str:
         parts = [t if not t.startswith("decode") else
                  f"decode: totals over {e.decode.steps / e.speculation.tokens_per_round:.4g} "
                  f"speculative rounds for {e.decode.steps} tokens" for t in parts]
+    dequant = (" The dequant row is the time weight-only GEMMs' in-kernel weight conversion "
+               "adds beyond their max(compute, memory) (0 where it hides under them; no "
+               "kernel of its own), taken out of the GEMM rows (cost/dequant.py)."
+               if any(o.kind == "dequant" for o in e.ops) else "")
     return ("Each row sums the operator over every step of its phase (" + "; ".join(parts)
-            + "); count is kernels over all steps. Divide by the steps for one step.")
+            + "); count is kernels over all steps. Divide by the steps for one step."
+            + dequant)
 
 
 def breakdown(e: Estimate) -> str:

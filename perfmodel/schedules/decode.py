@@ -136,7 +136,7 @@ def _price(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dtypes: 
 
 
 # points priced per call: bounds the memory of a grid of 10^5 long generations (a StepCost
-# holds 15 fields x operators x points)
+# holds 16 fields x operators x points)
 CHUNK_POINTS = 500_000
 
 
@@ -164,7 +164,8 @@ def _context_sums(model: Model, hw: Hardware, plan: Parallelism, w: Workloads,
     starts = np.flatnonzero(np.r_[True, cfg[1:] != cfg[:-1]])
     owners = cfg[starts]
     labels = [np.where(cost.bound == b, cost.time_s, 0.0) for b in range(len(BOUNDS))]
-    stacked = np.stack([cost.time_s, cost.flops, *cost.bytes.astuple(), *labels])
+    stacked = np.stack([cost.time_s, cost.flops, *cost.bytes.astuple(), cost.dequant_s,
+                        *labels])
     out[:, :, owners] = np.add.reduceat(stacked * weights, starts, axis=-1)
     last[:, owners] = cost.time_s[:, np.r_[starts[1:], len(cfg)] - 1]
     return tuple(cost.positions.tolist())
@@ -182,6 +183,7 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
     template = step_template(model, plan.tp, plan.ep, plan.attention_dp)
     context = [r for r, p in enumerate(first.positions.tolist()) if template[p].context]
     time = first.time_s * steps
+    dequant = first.dequant_s * steps
     flops = first.flops * steps
     nbytes = [b * steps for b in first.bytes.astuple()]
     bound = first.bound.copy()
@@ -189,7 +191,7 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
     last_step = first.time.copy()
     if live.any() and context:
         cfg, ctx = _samples(model, hw, plan, w, c0, c1, live)
-        sums = np.zeros((7 + len(BOUNDS), len(context), n))
+        sums = np.zeros((8 + len(BOUNDS), len(context), n))
         last = np.zeros((len(context), n))
         for part in _chunks(cfg):
             positions = _context_sums(model, hw, plan, w, dtypes, timing, cfg[part], ctx[part],
@@ -200,8 +202,9 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
         flops[context] = sums[1]
         for j in range(5):
             nbytes[j][context] = sums[2 + j]
-        bound[context] = np.where(live, sums[7:].argmax(axis=0), bound[context])
+        dequant[context] = sums[7]
+        bound[context] = np.where(live, sums[8:].argmax(axis=0), bound[context])
         last_step = np.where(live, static_step + last.sum(axis=0), last_step)
     return PhaseCost("decode", np.maximum(steps, 0), first.names, first.kinds, first.classes,
                      first.positions, first.count, time, flops, ByteCounts(*nbytes), bound,
-                     first.time, last_step, first.time_s)
+                     first.time, last_step, first.time_s, dequant)

@@ -113,7 +113,8 @@ def _summed(cost: StepCost, owner: np.ndarray, repeats: np.ndarray) -> PhaseCost
     return PhaseCost(DENOISE, steps, cost.names, cost.kinds, cost.classes, cost.positions,
                      cost.count[:, starts], total(cost.time_s), total(cost.flops),
                      ByteCounts(*(total(b) for b in cost.bytes.astuple())),
-                     cost.bound[:, starts], row[starts], row[ends], cost.time_s[:, starts])
+                     cost.bound[:, starts], row[starts], row[ends], cost.time_s[:, starts],
+                     total(cost.dequant_s))
 
 
 def diffusion_assumptions(w: Workloads, d: Diffusion) -> list[tuple[np.ndarray, str]]:

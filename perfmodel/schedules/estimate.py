@@ -36,7 +36,11 @@ class OpSummary:
 
     @property
     def intensity(self) -> float:
-        return self.flops / self.bytes.total if self.bytes.total else float("inf")
+        """FLOPs per byte: inf for FLOPs without traffic, 0 for a row of neither (the
+        ``dequant``, ``pipeline_bubble`` rows)."""
+        if self.bytes.total:
+            return self.flops / self.bytes.total
+        return float("inf") if self.flops else 0.0
 
     def to_dict(self) -> dict:
         row = {k: v for k, v in asdict(self).items() if k != "bytes"}
@@ -49,7 +53,8 @@ class OpSummary:
 @dataclass(frozen=True)
 class Phase:
     """A run of steps: its total time, FLOPs and bytes, the bound of most of its time, its
-    first and last step, and its operators."""
+    first and last step, its operators, and of its time the seconds weight-only GEMMs'
+    in-kernel conversion adds (``dequant_s``, ``cost.dequant``: the ``dequant`` row)."""
 
     name: str
     steps: int
@@ -60,12 +65,13 @@ class Phase:
     first_step_s: float
     last_step_s: float
     ops: tuple[OpSummary, ...]
+    dequant_s: float = 0.0
 
     def to_dict(self) -> dict:
         return {"time_s": self.time_s, "flops": self.flops, "bytes": self.bytes.total,
                 "bytes_by_source": asdict(self.bytes), "bound": self.bound,
                 "steps": self.steps, "first_step_s": self.first_step_s,
-                "last_step_s": self.last_step_s}
+                "last_step_s": self.last_step_s, "dequant_s": self.dequant_s}
 
 
 @dataclass(frozen=True)

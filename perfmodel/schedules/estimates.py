@@ -13,10 +13,11 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from perfmodel.cost.dequant import converts
 from perfmodel.cost.memory import MemoryEstimate, memory_estimate
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.params import param_counts
-from perfmodel.cost.timebase import BOUNDS
+from perfmodel.cost.timebase import BOUNDS, COMPUTE
 from perfmodel.schedules.assumptions import Assumption, assumptions, check_plan, joined
 from perfmodel.schedules.diffusion import (
     DENOISE,
@@ -36,12 +37,12 @@ from perfmodel.schedules.estimate import (
     memory_warning,
     throughputs,
 )
-from perfmodel.schedules.phases import PhaseCost
+from perfmodel.schedules.phases import DEQUANT, PhaseCost
 from perfmodel.schedules.pipeline import pipelined_request
 from perfmodel.schedules.speculate import SpeculationArrays, speculate, with_break_even
 from perfmodel.schedules.speculative import Speculation
 from perfmodel.schedules.static import static_request
-from perfmodel.specs.dtypes import DTYPES
+from perfmodel.specs.dtypes import DTYPES, compute_codes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
@@ -103,13 +104,22 @@ class Estimates:
 
     def item(self, i: int) -> Estimate:
         """The typed estimate of configuration ``i``."""
+        converts = bool(self.converts[i])
         return Estimate(self.hardware, self.model, self.workloads.item(i), self.plan,
                         self.params_total, self.params_active, self.memory.item(i),
-                        tuple(_phase(p, i) for p in self.phases),
+                        tuple(_phase(p, i, converts) for p in self.phases),
                         tuple(line for mask, line in self.assumed
                               if np.broadcast_to(mask, (len(self),))[i]),
                         float(self.ttft_without_prefix_cache_s[i]),
                         self.speculation.item(i) if self.speculation else None)
+
+    @property
+    def converts(self) -> np.ndarray:
+        """(N,) where the GEMMs convert their weights in the kernel (``dequant.converts``):
+        the estimates that show a ``dequant`` row."""
+        w = self.workloads
+        return np.broadcast_to(converts(self.hardware, w.weights_dtype,
+                                        compute_codes(w.weights_dtype, w.act_dtype)), (len(w),))
 
     @property
     def ttft_without_prefix_cache_s(self) -> np.ndarray:
@@ -179,22 +189,30 @@ class Estimates:
                     f"{p.name}_bytes": total,
                     f"{p.name}_bound": np.asarray(BOUNDS)[p.phase_bound],
                     f"{p.name}_steps": p.steps, f"{p.name}_first_step_s": p.first_step_s,
-                    f"{p.name}_last_step_s": p.last_step_s}
+                    f"{p.name}_last_step_s": p.last_step_s,
+                    f"{p.name}_dequant_s": p.class_time(DEQUANT)}
         return out
 
 
-def _phase(p: PhaseCost, i: int) -> Phase:
+def _phase(p: PhaseCost, i: int, converts: bool = False) -> Phase:
+    """Phase ``i`` of ``p``: its operators, each without the seconds its weight conversion
+    adds, and where the weights are converted (``converts``) one ``dequant`` row with them
+    (``cost.dequant``), so the rows still add up to the phase."""
     live = [j for j in np.argsort(p.positions).tolist() if p.count[j, i] > 0]
-    count, flops, time, bound = (x[:, i].tolist() for x in (p.count, p.flops, p.time_s,
-                                                               p.bound))
+    count, flops, time, bound, dequant = (x[:, i].tolist() for x in (
+        p.count, p.flops, p.time_s, p.bound, p.dequant_s))
     nbytes = [b[:, i].tolist() for b in p.bytes.astuple()]
     ops = tuple(OpSummary(p.name, p.names[j], p.kinds[j], p.classes[j], count[j], flops[j],
-                          ByteCounts(*(b[j] for b in nbytes)), time[j], BOUNDS[int(bound[j])])
-                for j in live)
+                          ByteCounts(*(b[j] for b in nbytes)), time[j] - dequant[j],
+                          BOUNDS[int(bound[j])]) for j in live)
+    added = sum(dequant)
+    if converts:
+        ops += (OpSummary(p.name, DEQUANT, DEQUANT, DEQUANT, 0.0, 0.0, ByteCounts(), added,
+                          BOUNDS[COMPUTE]),)
     total = ByteCounts(*(sum(b) for b in nbytes))
     return Phase(p.name, int(p.steps[i]), sum(time), sum(flops), total,
                  BOUNDS[int(p.phase_bound[i])], float(p.first_step_s[i]),
-                 float(p.last_step_s[i]), ops)
+                 float(p.last_step_s[i]), ops, added)
 
 
 def device_batch(w: Workloads, plan: Parallelism) -> Workloads:

@@ -2,7 +2,9 @@
 
 ``PhaseCost`` is what every schedule returns for each of its phases: per operator (in the
 step template's order) and per configuration, the time, FLOPs and bytes summed over the
-phase's steps, the instances per step, and the bound that held for most of the time.
+phase's steps, the instances per step, and the bound that held for most of the time;
+``dequant_s``, the part of each operator's time that its weight conversion adds
+(``cost.dequant``), which reports show as a ``dequant`` row of their own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import numpy as np
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.step import OperatorTotals, StepCost
 from perfmodel.cost.timebase import BOUNDS
+
+DEQUANT = "dequant"     # the kind and class of the conversion's row (``specs.kinds``)
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,6 +40,7 @@ class PhaseCost(OperatorTotals):
     first_step_s: np.ndarray    # (N,)
     last_step_s: np.ndarray     # (N,)
     first_step_ops_s: np.ndarray    # (operators, N) each operator's time in the first step
+    dequant_s: np.ndarray       # (operators, N) of time_s, the weight conversion's seconds
 
     @cached_property
     def phase_bound(self) -> np.ndarray:
@@ -47,9 +52,13 @@ class PhaseCost(OperatorTotals):
         return per.argmax(axis=0)
 
     def class_time(self, op_class: str) -> np.ndarray:
-        """(N,) seconds of the operators of ``op_class`` over the phase."""
+        """(N,) seconds of the operators of ``op_class`` over the phase, the weight
+        conversion apart: class "dequant" (``DEQUANT``) is the seconds it adds."""
+        if op_class == DEQUANT:
+            return self.dequant_s.sum(axis=0)
         rows = [i for i, c in enumerate(self.classes) if c == op_class]
-        return self.time_s[rows].sum(axis=0) if rows else np.zeros(self.time_s.shape[1])
+        own = self.time_s[rows] - self.dequant_s[rows]
+        return own.sum(axis=0) if rows else np.zeros(self.time_s.shape[1])
 
 
 def single_step_phase(name: str, cost: StepCost) -> PhaseCost:
@@ -57,4 +66,4 @@ def single_step_phase(name: str, cost: StepCost) -> PhaseCost:
     time = cost.time
     return PhaseCost(name, np.ones(len(time), dtype=np.int64), cost.names, cost.kinds,
                      cost.classes, cost.positions, cost.count, cost.time_s, cost.flops,
-                     cost.bytes, cost.bound, time, time, cost.time_s)
+                     cost.bytes, cost.bound, time, time, cost.time_s, cost.dequant_s)

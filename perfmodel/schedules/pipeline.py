@@ -105,7 +105,8 @@ def pipeline_phase(phase: PhaseCost, model: Model, plan: Parallelism, micro: np.
         np.concatenate([phase.bound, np.full((1, len(total)), COMMUNICATION),
                         np.full((1, len(total)), IDLE)]),
         first, phase.last_step_s * ratio,
-        np.concatenate([first_ops, first_p2p[None], first_idle[None]]))
+        np.concatenate([first_ops, first_p2p[None], first_idle[None]]),
+        np.concatenate([phase.dequant_s * scale, zero, zero]))
 
 
 def _busiest(time_s: np.ndarray, names: tuple[str, ...], model: Model, pp: int) -> np.ndarray:

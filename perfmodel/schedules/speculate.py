@@ -11,7 +11,8 @@ tokens per sequence in expectation (``expected_tokens``), so the decode phase is
 with the round priced once, at the generation's mean context P + G // 2 (``mean_context``),
 not summed step by step as plain decode is (``schedules.decode``); the estimate says so.
 The phase's operator rows are the verify step's operators x rounds plus one ``draft`` row
-(kind and class "draft": the drafting's time, FLOPs and bytes x rounds). ``plain_tpot_s`` is
+(kind and class "draft": the drafting's time, FLOPs and bytes x rounds; a quantized draft's
+weight conversion stays in it, the ``dequant`` row is the verify step's). ``plain_tpot_s`` is
 the same configuration's TPOT without speculation (the static schedule's exact sum), and the
 speedup is plain TPOT / TPOT. The break-even batch (a search, ``break_even_batch``) is added
 only for a single estimate (``with_break_even``), never for a sweep.
@@ -95,7 +96,7 @@ def speculative_decode(model: Model, hw: Hardware, plan: Parallelism, w: Workloa
         np.concatenate([v.count, np.full((1, n), float(draft_steps))]), per_round * rounds,
         np.concatenate([v.flops, row(rc.draft_flops)]) * rounds, nbytes,
         np.concatenate([v.bound, row(rc.draft_bound)]), per_token, per_token,
-        per_round / rc.tokens_per_round)
+        per_round / rc.tokens_per_round, np.concatenate([v.dequant_s, row(0.0)]) * rounds)
     return phase, rc
 
 

@@ -75,6 +75,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("pipeline_bubble", "idle", "host", "none", own_fraction=False, own_latency=False,
          row=None),
     Kind("draft", "draft", "host", "none", own_fraction=False, own_latency=False, row=None),
+    # the seconds weight-only GEMMs' in-kernel conversion adds (``cost.dequant``): a row the
+    # reports split off the GEMMs' own, no kernel of its own
+    Kind("dequant", "dequant", "host", "none", own_fraction=False, own_latency=False,
+         row=None),
 )}
 
 # elementwise passes: one record type (``cost.ops.Pointwise``), bytes and FLOPs from the table
