@@ -95,13 +95,14 @@ def test_nvfp4_weights_through_memory_and_decode():
     assert nv.decode.flops == bare.decode.flops
 
 
-def test_outliers_add_bytes_not_flops_and_say_what_is_not_priced():
+def test_outliers_add_bytes_not_flops_and_state_their_kernels():
     mixed = _est(weights_dtype="int4", weight_group_size=128, outlier_fraction=0.01)
     plain = _est(weights_dtype="int4", weight_group_size=128)
     extra = LINEAR * 0.01 * (2 - (0.5 + 2 / 128))
     assert mixed.memory.weights_bytes - plain.memory.weights_bytes == pytest.approx(extra)
     assert mixed.decode.flops == plain.decode.flops
-    assert any("separate 16-bit GEMM" in x for x in mixed.warnings)
+    assert any("LLM.int8()'s decomposition" in x and "separate 16-bit GEMM" in x
+               for x in mixed.warnings)
 
 
 @pytest.mark.parametrize("hw, warned", [(B200, False), (H100, True)])

@@ -37,6 +37,7 @@ from perfmodel.cost.ops import (
     OpRecord,
     Pointwise,
 )
+from perfmodel.cost.outliers import weight_gemm
 from perfmodel.cost.routing import (
     device_imbalance,
     expected_max_touched,
@@ -63,8 +64,9 @@ def spec_kind(spec: object) -> str:
 @dataclass(eq=False)
 class Values:
     """Per-row (N,) quantities of the steps (see ``layers``) and dtype figures: bytes per
-    element of activations (``ab``), KV cache (``kvb``) and matmul weights with their group
-    scales (``wb``), the stored weights' dtype code (``weights``; None: the compute dtype);
+    element of activations (``ab``), KV cache (``kvb``) and quantized matmul weights with
+    their group scales (``wb``), the share of input channels kept in 16 bits (``outliers``,
+    ``cost.outliers``), the stored weights' dtype code (``weights``; None: the compute dtype);
     compute dtype codes of elementwise work (``act``), linear layers
     (``matmul``) and attention (``attention``)."""
 
@@ -83,6 +85,7 @@ class Values:
     absorbed: np.ndarray = field(default_factory=lambda: np.zeros(1))
     expanded_context: np.ndarray = field(default_factory=lambda: np.zeros(1))
     weights: np.ndarray | None = None               # (N,) stored weight dtype codes
+    outliers: np.ndarray = field(default_factory=lambda: np.zeros(1))   # (N,) 16-bit share
     pairs: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (token, expert) here
     absorbed_groups: np.ndarray | None = None       # (N, G): MLA groups in latent form
     _table: np.ndarray | None = None                 # every row quantity, filled on first use
@@ -206,9 +209,10 @@ def _gemms(b: Block, v: Values) -> Gemm:
     groups = c["groups"] if c["touched"] is None else np.where(c["touched"], v.touched,
                                                                  c["groups"])
     stored = -1 if v.weights is None else np.where(c["act"], -1, v.weights)
-    return Gemm(m=rows, n=c["n"], k=c["k"], groups=groups,
-                weight_bytes=np.where(c["act"], v.ab, v.wb), act_bytes=v.ab, bias=c["bias"],
-                dtype=np.where(c["act"], v.act, v.matmul), count=count, weight_dtype=stored)
+    return weight_gemm(np.where(c["act"], 0.0, v.outliers), m=rows, n=c["n"], k=c["k"],
+                       groups=groups, weight_bytes=np.where(c["act"], v.ab, v.wb),
+                       act_bytes=v.ab, bias=c["bias"], dtype=np.where(c["act"], v.act, v.matmul),
+                       count=count, weight_dtype=stored)
 
 
 def _pointwise(b: Block, v: Values) -> Pointwise:

@@ -7,7 +7,8 @@
              = device_s + launch_overhead          timing "host"   (one synchronised call)
     (x count, the instances per step)
 
-A weight-only quantized GEMM on a GPU adds its kernel's dequantization (``dequant``).
+A weight-only quantized GEMM on a GPU adds its kernel's dequantization (``dequant``); one
+with 16-bit outlier channels runs as three kernels, each timed here (``outliers``).
 ``eff_compute`` for a GEMM is the best-shape fraction times tile padding, wave quantization
 and (if calibrated) a k-depth ramp, and on a CPU BLAS a panel-packing ramp in m in place of
 row padding; ``eff_memory`` is the streaming fraction (a GEMM's or a GEMV's own when
@@ -27,6 +28,7 @@ from perfmodel.cost.attention import attention_time
 from perfmodel.cost.collectives import all_reduce_parts, all_to_all_parts
 from perfmodel.cost.dequant import combine, dequant_time
 from perfmodel.cost.ops import AllReduce, AllToAll, Gemm, OpRecord, Pointwise
+from perfmodel.cost.outliers import OutlierGemm, in_series
 from perfmodel.cost.tiling import gemm_plan
 from perfmodel.cost.timebase import (
     BOUNDS,
@@ -156,9 +158,14 @@ def _host_time(op: OpRecord, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
                    zeros, zeros)
 
 
+def _outlier_time(op: OutlierGemm, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
+    """A GEMM with 16-bit outlier channels: its kernels in series (``cost.outliers``)."""
+    return in_series([op_time(k, hw, timing) for k in op.kernels], op.on)
+
+
 RULES: dict[str, Callable[[OpRecord, Hardware, np.ndarray | int], OpTimes]] = {
     "gemm": _gemm_time, "attention": attention_time, "stream": _stream_time,
-    "collective": _collective_time, "host": _host_time,
+    "collective": _collective_time, "host": _host_time, "outliers": _outlier_time,
 }
 
 

@@ -28,6 +28,7 @@ from perfmodel.specs.dtypes import (
     KV_PER_VECTOR,
     compute_codes,
     dtype_code,
+    scaled_bytes,
     weight_bytes,
 )
 from perfmodel.specs.errors import SpecError
@@ -131,6 +132,12 @@ class Dtypes:
     def take(self, index: np.ndarray) -> Dtypes:
         return Dtypes(*(np.broadcast_to(getattr(self, f.name), self.weights.shape)[index]
                         for f in fields(self)))
+
+    @property
+    def quantized_bytes(self) -> np.ndarray:
+        """Bytes per quantized matmul weight with its group scales (``scaled_bytes``): the
+        channels not kept in 16 bits (``cost.outliers``)."""
+        return scaled_bytes(self.weights, self.group_size, self.scale_bytes)
 
     @property
     def weight_bytes(self) -> np.ndarray:
@@ -306,9 +313,9 @@ def _values(model: Model, step: Step, dtypes: Dtypes,
     seqs = count.sum(axis=1).astype(float)
     values = instantiate.Values(
         tokens=tokens, seqs=seqs, logits=tokens if step.logits_all else seqs,
-        ab=BYTES[dtypes.acts], kvb=dtypes.kv_bytes(model), wb=dtypes.weight_bytes,
-        act=dtypes.acts, matmul=compute_codes(dtypes.weights, dtypes.acts),
-        weights=dtypes.weights,
+        ab=BYTES[dtypes.acts], kvb=dtypes.kv_bytes(model), wb=dtypes.quantized_bytes,
+        outliers=np.asarray(dtypes.outlier_fraction, dtype=float), act=dtypes.acts,
+        matmul=compute_codes(dtypes.weights, dtypes.acts), weights=dtypes.weights,
         attention=compute_codes(dtypes.kv, dtypes.acts))
     if model.moe is not None:
         ep = plan.ep if plan is not None else 1

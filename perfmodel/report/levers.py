@@ -26,7 +26,7 @@ def lever_lines(e: Estimate) -> list[str]:
 
 def _quantization_lines(e: Estimate) -> list[str]:
     """The weights' in-kernel conversion (the breakdown's ``dequant`` row) when the GEMMs
-    convert them."""
+    convert them, and the 16-bit outlier channels."""
     wl, out = e.workload, []
     rows = [o for o in e.ops if o.kind == "dequant"]
     if rows:
@@ -36,4 +36,10 @@ def _quantization_lines(e: Estimate) -> list[str]:
                    f"{wl.act_dtype} inside the GEMM kernels: the conversion adds {per_phase} "
                    f"({added / e.e2e_s:.1%} of the request) beyond the GEMMs' max(compute, "
                    f"memory), the breakdown's dequant row (perfmodel/cost/dequant.py).")
+    if wl.outlier_fraction:
+        out.append(f"Outlier channels: {wl.outlier_fraction:.2%} of each quantized matrix's "
+                   f"input channels kept in 16 bits; every such GEMM runs three kernels, the "
+                   f"quantized GEMM over the other channels, a copy of the outlier "
+                   f"activation columns and a 16-bit GEMM added into its output "
+                   f"(bitsandbytes' LLM.int8() decomposition, perfmodel/cost/outliers.py).")
     return out

@@ -129,7 +129,7 @@ def _checkpoint(model: Model, w: Workloads) -> list[Assumption]:
 
 
 def _quant_formats(model: Model, w: Workloads) -> list[Assumption]:
-    """The KV cache's scales taken from its dtype, and the outlier channels' own kernel."""
+    """The KV cache's scales taken from its dtype, and the outlier channels' kernels."""
     out = []
     for name in KV_SCALED:
         assumed = (w.kv_group_size == KV_PER_VECTOR) & (w.kv_dtype == CODE[name])
@@ -139,9 +139,10 @@ def _quant_formats(model: Model, w: Workloads) -> list[Assumption]:
                                  f"stores it (kv_group_size sets another group)"))
     outliers = w.outlier_fraction > 0
     if outliers.any():
-        out.append((outliers, "outlier channels: their 16-bit weights are streamed, but the "
-                              "separate 16-bit GEMM over them (its launch and tiles) is not "
-                              "priced; FLOPs unchanged"))
+        out.append((outliers, "outlier channels: each quantized GEMM priced as bitsandbytes "
+                              "runs LLM.int8()'s decomposition, a copy of the outlier "
+                              "activation columns and a separate 16-bit GEMM added into the "
+                              "output, with the quantized GEMM over the other channels"))
     return out
 
 
