@@ -150,7 +150,9 @@ def check_speculation(model: Model, plan: Parallelism, spec: Speculation) -> Non
     """SpecError for speculation that cannot hold (``schedules.speculative.Speculation``):
     MTP drafting on a model without MTP modules, a draft model whose vocabulary differs
     from the target's (its tokens could not be verified), or a pipelined plan (the rounds
-    are not scheduled over stages)."""
+    are not scheduled over stages; vLLM refuses or breaks on speculative decoding under
+    pipeline parallelism, vllm-project/vllm issues 14117 and 49355, so no engine to model
+    runs it)."""
     if spec.draft == "mtp" and model.mtp_modules < 1:
         raise SpecError(f"speculation: MTP drafting needs a model with MTP modules; "
                         f"{model.name} has none (mtp: n_modules)")
@@ -161,7 +163,8 @@ def check_speculation(model: Model, plan: Parallelism, spec: Speculation) -> Non
                         f"must share the target's tokenizer")
     if plan.pp > 1:
         raise SpecError(f"speculation: pipeline parallelism (pp={plan.pp}) with speculative "
-                        f"decoding is not modelled; use pp=1")
+                        f"decoding is not modelled (vLLM does not run the two together: "
+                        f"vllm-project/vllm issues 14117, 49355); use pp=1")
 
 
 def speculation_assumptions(w: Workloads, spec: Speculation) -> list[Assumption]:
