@@ -169,7 +169,7 @@ def test_series_name_the_tensor_parallel_degree(h100):
 def test_invalid_workload_is_a_spec_error(h100):
     with pytest.raises(pm.SpecError):
         sweep([LLAMA], [h100], [0], [512])
-    with pytest.raises(pm.SpecError, match="not yet modelled"):
+    with pytest.raises(pm.SpecError, match="no routed experts"):
         sweep([LLAMA], [h100], [1], [512], plan=pm.Parallelism(tp=2, ep=2, pp=2))
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from perfmodel.cost.step import Dtypes, Step, price_step
 from perfmodel.cost.timebase import BOUNDS
 from perfmodel.report.palette import class_color
+from perfmodel.schedules.assumptions import check_plan
 from perfmodel.schedules.static import phase_timing
 from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.hardware import Hardware
@@ -73,6 +74,7 @@ def roofline_points(model: Model, hw: Hardware, wl: Workload,
     e.g. embedding gathers, KV writes and collectives, which have no place on a roofline).
     """
     plan = plan or Parallelism()
+    check_plan(hw, model, plan)
     shapes = {"prefill": (wl.prompt_len, wl.prompt_len), "decode": (1, decode_context(wl))}
     for phase in phases:
         if phase not in shapes:

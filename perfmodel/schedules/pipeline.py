@@ -1,5 +1,7 @@
 """Pipeline parallelism: a replica's layers split into ``pp`` stages on consecutive groups of
-``tp`` devices, activations crossing each stage boundary point to point.
+``Parallelism.group`` devices (the tensor- or expert-parallel group: expert parallelism
+shards each stage's experts over its own group, as vLLM's EP group is its TP x DP ranks of
+one stage), activations crossing each stage boundary point to point.
 
 Layers go to stages as vLLM splits them (``vllm/distributed/utils.py: get_pp_indices``):
 n_layers // pp each, the remainder one more each to the stages before the last; the
@@ -47,15 +49,18 @@ def micro_batches(batch: np.ndarray, pp: int) -> np.ndarray:
 
 
 def trip_seconds(hw: Hardware, plan: Parallelism, bytes_each: np.ndarray) -> np.ndarray:
-    """One pass of ``bytes_each`` (per device) through the pp - 1 stage boundaries: each
-    boundary is a send over the device's link, latency plus bytes over bandwidth; a boundary
-    between nodes (stages laid out in order, ``interconnect.max_devices`` per node) uses the
+    """One pass of ``bytes_each`` (the activations of the micro-batch one device steps
+    through) through the pp - 1 stage boundaries: each boundary is a send over the device's
+    link, latency plus bytes over bandwidth; a boundary between nodes (stages of
+    ``plan.group`` devices laid out in order, ``interconnect.max_devices`` per node) uses the
     network. Each of the tp devices of a stage sends 1/tp of the activations (vLLM sends a
-    slice per tensor-parallel rank and all-gathers it on arrival)."""
+    slice per tensor-parallel rank and all-gathers it on arrival); under data-parallel
+    attention (tp = 1) each device sends its own sequences' whole, the combine having
+    returned every token to its attention device."""
     link = hw.interconnect
     per_node = link.max_devices
-    first = np.arange(plan.pp - 1) * plan.tp                 # first device of each stage
-    crosses = (first // per_node) != ((first + plan.tp) // per_node)
+    first = np.arange(plan.pp - 1) * plan.group              # first device of each stage
+    crosses = (first // per_node) != ((first + plan.group) // per_node)
     inter, intra = int(crosses.sum()), int((~crosses).sum())
     if inter:
         check_network(hw, plan)

@@ -151,9 +151,6 @@ class Parallelism:
         if not self.attention_dp and self.ep not in (1, self.tp):
             raise SpecError(f"parallelism: ep={self.ep} must equal tp={self.tp} (experts "
                             f"sharded inside the tensor-parallel group), or set attention_dp")
-        if self.ep > 1 and self.pp > 1:
-            raise SpecError("parallelism: expert parallelism with pipeline stages is not yet "
-                            "modelled; use pp=1 with ep > 1")
         r = self.expert_replicas
         if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, np.integer)) or r < 0:
             raise SpecError(f"parallelism: expert_replicas must be a non-negative integer, "
