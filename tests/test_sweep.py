@@ -240,6 +240,7 @@ def test_max_batch_table_matches_memory_estimate(h100):
     assert _by(table, "max_batch") == sorted(_by(table, "max_batch"), reverse=True)
     gpt3 = max_batch_table([pm.model("gpt-3-175b")], h100, [1024, 4096], base)
     assert not gpt3[0]["fits_weights"] and gpt3[0]["max_batch"] == 0
+    assert gpt3[0]["kv_pool_bytes"] == 0.0          # no pool, never a negative one
     assert [r["beyond_max_position"] for r in gpt3] == [False, True]    # n_ctx 2048
     assert max_batch_table([LLAMA], h100, [64, 128], base) == []         # nothing longer
 

@@ -178,7 +178,7 @@ def max_batch_table(models: Sequence[Model], hw: Hardware, contexts: Iterable[in
 
     Contexts not longer than gen_len are skipped. Rows: model, attention_kind, context,
     prompt_len, max_batch, beyond_max_position, weights_bytes, kv_pool_bytes
-    (usable - weights), kv_bytes_per_sequence, fits_weights.
+    (usable - weights, 0 where the weights do not fit), kv_bytes_per_sequence, fits_weights.
     """
     base = base or Workload()
     plan = plan or Parallelism()
@@ -195,7 +195,7 @@ def max_batch_table(models: Sequence[Model], hw: Hardware, contexts: Iterable[in
                         "prompt_len": c - base.gen_len, "max_batch": item.max_batch,
                         "beyond_max_position": _beyond(m, c),
                         "weights_bytes": item.weights_bytes,
-                        "kv_pool_bytes": item.usable_bytes - item.weights_bytes,
+                        "kv_pool_bytes": max(item.usable_bytes - item.weights_bytes, 0.0),
                         "kv_bytes_per_sequence": item.kv_cache_bytes_per_sequence,
                         "fits_weights": item.usable_bytes > item.weights_bytes})
     return out
