@@ -20,7 +20,8 @@ from perfmodel.specs.units import fmt_bytes
 LLAMA = (("TP8", pm.Parallelism(tp=8)), ("TP4 x 2 replicas", pm.Parallelism(tp=4, dp=2)),
          ("PP2 x TP4", pm.Parallelism(tp=4, pp=2)), ("PP8", pm.Parallelism(pp=8)))
 DEEPSEEK = (("EP16, DP attention", pm.Parallelism(ep=16, attention_dp=True)),
-            ("TP8 x PP2", pm.Parallelism(tp=8, pp=2)))
+            ("TP8 x PP2", pm.Parallelism(tp=8, pp=2)),
+            ("EP8, DP attention x PP2", pm.Parallelism(ep=8, attention_dp=True, pp=2)))
 
 
 def row(case: str, name: str, plan: pm.Parallelism, batch: int) -> list[str]:
