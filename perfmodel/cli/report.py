@@ -11,15 +11,32 @@ from typing import Annotated, Any
 import typer
 
 from perfmodel.cli.common import (
+    AcceptanceOpt,
+    AttentionDp,
     Batch,
+    Dp,
+    DraftHeads,
+    DraftK,
+    DraftOpt,
     DtypeOpt,
+    Ep,
+    ExpertReplicas,
+    ExpertSkew,
     Gen,
     Graphs,
     GroupSize,
+    HitRate,
     KvBlock,
+    KvGroupSize,
+    KvScaleBytes,
     MemFrac,
+    MtpDepth,
+    OutlierFraction,
+    Pp,
     Prompt,
+    SharedPrefix,
     Tp,
+    WeightsFormatOpt,
     WeightsOpt,
     command_line,
     fail,
@@ -29,6 +46,8 @@ from perfmodel.cli.common import (
     out_dir,
     plan,
     save,
+    speculation,
+    weights_format,
     workload,
     writing,
 )
@@ -41,9 +60,17 @@ def report_cmd(
     out: Annotated[Path, typer.Option(help="output directory (report.md, report.html, ...)")],
     batch: Batch = 1,
     prompt: Prompt = 512, gen: Gen = 128, weights_dtype: WeightsOpt = None,
+    weights_format_name: WeightsFormatOpt = None,
     act_dtype: DtypeOpt = "bf16", kv_dtype: DtypeOpt = "bf16", tp: Tp = 1,
-    group_size: GroupSize = None,
+    pp: Pp = 1, ep: Ep = 1, dp: Dp = 1, attention_dp: AttentionDp = False,
+    expert_replicas: ExpertReplicas = 0,
+    group_size: GroupSize = None, outlier_fraction: OutlierFraction = 0.0,
+    kv_group_size: KvGroupSize = None, kv_scale_bytes: KvScaleBytes = 4.0,
     cuda_graphs: Graphs = False, memory_fraction: MemFrac = 0.9, kv_block: KvBlock = 16,
+    shared_prefix: SharedPrefix = 0, prefix_hit_rate: HitRate = 1.0,
+    expert_skew: ExpertSkew = 0.0, draft: DraftOpt = None, draft_k: DraftK = None,
+    acceptance: AcceptanceOpt = None, mtp_depth: MtpDepth = None,
+    draft_heads: DraftHeads = None,
     roofline_batch: Annotated[str | None, typer.Option(
         help="batch sizes on the roofline (default: 1 and --batch)")] = None,
     sweep_batch: Annotated[str | None, typer.Option(
@@ -52,7 +79,8 @@ def report_cmd(
         help="context lengths of the context figures, comma list")] = "512,2048,8192,32768",
     fmt: Fmt = FigFormat.png, dpi: Dpi = 90,
 ) -> None:
-    """Markdown + self-contained HTML report; several --model values: a KV-cache comparison."""
+    """Markdown + self-contained HTML report; several --model values: a KV-cache comparison.
+    The serving levers are estimate's options, shown in the report's assumptions."""
     names("--model", model)                  # a bad list fails before any work
     ctx = ints("--contexts", contexts)
     extra = {k: ints(f"--{k.replace('_', '-')}", v) for k, v in
@@ -61,19 +89,39 @@ def report_cmd(
     from perfmodel.specs import load
     from perfmodel.specs.errors import SpecError
 
+    levers = {"shared_prefix": shared_prefix, "prefix_hit_rate": prefix_hit_rate,
+              "expert_skew": expert_skew, "outlier_fraction": outlier_fraction,
+              "kv_group_size": kv_group_size, "kv_scale_bytes": kv_scale_bytes}
+    layout = {"tp": tp, "pp": pp, "ep": ep, "dp": dp, "attention_dp": attention_dp,
+              "expert_replicas": expert_replicas}
+    drafting = {"draft": draft, "draft_k": draft_k, "acceptance": acceptance,
+                "mtp_depth": mtp_depth, "draft_heads": draft_heads}
     command = command_line(
         "report", model=model, hardware=hardware, batch=batch, prompt=prompt, gen=gen,
-        weights_dtype=weights_dtype, act_dtype=act_dtype, kv_dtype=kv_dtype, tp=tp,
-        group_size=group_size, cuda_graphs=cuda_graphs, memory_fraction=memory_fraction,
-        kv_block=kv_block, roofline_batch=roofline_batch, sweep_batch=sweep_batch,
-        contexts=contexts, format=fmt, dpi=dpi, out=str(out))
+        weights_dtype=weights_dtype, weights_format=weights_format_name, act_dtype=act_dtype,
+        kv_dtype=kv_dtype, **layout, group_size=group_size, cuda_graphs=cuda_graphs,
+        memory_fraction=memory_fraction, kv_block=kv_block, **levers, **drafting,
+        roofline_batch=roofline_batch, sweep_batch=sweep_batch, contexts=contexts,
+        format=fmt, dpi=dpi, out=str(out))
+    ctx = _past_prefix(ctx, shared_prefix)
     try:
+        spec = speculation(**drafting)
+        weights_dtype, group_size, fmt_fields = weights_format(weights_format_name,
+                                                               weights_dtype, group_size)
         models = load_models("--model", model)
+        if spec is not None and len(models) > 1:
+            fail("--draft / --mtp-depth / --draft-heads: speculative decoding is shown in a "
+                 "single-model report; expected one --model")
         hw = load.hardware(hardware)
         wl = workload(models[0], batch, prompt, gen, weights_dtype, act_dtype, kv_dtype, group_size,
-                      cuda_graphs, memory_fraction, kv_block)
-        build = _single_report if len(models) == 1 else _comparison_report
-        blocks, figures, files = build(models, hw, wl, plan(tp), ctx, extra, fmt.value, command)
+                      cuda_graphs, memory_fraction, kv_block, **levers, **fmt_fields)
+        par = plan(**layout)
+        if len(models) == 1:
+            blocks, figures, files = _single_report(models, hw, wl, par, ctx, extra,
+                                                    fmt.value, command, spec)
+        else:
+            blocks, figures, files = _comparison_report(models, hw, wl, par, ctx, extra,
+                                                        fmt.value, command)
     except SpecError as exc:
         fail(str(exc))
     from perfmodel.report import pages as report_pages
@@ -90,6 +138,20 @@ def report_cmd(
     typer.echo(f"wrote {out}/report.md, report.html, " + ", ".join([*figures, *files]))
 
 
+def _past_prefix(ctx: list[int], shared_prefix: int) -> list[int]:
+    """The context figures' prompt lengths longer than the shared prefix (a prompt must
+    hold its prefix and at least one token more); a warning names those dropped."""
+    kept = [c for c in ctx if c > shared_prefix]
+    if not kept:
+        fail(f"--contexts: every context is at most --shared-prefix {shared_prefix}; expected "
+             f"at least one longer than the shared prefix")
+    if len(kept) < len(ctx):
+        typer.echo(f"warning: --contexts: {', '.join(str(c) for c in ctx if c not in kept)} "
+                   f"left out of the context figures: not longer than --shared-prefix "
+                   f"{shared_prefix}", err=True)
+    return kept
+
+
 def _batch_grid(ceiling: int, batch: int) -> list[int]:
     """Powers of two up to the batch ceiling, the ceiling itself and the workload batch."""
     from perfmodel.schedules.sweep import powers_of_two
@@ -99,19 +161,21 @@ def _batch_grid(ceiling: int, batch: int) -> list[int]:
 
 
 def _single_report(models: list, hw: Any, wl: Any, par: Any, ctx: list[int], extra: dict,
-                   ext: str, command: str) -> tuple:
-    """(blocks, figures, files) of the report of one model on one device."""
+                   ext: str, command: str, spec: Any = None) -> tuple:
+    """(blocks, figures, files) of the report of one model on one device (``spec``: its
+    speculative decoding, in the estimate and the sweeps)."""
     from perfmodel.report import pages as report_pages
     from perfmodel.report import tables as report
     from perfmodel.schedules import sweep
     from perfmodel.schedules.estimates import estimate
 
     (m,) = models
-    e = estimate(hw, m, wl, par)
+    e = estimate(hw, m, wl, par, spec)
     rb = extra.get("roofline_batch") or sorted({1, wl.batch})
     batches = extra.get("sweep_batch") or _batch_grid(e.memory.max_batch, wl.batch)
-    by_batch = sweep.sweep([m], [hw], batches, [wl.prompt_len], wl, plan=par)
-    by_context = sweep.sweep([m], [hw], [wl.batch], ctx, wl, plan=par)
+    by_batch = sweep.sweep([m], [hw], batches, [wl.prompt_len], wl, plan=par,
+                           speculations=[spec])
+    by_context = sweep.sweep([m], [hw], [wl.batch], ctx, wl, plan=par, speculations=[spec])
     rows = sweep.rows(by_batch)
     figures = _single_figures(m, hw, wl, par, ctx, rb, rows, sweep.rows(by_context), ext)
     captions = _single_captions(e, ctx, rb)
