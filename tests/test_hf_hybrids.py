@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` import of the hybrid families (Jamba, Nemotron-H, Qwen3-Next,
-MiniMax-Text-01, Falcon-H1): each published config (tests/data/hf, the real keys with the
-shipped YAML's numbers) translates to the shipped YAML's shape; a layer letter or type not
-understood is a one-line error naming its key."""
+MiniMax-Text-01, Falcon-H1, Zamba2 in both key spellings): each published config
+(tests/data/hf, the real keys with the shipped YAML's numbers) translates to the shipped
+YAML's shape; a layer letter or type not understood is a one-line error naming its key."""
 
 import json
 from dataclasses import fields
@@ -18,7 +18,9 @@ HF = Path(__file__).parent / "data" / "hf"
 # HF config in tests/data/hf -> the shipped YAML it must reproduce
 SHIPPED = {"jamba": "jamba-1.5-mini", "nemotron-h": "nemotron-h-8b",
            "qwen3-next": "qwen3-next-80b-a3b", "minimax-text-01": "minimax-text-01",
-           "falcon-h1": "falcon-h1-7b"}     # its muP multipliers written as 1.0: no cost
+           "falcon-h1": "falcon-h1-7b",     # its muP multipliers written as 1.0: no cost
+           "zamba2-2.7b": "zamba2-2.7b",    # today's transformers key names
+           "zamba2-7b": "zamba2-7b"}        # Zyphra's earlier ones (lora_rank, state_size)
 
 
 def _load(config: str) -> dict:

@@ -129,7 +129,8 @@ class MoE(nn.Module):
 class Block(nn.Module):
     """A decoder layer of ``kind``: its mixer and its MLP (a Nemotron-H layer, in a pattern
     with MLP-only layers, holds one of the two; a Falcon-H1 layer holds attention and a
-    Mamba mixer side by side, FalconH1DecoderLayer's ``self_attn`` and ``mamba``)."""
+    Mamba mixer side by side, FalconH1DecoderLayer's ``self_attn`` and ``mamba``; a Zamba2
+    layer only its Mamba mixer, the MLP being the shared block's)."""
 
     def __init__(self, model: Model, moe: bool, kind: str = "global") -> None:
         super().__init__()
@@ -141,10 +142,44 @@ class Block(nn.Module):
             self.self_attn = LatentAttention(model) if model.mla else Attention(model)
             if model.mamba is not None and model.mamba.parallel:
                 self.mamba = Mamba(model)
-        if kind == "mlp" or "mlp" not in model.layer_kinds():
+        if kind == "mlp" or ("mlp" not in model.layer_kinds() and model.shared_block is None):
             self.mlp = MoE(model) if moe else MLP(model, model.intermediate_size)
         self.norms = nn.ModuleList(_norm(model, model.d_model)
                                    for _ in range(model.norms_per_layer))
+
+
+class SharedTransformer(nn.Module):
+    """Zamba2AttentionDecoderLayer (transformers modeling_zamba2.py): an RMSNorm over the
+    2 d concat, q/k/v/o from and to it (o back to d), an RMSNorm over d, the gated MLP;
+    the per-invocation adapters live in the model (``Zamba2Invocation``)."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        d, width = model.d_model, model.n_heads * model.head_dim
+        self.input_layernorm, self.pre_ff_layernorm = nn.RMSNorm(2 * d), nn.RMSNorm(d)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(2 * d, width, bias=False)
+                                                 for _ in range(3))
+        self.o_proj = nn.Linear(width, d, bias=False)
+        self.feed_forward = MLP(model, model.intermediate_size)
+
+
+class Zamba2Invocation(nn.Module):
+    """What one hybrid layer owns: the d x d ``linear`` and the adapters (nn.Sequential of
+    A, B) of its turn at a shared block (``linear_q/k/v_adapter_list``,
+    ``gate_up_proj_adapter_list``)."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        shared, d, r = model.shared_block, model.d_model, model.shared_block.adapter_rank
+        self.linear = nn.Linear(d, d, bias=False)
+        if shared.attention_adapters:
+            self.qkv_adapters = nn.ModuleList(
+                nn.Sequential(nn.Linear(2 * d, r, bias=False), nn.Linear(r, 2 * d, bias=False))
+                for _ in range(3))
+        if shared.mlp_adapters:
+            up = (2 if model.gated_mlp else 1) * model.intermediate_size
+            self.gate_up_adapter = nn.Sequential(nn.Linear(d, r, bias=False),
+                                                 nn.Linear(r, up, bias=False))
 
 
 class DecoderLM(nn.Module):
@@ -157,6 +192,11 @@ class DecoderLM(nn.Module):
         kinds = model.layer_kinds()
         self.layers = nn.ModuleList(Block(model, model.is_moe_layer(i), kinds[i])
                                     for i in range(model.n_layers))
+        if model.shared_block is not None:
+            self.shared = nn.ModuleList(SharedTransformer(model)
+                                        for _ in range(model.shared_block.n_blocks))
+            self.invocations = nn.ModuleList(Zamba2Invocation(model)
+                                             for _ in model.shared_block.layers)
         self.norm = _norm(model, d)
         if not model.tie_embeddings:
             self.lm_head = nn.Linear(d, model.vocab_size, bias=False)

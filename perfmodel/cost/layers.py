@@ -67,6 +67,8 @@ def _build(model: Model, tp: int, ep: int = 1, dispatch: bool = False) -> list[S
     out: list[Spec] = [EmbeddingSpec("embed", d)]
     if model.position == "learned":
         out.append(PointwiseSpec("pos_embed_add", "add", d, 1))
+    if model.shared_block is not None:
+        out += _shared_blocks(model, tp, norm)
     out.append(PointwiseSpec("attn_norm", norm, d, mixers))
     if model.attention_layers:
         out += _mla(model, tp) if model.mla is not None else _attention(model, tp)
@@ -80,7 +82,7 @@ def _build(model: Model, tp: int, ep: int = 1, dispatch: bool = False) -> list[S
                                  L if model.parallel_block else sublayers + both))
     out.append(PointwiseSpec("residual_add", "add", d, sublayers))
     extra_norms = model.norms_per_layer - 1 - (0 if model.parallel_block else 1)
-    if not model.parallel_block:
+    if mlps and not model.parallel_block:
         out.append(PointwiseSpec("mlp_norm", norm, d, mlps))
     if extra_norms > 0:
         out.append(PointwiseSpec("post_norms", norm, d, L * extra_norms))
@@ -136,6 +138,47 @@ def _attention(model: Model, tp: int) -> list[Spec]:
     out.append(GemmSpec("o_proj", model.d_model, heads * hd, L, weights=w,
                         bias=model.linear_bias))
     return out
+
+
+def _shared_blocks(model: Model, tp: int, norm: str) -> list[Spec]:
+    """Every invocation of a shared block (Zamba2, ``specs.model.SharedBlock``): the concat
+    of the hidden state and the embeddings (a copy of 2 d per token), its norm, q/k/v from
+    2 d (with their adapters: A to rank, B back, added), rotary, the cache write and
+    attention, o_proj to d, the norm, the MLP with its gate_up adapter, the per-layer d x d
+    linear and its add into the Mamba input; under TP vLLM's all-reduces after o_proj and
+    down_proj. vLLM's Zamba2LoRA gathers the rank-wide output of A on every device; those
+    small all-gathers are not priced. Each invocation reads the block's weights again: a
+    block (170M parameters in Zamba2-2.7B) does not stay in the L2 cache between the
+    layers that share it, so the weight bytes are those of every invocation."""
+    shared, d = model.shared_block, model.d_model
+    calls, rank = shared.invocations, shared.adapter_rank
+    heads, hd = model.n_heads // tp, model.head_dim
+    width = heads * hd                       # 2 d / tp: each of q, k, v on one device
+    att, mlp = weights_of(model, "attention"), weights_of(model, "mlp")
+    out: list[Spec] = [PointwiseSpec("shared.concat", "gather", 2 * d, calls),
+                       PointwiseSpec("shared.input_norm", norm, 2 * d, calls),
+                       GemmSpec("shared.qkv_proj", 3 * width, 2 * d, calls, weights=att)]
+    if shared.attention_adapters:            # q, k and v adapters, 2d -> rank -> 2d
+        out += [GemmSpec("shared.qkv_adapter_a", rank // tp, 2 * d, 3 * calls, weights=att),
+                GemmSpec("shared.qkv_adapter_b", width, rank, 3 * calls, weights=att),
+                PointwiseSpec("shared.qkv_adapter_add", "add", width, 3 * calls)]
+    if model.position == "rope":
+        out.append(PointwiseSpec("shared.rotary", "rotary", 2 * width, calls))
+    out += [KvWriteSpec("shared.kv_cache_write", 2 * width, calls),
+            AttentionSpec("shared.attention", heads, heads, hd, hd, 2 * hd, calls),
+            GemmSpec("shared.o_proj", d, width, calls, weights=att),
+            PointwiseSpec("shared.pre_ff_norm", norm, d, calls)]
+    block = _mlp_block(model, tp, "shared.", model.intermediate_size, calls)
+    if shared.mlp_adapters:                  # d -> rank -> gate_up, added before the act
+        up = block[0].n
+        block[1:1] = [GemmSpec("shared.mlp_adapter_a", rank // tp, d, calls, weights=mlp),
+                      GemmSpec("shared.mlp_adapter_b", up, rank, calls, weights=mlp),
+                      PointwiseSpec("shared.mlp_adapter_add", "add", up, calls)]
+    out += block
+    if tp > 1:
+        out.append(AllReduceSpec("shared.all_reduce", d, tp, 2 * calls))
+    return [*out, GemmSpec("shared.linear", d, d, calls, weights=att),
+            PointwiseSpec("shared.add", "add", d, calls)]
 
 
 def mla_absorbed(model: Model, new_tokens: np.ndarray, context: np.ndarray) -> np.ndarray:

@@ -128,20 +128,21 @@ def kv_bytes_of(model: Model, w: Workloads) -> np.ndarray:
 
 
 def kv_bytes_per_token(model: Model, tp: int, kv_bytes: np.ndarray) -> np.ndarray:
-    """KV bytes one token adds across all layers (below any window)."""
-    return model.kv_layers * kv_elems_per_token_layer(model, tp) * kv_bytes
+    """KV bytes one token adds across all layers (below any window), a shared block's
+    invocations included (``Model.cache_layers``)."""
+    return model.cache_layers * kv_elems_per_token_layer(model, tp) * kv_bytes
 
 
 def kv_bytes_per_sequence(model: Model, tp: int, kv_bytes: np.ndarray, length: np.ndarray,
                           block: np.ndarray | int = 16) -> np.ndarray:
     """KV bytes of one sequence of ``length`` tokens: windowed layers keep min(length, W)
     positions, chunked layers min(length, C) (a full chunk at its last position: the most
-    the layer holds); each layer's positions round up to whole blocks of ``block`` tokens.
-    Recurrent layers add their constant state (``recurrent_state_per_sequence``)."""
+    the layer holds); each layer's positions round up to whole blocks of ``block`` tokens;
+    a shared block (Zamba2) caches every position at each invocation. Recurrent layers add
+    their constant state (``recurrent_state_per_sequence``)."""
     per_layer = kv_elems_per_token_layer(model, tp) * kv_bytes
     kinds = model.layer_kinds()
-    total = np.ceil(length / block) * block * (kinds.count("global") - model.attention_layers
-                                               + model.kv_layers)    # CLA: fewer caches
+    total = np.ceil(length / block) * block * model.full_cache_layers   # CLA: fewer caches
     for kind, limit in (("local", model.sliding_window), ("chunk", model.attention_chunk)):
         if kind in kinds:
             kept = np.minimum(length, limit)
@@ -251,5 +252,4 @@ def shared_prefix_bytes(model: Model, tp: int, kv_bytes: np.ndarray,
     requests that hit it share, stored once (a partial last block is each request's own;
     a sliding-window layer's blocks leave its window, so it shares nothing here)."""
     blocks = np.floor(w.shared_prefix / w.kv_block_tokens) * w.kv_block_tokens
-    full_layers = model.layer_kinds().count("global") - model.attention_layers + model.kv_layers
-    return blocks * full_layers * kv_elems_per_token_layer(model, tp) * kv_bytes
+    return blocks * model.full_cache_layers * kv_elems_per_token_layer(model, tp) * kv_bytes

@@ -6,7 +6,8 @@ but never below one per device (replicated), as does a lone Mamba-2 B/C group
 (``mamba_groups``); norms, routers and the MLA down-projections
 (q_a, kv_a) are replicated. A recurrent mixer's (Mamba, linear attention) projections
 count as ``attention`` (the mixer class), its conv, per-head scalars and norm as ``norms``
-(kept at the activation dtype).
+(kept at the activation dtype). A shared block (Zamba2) is counted once per distinct block,
+its adapters and per-layer linear once per invocation (``shared_block_params``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ def check_tp(model: Model, tp: int) -> None:
     widths = {"vocab_size": model.vocab_size, "intermediate_size": model.intermediate_size}
     if model.moe is not None:
         widths["moe.expert_intermediate_size"] = model.moe.expert_intermediate_size
+    shared = model.shared_block
+    if shared is not None and (shared.attention_adapters or shared.mlp_adapters) \
+            and shared.adapter_rank % tp:      # vLLM's Zamba2LoRA: A column-parallel
+        raise SpecError(f"parallelism: tp={tp} must divide shared_block.adapter_rank="
+                        f"{shared.adapter_rank} of {model.name}")
     for name, width in widths.items():
         if width < tp:
             raise SpecError(f"parallelism: tp={tp} exceeds {name}={width} of {model.name}: "
@@ -179,6 +185,28 @@ def mixer_params(model: Model, tp: int = 1) -> tuple[float, float]:
     return proj, rest
 
 
+def shared_block_params(model: Model, tp: int = 1) -> tuple[float, float, float]:
+    """(attention class, mlp class, norms) of the shared blocks (``specs.model.SharedBlock``,
+    Zamba2) on one device. Per distinct block: q, k, v 2d x heads x head_dim each and o_proj
+    back to d, the MLP (``mlp_params``), an RMSNorm over 2 d and one over d. Per invocation:
+    the adapters (A in x rank, B rank x out: q, k, v 2d -> 2d; gate_up d -> its width) and
+    the d x d linear into the Mamba input (replicated: vLLM's ReplicatedLinear). Heads, the
+    MLP and the adapters' rank (A) and outputs (B) split tp ways, as vLLM does."""
+    shared, d = model.shared_block, model.d_model
+    if shared is None:
+        return 0.0, 0.0, 0.0
+    width = model.n_heads * model.head_dim              # = 2 d
+    r, n, calls = shared.adapter_rank, shared.n_blocks, shared.invocations
+    up = (2 if model.gated_mlp else 1) * model.intermediate_size
+    attention = n * (3 * width * width + width * d) / tp + calls * d * d
+    mlp = n * mlp_params(model, model.intermediate_size, tp)
+    if shared.attention_adapters:
+        attention += calls * 3 * (width * r + r * width) / tp
+    if shared.mlp_adapters:
+        mlp += calls * (d * r + r * up) / tp
+    return attention, mlp, n * 3 * d * (2 if model.norm == "layer" else 1)
+
+
 def mlp_params(model: Model, width: int, tp: int = 1) -> float:
     """One MLP of intermediate ``width`` split t ways: 3 (gated) or 2 matrices, + biases."""
     d, w = model.d_model, width // tp
@@ -210,7 +238,9 @@ def _param_counts(model: Model, tp: int, ep: int = 1, replicas: int = 0) -> Para
     embedding = vocab * d + (model.max_position_embeddings * d
                              if model.position == "learned" else 0)
     mixers, mixer_rest = mixer_params(model, tp)
-    norms = (layers * model.norms_per_layer + 1) * norm_params(model) + mixer_rest
+    shared_attention, shared_mlp, shared_norms = shared_block_params(model, tp)
+    norms = (layers * model.norms_per_layer + 1) * norm_params(model) + mixer_rest \
+        + shared_norms
     experts = shared = router = 0.0
     if moe:
         expert = mlp_params(model, moe.expert_intermediate_size, tp)
@@ -229,8 +259,10 @@ def _param_counts(model: Model, tp: int, ep: int = 1, replicas: int = 0) -> Para
     return ParamCounts(
         embedding=embedding, lm_head=0.0 if model.tie_embeddings else vocab * d, norms=norms,
         attention=model.attention_layers * attention_params(model, tp) + mixers
-        - (model.attention_layers - model.kv_layers) * kv_projection_params(model, tp),
-        mlp=(model.mlp_layers - n_moe) * mlp_params(model, model.intermediate_size, tp),
+        - (model.attention_layers - model.kv_layers) * kv_projection_params(model, tp)
+        + shared_attention,
+        mlp=(model.mlp_layers - n_moe) * mlp_params(model, model.intermediate_size, tp)
+        + shared_mlp,
         experts=experts, shared_experts=shared, router=router, mtp=mtp)
 
 

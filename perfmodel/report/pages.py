@@ -296,7 +296,8 @@ def _kv_formula(e: Estimate) -> str:
                 f"{m.n_layers} layers x {nbytes}")
     recurrent = m.mamba_layers + m.layer_count("linear")     # Falcon-H1: beside attention
     state = " + a constant recurrent state" if recurrent else ""
-    return (f"2 (K, V) x {m.n_kv_heads} KV heads x {m.head_dim} x {m.attention_layers} "
+    caches = m.attention_layers + m.shared_invocations     # Zamba2: one per invocation
+    return (f"2 (K, V) x {m.n_kv_heads} KV heads x {m.head_dim} x {caches} "
             f"layers x {nbytes}{state}")
 
 

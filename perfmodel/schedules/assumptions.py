@@ -41,8 +41,9 @@ def check_network(hw: Hardware, plan: Parallelism) -> None:
 def check_plan(hw: Hardware, model: Model, plan: Parallelism) -> None:
     """SpecError for a plan the device cannot hold: more tensor-parallel devices than its
     interconnect joins (tensor parallelism over the network between nodes is not priced),
-    a replica over nodes without a network figure (``check_network``), or more pipeline
-    stages than the model has layers."""
+    a replica over nodes without a network figure (``check_network``), more pipeline
+    stages than the model has layers, or pipeline stages of a model with shared blocks
+    (vLLM's Zamba2ForCausalLM does not implement SupportsPP)."""
     if plan.ep > 1 and (model.moe is None or model.moe.n_experts % plan.ep):
         what = "has no routed experts" if model.moe is None else \
             f"has {model.moe.n_experts} routed experts, not a multiple of it"
@@ -51,6 +52,9 @@ def check_plan(hw: Hardware, model: Model, plan: Parallelism) -> None:
     if plan.pp > model.n_layers:
         raise SpecError(f"parallelism: pp={plan.pp} exceeds n_layers={model.n_layers} of "
                         f"{model.name}: every pipeline stage needs a layer")
+    if plan.pp > 1 and model.shared_block is not None:
+        raise SpecError(f"parallelism: pp={plan.pp} with the shared blocks of {model.name} is "
+                        f"not modelled (vLLM runs Zamba2 without pipeline parallelism); use pp=1")
     limit = hw.interconnect.max_devices
     if plan.tp > limit:
         raise SpecError(f"parallelism: tp={plan.tp}: {hw.name} joins at most {limit} devices "

@@ -31,7 +31,7 @@ from perfmodel.specs.schema import model_from_fields
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3",
             "gemma3_text", "phi3", "llama4", "llama4_text", "gpt_oss", "deepseek_v3",
             "deepseek_v2", "kimi_k2", "jamba", "nemotron_h", "qwen3_next", "minimax",
-            "minimax_text_01", "falcon_h1")
+            "minimax_text_01", "falcon_h1", "zamba2")
 # multimodal configs: the text model's config sits under ``text_config``
 _TEXT = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _FAMILY = {"mixtral": families.mixtral, "qwen3_moe": families.qwen3_moe,
@@ -40,7 +40,10 @@ _FAMILY = {"mixtral": families.mixtral, "qwen3_moe": families.qwen3_moe,
            "deepseek_v2": families.deepseek, "kimi_k2": families.deepseek,
            "jamba": hybrids.jamba, "nemotron_h": hybrids.nemotron_h,
            "qwen3_next": hybrids.qwen3_next, "minimax": hybrids.minimax,
-           "minimax_text_01": hybrids.minimax, "falcon_h1": hybrids.falcon_h1}
+           "minimax_text_01": hybrids.minimax, "falcon_h1": hybrids.falcon_h1,
+           "zamba2": hybrids.zamba2}
+# a family's earlier config.json key names, read as today's before any key is
+_SPELLING = {"zamba2": hybrids.zamba2_keys}
 _ACT = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
         "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "relu": "relu"}
 
@@ -52,7 +55,8 @@ _HF_KEYS = {"n_layers": "num_hidden_layers", "d_model": "hidden_size",
             "head_dim": "head_dim", "max_position_embeddings": "max_position_embeddings",
             "attention.sliding_window": "sliding_window", "moe.top_k": "num_experts_per_tok",
             "attention.chunk_size": "attention_chunk_size",
-            "moe.layer_step": "decoder_sparse_step or interleave_moe_layer_step"}
+            "moe.layer_step": "decoder_sparse_step or interleave_moe_layer_step",
+            "shared_block.n_blocks": "num_mem_blocks", "shared_block.adapter_rank": "adapter_rank"}
 
 
 def model_from_hf_config(data: dict, file: str, name: str | None = None) -> Model:
@@ -63,6 +67,8 @@ def model_from_hf_config(data: dict, file: str, name: str | None = None) -> Mode
     if kind not in FAMILIES:
         raise top.error("model_type", f"unsupported {kind!r}, expected one of "
                         f"{', '.join(FAMILIES)}")
+    if kind in _SPELLING:
+        top = Fields(_SPELLING[kind](data), file)
     hf = top.sub("text_config") if kind in _TEXT else top
     kind = _TEXT.get(kind, kind)
     n_heads = hf.integer("num_attention_heads")

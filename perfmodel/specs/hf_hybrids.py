@@ -1,10 +1,11 @@
 """Hybrid (recurrent + attention) families of the Hugging Face ``config.json`` translation
-(``specs.hf``): Jamba, Nemotron-H, Qwen3-Next, MiniMax-Text-01, Falcon-H1.
+(``specs.hf``): Jamba, Nemotron-H, Qwen3-Next, MiniMax-Text-01, Falcon-H1, Zamba2.
 
 Each function reads the keys one family adds and writes them into ``out`` (the
 models/README.md schema): the per-layer kinds into ``attention.layer_pattern`` (mamba,
 linear, mlp, global) and the recurrent block (``mamba:`` or ``linear_attention:``; Falcon-H1:
-``mamba.parallel``, a Mamba-2 mixer beside attention in every layer). A layer
+``mamba.parallel``, a Mamba-2 mixer beside attention in every layer; Zamba2: a
+``shared_block``). A layer
 letter or type not understood is an error naming the key. Key names follow the families'
 ``configuration_*.py`` (transformers; the hub's remote code for Nemotron-H and MiniMax).
 """
@@ -24,6 +25,15 @@ _LINEAR_TYPES = {"linear_attention": "linear", "full_attention": "global"}
 _MINIMAX = {0: "linear", 1: "global"}
 # flash-linear-attention chunk_gated_delta_rule's chunk (no config key)
 _DELTANET_CHUNK = 64
+# Zamba2 ``layers_block_type``: a Mamba layer, or a shared block then a Mamba layer ("m" and
+# "g" in Zyphra's earlier spelling); True: the layer invokes a shared block
+_ZAMBA2 = {"mamba": False, "hybrid": True, "m": False, "g": True}
+# Zyphra's earlier zamba2 key names (Zyphra/transformers_zamba2's Zamba2Config) -> today's
+# (transformers' Zamba2Config)
+_ZAMBA2_SPELLING = {"state_size": "mamba_d_state", "conv_dimension": "mamba_d_conv",
+                    "expansion_factor": "mamba_expand", "ffn_hidden_size": "intermediate_size",
+                    "lora_rank": "adapter_rank",
+                    "use_shared_attention_lora": "use_shared_attention_adapter"}
 
 
 def _kinds(hf: Fields, key: str, values: list, table: dict, layers: int) -> list[str]:
@@ -189,3 +199,64 @@ def minimax(hf: Fields, out: dict[str, Any]) -> None:
     out["moe"] = {"n_experts": hf.integer("num_local_experts"),
                   "top_k": hf.integer("num_experts_per_tok"),
                   "expert_intermediate_size": out["intermediate_size"]}
+
+
+def zamba2_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A zamba2 config.json in today's key names: Zyphra's earlier ones renamed
+    (``_ZAMBA2_SPELLING``) where today's is absent, and the MLP width transformers gives a
+    config without one (4 x hidden_size)."""
+    out = dict(data)
+    for old, new in _ZAMBA2_SPELLING.items():
+        if old in out and out.get(new) is None:
+            out[new] = out.pop(old)
+    if out.get("intermediate_size") is None and isinstance(out.get("hidden_size"), int):
+        out["intermediate_size"] = 4 * out["hidden_size"]
+    return out
+
+
+def zamba2(hf: Fields, out: dict[str, Any]) -> None:
+    """Zamba2: every layer a Mamba-2 mixer (``mamba_expand`` x d in ``n_mamba_heads``, else
+    heads of ``mamba_headdim``; ``mamba_d_state``, ``mamba_ngroups``, ``mamba_d_conv``,
+    ``chunk_size``) with one pre-norm; the "hybrid" layers of ``layers_block_type`` first
+    run one of ``num_mem_blocks`` shared blocks in turn, multi-head attention of head_dim
+    2 d / heads over the 2 d concat (rotary when ``use_mem_rope``) and the gated MLP, with
+    ``adapter_rank`` adapters: q/k/v ones when ``use_shared_attention_adapter``, the gate_up
+    one always (transformers' and vLLM's Zamba2MLP build it whatever
+    ``use_shared_mlp_adapter`` says; Zyphra's earlier ``use_shared_block_lora``)."""
+    layers, d = out["n_layers"], out["d_model"]
+    calls = _kinds(hf, "layers_block_type", hf.raw("layers_block_type"), _ZAMBA2, layers)
+    ids = [i for i, call in enumerate(calls) if call]
+    if hf.has("hybrid_layer_ids") and hf.raw("hybrid_layer_ids") != ids:
+        raise hf.error("hybrid_layer_ids", f"expected the hybrid layers of layers_block_type "
+                       f"{ids}, got {hf.raw('hybrid_layer_ids')}")
+    if hf.flag("add_bias_linear", False):
+        raise hf.error("add_bias_linear", "biased projections are not modelled for Zamba2")
+    if (2 * d) % out["n_heads"]:
+        raise hf.error("num_attention_heads", f"expected a divisor of 2 x hidden_size "
+                       f"({2 * d}), got {out['n_heads']}")
+    inner = hf.integer("mamba_expand", 2) * d
+    heads = hf.integer("n_mamba_heads") if hf.has("n_mamba_heads") \
+        else inner // hf.integer("mamba_headdim", 64)
+    if inner % heads:
+        raise hf.error("n_mamba_heads", f"expected a divisor of mamba_expand x hidden_size "
+                       f"({inner}), got {heads}")
+    set_pattern(hf, out, ["mamba"] * layers)
+    out.update(head_dim=2 * d // out["n_heads"], norms_per_layer=1,
+               tie_embeddings=hf.flag("tie_word_embeddings", True),
+               position="rope" if hf.flag("use_mem_rope", False) else "none")
+    if not hf.has("hidden_act"):
+        out["activation"] = "gelu"                    # Zamba2Config's default
+    if hf.flag("use_long_context", False):            # Zamba2Config: a 16,384 context
+        out["max_position_embeddings"] = 16384
+    out["mamba"] = {"d_inner": inner, "head_dim": inner // heads,
+                    "d_state": hf.integer("mamba_d_state", 64),
+                    "n_groups": hf.integer("mamba_ngroups", 1),
+                    "d_conv": hf.integer("mamba_d_conv", 4),
+                    "chunk_size": hf.integer("chunk_size", 256),
+                    "conv_bias": hf.flag("use_conv_bias", True),
+                    # vLLM's mamba_ssm_cache_dtype "auto": the model's (bfloat16) dtype
+                    "state_dtype": "bf16"}
+    out["shared_block"] = {"n_blocks": hf.integer("num_mem_blocks", 1), "layers": ids,
+                           "adapter_rank": hf.integer("adapter_rank", 128),
+                           "attention_adapters": hf.flag("use_shared_attention_adapter", False),
+                           "mlp_adapters": hf.flag("use_shared_block_lora", True)}

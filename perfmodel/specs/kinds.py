@@ -56,8 +56,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("softmax", "elementwise", "stream", reads=1, writes=1, flops=5),
     Kind("add", "elementwise", "stream", reads=2, writes=1, flops=1),
     Kind("rotary", "elementwise", "stream", reads=1, writes=1, flops=3),
-    # a copy of some columns of the activations (``A[:, idx].contiguous()``): the 16-bit
-    # outlier channels' inputs (``cost.outliers``); priced inside its GEMM, never measured alone
+    # a copy of activations, never measured alone: some columns (``A[:, idx].contiguous()``,
+    # the 16-bit outlier channels' inputs, priced inside their GEMM: ``cost.outliers``), or
+    # Zamba2's concat of the hidden state and the embeddings (``cost.layers``)
     Kind("gather", "elementwise", "stream", own_fraction=False, own_latency=False, row=None,
          reads=1, writes=1),
     Kind("kv_cache_write", "elementwise", "stream"),

@@ -136,6 +136,31 @@ class LinearAttention:
             if self.d_conv else 0
 
 
+@dataclass(frozen=True)
+class SharedBlock:
+    """Shared transformer blocks (Zamba2, arXiv 2411.15242): ``n_blocks`` attention + MLP
+    blocks, each stored once, run in turn (round-robin) at the ``layers`` listed (0-based:
+    Hugging Face ``hybrid_layer_ids``), each before that layer's Mamba-2 mixer. A block's
+    input is concat(hidden, the token embeddings), 2 d wide: an RMSNorm over 2 d,
+    multi-head attention from 2 d (heads x head_dim = 2 d) back to d, an RMSNorm over d and
+    the model's MLP, with no residual inside. Every invocation has its own LoRA adapters of
+    ``adapter_rank`` (``attention_adapters``: q, k, v each 2 d -> rank -> 2 d;
+    ``mlp_adapters``: d -> rank -> the gate_up width), its own d x d linear, whose output is
+    added to the layer's Mamba input, and its own KV cache (transformers
+    ``modeling_zamba2.py``; vLLM ``vllm/model_executor/models/zamba2.py``)."""
+
+    n_blocks: int
+    layers: tuple[int, ...]
+    adapter_rank: int = 128
+    attention_adapters: bool = False
+    mlp_adapters: bool = True
+
+    @property
+    def invocations(self) -> int:
+        """Times a step runs a shared block: once per listed layer."""
+        return len(self.layers)
+
+
 # layer kinds of a pattern: attention (global, local, chunk), recurrent mixers (mamba,
 # linear) and MLP-only layers (mlp: Nemotron-H, where a layer holds a mixer or an MLP)
 LayerKind = Literal["global", "local", "chunk", "mamba", "linear", "mlp"]
@@ -180,6 +205,7 @@ class Model:
     moe: MoE | None = None
     mamba: Mamba | None = None
     linear_attention: LinearAttention | None = None
+    shared_block: SharedBlock | None = None     # Zamba2's shared attention + MLP blocks
     mtp_modules: int = 0
     quantization: Quantization | None = None   # None: weights at the workload's dtype
     family: str = ""
@@ -192,6 +218,25 @@ class Model:
         """Attention layers that compute and cache their own K/V:
         ceil(attention layers / kv_share)."""
         return -(-self.attention_layers // self.kv_share)
+
+    @property
+    def shared_invocations(self) -> int:
+        """Invocations of a shared block in a step (``SharedBlock``; 0 without one)."""
+        return self.shared_block.invocations if self.shared_block is not None else 0
+
+    @property
+    def cache_layers(self) -> int:
+        """KV caches per sequence: the attention layers' own (``kv_layers``) and one per
+        shared-block invocation (Zamba2)."""
+        return self.kv_layers + self.shared_invocations
+
+    @property
+    def full_cache_layers(self) -> int:
+        """KV caches that keep every position: the global layers' own (cross-layer sharing,
+        allowed only when every attention layer is global, leaves kv_layers of them) and
+        one per shared-block invocation."""
+        return self.layer_count("global") - self.attention_layers + self.kv_layers \
+            + self.shared_invocations
 
     def layer_count(self, *kinds: str) -> int:
         """Layers of the pattern whose kind is one of ``kinds``."""
@@ -224,9 +269,10 @@ class Model:
     @property
     def mlp_layers(self) -> int:
         """Layers with an MLP: the MLP-only ones when the pattern has any (a Nemotron-H
-        layer holds a mixer or an MLP), else every layer."""
+        layer holds a mixer or an MLP), none when a shared block holds the MLP (Zamba2),
+        else every layer."""
         mlp_only = self.layer_count("mlp")
-        return mlp_only if mlp_only else self.n_layers
+        return mlp_only if mlp_only or self.shared_block is not None else self.n_layers
 
     def layer_kinds(self) -> list[str]:
         """'local' (sliding window), 'chunk' (chunked attention) or 'global' for every layer,

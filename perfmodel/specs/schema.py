@@ -16,6 +16,7 @@ from perfmodel.specs.model import (
     Model,
     MoE,
     Quantization,
+    SharedBlock,
 )
 
 MODEL_KEYS = ("version", "name", "family", "source", "n_layers", "d_model", "n_heads",
@@ -23,7 +24,7 @@ MODEL_KEYS = ("version", "name", "family", "source", "n_layers", "d_model", "n_h
               "activation", "norm", "norms_per_layer", "tie_embeddings", "position",
               "max_position_embeddings", "qkv_bias", "linear_bias", "parallel_block",
               "qk_norm", "attention", "mla", "moe", "mtp", "quantization", "mamba",
-              "linear_attention")
+              "linear_attention", "shared_block")
 
 # Upper bounds on sizes, generous enough for any real model (the largest published ones
 # reach 126 layers, d_model 18,432, 128 heads, a 262k vocabulary, 384 experts, a 10M
@@ -38,7 +39,8 @@ MAX = {"n_layers": 4096, "d_model": WIDTH, "n_heads": 16384, "n_kv_heads": 16384
        "q_lora_rank": WIDTH, "kv_lora_rank": WIDTH, "qk_nope_head_dim": 65536,
        "qk_rope_head_dim": 65536, "v_head_dim": 65536, "group_size": 2**24,
        "d_inner": WIDTH, "d_state": 65536, "n_groups": 16384, "d_conv": 64, "dt_rank": WIDTH,
-       "n_k_heads": 16384, "head_k_dim": 65536, "head_v_dim": 65536, "topk_groups": 16384}
+       "n_k_heads": 16384, "head_k_dim": 65536, "head_v_dim": 65536, "topk_groups": 16384,
+       "n_blocks": 4096, "adapter_rank": WIDTH}
 QUANTIZED_DTYPES = tuple(d for d in DTYPES if d in ("int8", "int4", "fp8", "fp4"))
 
 
@@ -70,7 +72,7 @@ def model_from_fields(f: Fields) -> Model:
         norm=f.text("norm", "rms", ("rms", "layer")),
         norms_per_layer=size(f, "norms_per_layer", 2),
         tie_embeddings=f.flag("tie_embeddings", False),
-        position=f.text("position", "rope", ("rope", "learned", "alibi")),
+        position=f.text("position", "rope", ("rope", "learned", "alibi", "none")),
         max_position_embeddings=size(f, "max_position_embeddings", 0, minimum=0),
         qkv_bias=f.flag("qkv_bias", False), linear_bias=f.flag("linear_bias", False),
         parallel_block=f.flag("parallel_block", False),
@@ -78,6 +80,7 @@ def model_from_fields(f: Fields) -> Model:
         attention_chunk=chunk, attention_sinks=sinks, kv_share=share,
         attention_output_gate=gate, mamba=_mamba(f.sub("mamba", required=False)),
         linear_attention=_linear(f.sub("linear_attention", required=False)),
+        shared_block=_shared(f.sub("shared_block", required=False)),
         qk_norm=f.text("qk_norm", None, QK_NORMS),
         mla=_mla(f.sub("mla", required=False)), moe=_moe(f.sub("moe", required=False)),
         mtp_modules=_mtp(f.sub("mtp", required=False)),
@@ -94,6 +97,7 @@ def model_from_fields(f: Fields) -> Model:
     if model.moe and model.moe.first_dense_layers > model.n_layers:
         raise f.error("moe.first_dense_layers", f"expected at most n_layers ({model.n_layers})")
     _check_recurrent(f, model)
+    _check_shared(f, model)
     return model
 
 
@@ -120,6 +124,49 @@ def _check_recurrent(f: Fields, model: Model) -> None:
             and (model.mla is not None or model.kv_share > 1):
         raise f.error("attention.layer_pattern", "recurrent or MLP-only layers with MLA or "
                       "KV sharing are not modelled")
+
+
+def _check_shared(f: Fields, model: Model) -> None:
+    """A shared block (Zamba2) runs before the Mamba-2 mixer of listed layers of an
+    all-Mamba pattern; its attention is multi-head from the 2 d concat (vLLM's
+    Zamba2Attention: heads x head_dim = 2 d, as many K/V heads as heads), no MoE."""
+    shared = model.shared_block
+    if shared is None:
+        return
+    m = model.mamba
+    if set(model.layer_kinds()) != {"mamba"} or m.dt_rank or m.parallel or model.moe:
+        raise f.error("shared_block", "expected every layer of attention.layer_pattern to be "
+                      "mamba (Mamba-2, not parallel) and no moe block")
+    if list(shared.layers) != sorted(set(shared.layers)) or shared.layers[-1] >= model.n_layers:
+        raise f.error("shared_block.layers", f"expected distinct increasing layer indices "
+                      f"below n_layers ({model.n_layers}), got {list(shared.layers)}")
+    if shared.n_blocks > shared.invocations:
+        raise f.error("shared_block.n_blocks", f"expected at most one block per listed layer "
+                      f"({shared.invocations}), got {shared.n_blocks}")
+    if model.n_heads * model.head_dim != 2 * model.d_model:
+        raise f.error("head_dim", f"expected n_heads x head_dim = 2 x d_model "
+                      f"({2 * model.d_model}) with a shared block, got "
+                      f"{model.n_heads * model.head_dim}")
+    if model.n_kv_heads != model.n_heads:
+        raise f.error("n_kv_heads", f"expected n_heads ({model.n_heads}) with a shared block "
+                      f"(vLLM's Zamba2Attention is multi-head)")
+
+
+def _shared(f: Fields | None) -> SharedBlock | None:
+    """The ``shared_block:`` block (models/README.md)."""
+    if f is None:
+        return None
+    layers = f.raw("layers")
+    if not isinstance(layers, list) or not layers or any(
+            not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in layers):
+        raise f.error("layers", f"expected a non-empty list of 0-based layer indices, "
+                      f"got {layers!r}")
+    out = SharedBlock(n_blocks=size(f, "n_blocks"), layers=tuple(layers),
+                      adapter_rank=size(f, "adapter_rank", 128),
+                      attention_adapters=f.flag("attention_adapters", False),
+                      mlp_adapters=f.flag("mlp_adapters", True))
+    f.finish()
+    return out
 
 
 def _attention(f: Fields | None) -> tuple:
