@@ -74,7 +74,9 @@ def _random_model(rng: random.Random) -> dict:
     return out
 
 
-def _random_workloads(rng: random.Random, n: int) -> pm.Workloads:
+def _random_workloads(rng: random.Random, n: int, own_head: bool = True) -> pm.Workloads:
+    """``n`` random configurations; a quantized LM head drawn only where the model has a
+    head of its own (``own_head``: a tied one is refused for every row alike)."""
     weights = [rng.choice(DTYPES) for _ in range(n)]
     groups = [rng.choice([0, 32, 128]) if pm.Workload(weights_dtype=w).weight_bytes_per_param
               < 2 else 0 for w in weights]
@@ -93,6 +95,7 @@ def _random_workloads(rng: random.Random, n: int) -> pm.Workloads:
         kv_group_size=[side.choice([None, 0, 16]) if k in ("fp8", "int8", "int4", "fp4")
                        else None for k in kvs],
         outlier_fraction=[side.choice([0.0, 0.01, 0.5]) if q else 0.0 for q in quantized],
+        quantize_lm_head=[own_head and side.random() < 0.5 for _ in range(n)],
         cuda_graphs=[rng.random() < 0.5 for _ in range(n)],
         usable_memory_fraction=[rng.choice([0.05, 0.5, 0.9, 1.0]) for _ in range(n)],
         kv_block_tokens=[rng.choice([1, 16, 256]) for _ in range(n)])
@@ -119,7 +122,7 @@ def test_random_configurations_give_sane_numbers_or_a_spec_error(tmp_path):
             model = pick.choice(models)
         plan = pm.Parallelism(tp=rng.choice([1, 1, 2, 2, 4, 8, 3, 16]))
         hw = rng.choice(devices)
-        workloads = _random_workloads(rng, CONFIGS_PER_PLAN)
+        workloads = _random_workloads(rng, CONFIGS_PER_PLAN, not model.tie_embeddings)
         tried += CONFIGS_PER_PLAN
         try:
             _check(pm.estimate_many(hw, model, workloads, plan))

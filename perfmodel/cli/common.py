@@ -143,6 +143,11 @@ KvScaleBytes = Annotated[float, typer.Option(
     min=0.01, max=16.0, help="bytes of scale (and zero point) per KV-cache group")]
 OutlierFraction = Annotated[float, typer.Option(
     min=0.0, max=0.5, help="share of the quantized weights' input channels kept in 16 bits")]
+QuantizeHead = Annotated[bool | None, typer.Option(
+    "--quantize-lm-head/--no-quantize-lm-head", show_default="the checkpoint's",
+    help="store and run the LM head at the weights' dtype, group size and scales, as "
+         "TorchAO's quantize_ and GPTQ's \"lm_head\": true do; default: as the model's "
+         "checkpoint (quantization_config), else 16-bit; no effect on 16-bit weights")]
 Graphs = Annotated[bool, typer.Option(help="decode launched as a CUDA graph")]
 MemFrac = Annotated[float, typer.Option(
     min=0.01, max=1.0, help="share of device memory usable by the server")]
@@ -297,6 +302,16 @@ def numbers(option: str, text: str, kind: type = float, minimum: float = 0.0) ->
                  f"{t!r} in {text!r}")
         values.append(value)
     return values
+
+
+def flags(option: str, text: str) -> list[bool]:
+    """'false,true' -> [False, True]; anything else is a one-line error, a repeat a warning."""
+    values = []
+    for t in _items(option, text, "true or false values"):
+        if t.lower() not in ("true", "false"):
+            fail(f"{option}: expected comma-separated true or false, got {t!r} in {text!r}")
+        values.append(t.lower() == "true")
+    return _unique(option, values, text)
 
 
 def dtypes(option: str, text: str) -> list[str]:

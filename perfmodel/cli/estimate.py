@@ -39,6 +39,7 @@ from perfmodel.cli.common import (
     OutlierFraction,
     Pp,
     Prompt,
+    QuantizeHead,
     SharedPrefix,
     Tp,
     WeightsFormatOpt,
@@ -77,6 +78,7 @@ def estimate(
     expert_replicas: ExpertReplicas = 0,
     group_size: GroupSize = None,
     outlier_fraction: OutlierFraction = 0.0,
+    quantize_lm_head: QuantizeHead = None,
     kv_group_size: KvGroupSize = None,
     kv_scale_bytes: KvScaleBytes = 4.0,
     cuda_graphs: Graphs = False,
@@ -111,7 +113,8 @@ def estimate(
         wl = workload(m, batch, prompt, gen, weights_dtype, act_dtype, kv_dtype, group_size,
                       cuda_graphs, memory_fraction, kv_block, shared_prefix=shared_prefix,
                       prefix_hit_rate=prefix_hit_rate, expert_skew=expert_skew,
-                      outlier_fraction=outlier_fraction, kv_group_size=kv_group_size,
+                      outlier_fraction=outlier_fraction, quantize_lm_head=quantize_lm_head,
+                      kv_group_size=kv_group_size,
                       kv_scale_bytes=kv_scale_bytes, **fmt_fields)
         layout = plan(tp, pp, ep, dp, attention_dp, expert_replicas)
         result = run(load.hardware(hardware), m, wl, layout, spec, diffuse)

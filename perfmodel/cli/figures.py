@@ -29,6 +29,7 @@ from perfmodel.cli.common import (
     WeightsOpt,
     dtypes,
     fail,
+    flags,
     ints,
     load_models,
     names,
@@ -121,6 +122,10 @@ def sweep_cmd(
     outlier_fraction: Annotated[str, typer.Option(
         help="shares of the quantized weights' input channels kept in 16 bits, comma "
              "list")] = "0",
+    quantize_lm_head: Annotated[str | None, typer.Option(
+        show_default="false", help="LM head at the weights' dtype, group size and scales: "
+             "true, false or both, comma list (the kv_cache and max_batch tables keep it at "
+             "16 bits)")] = None,
     kv_dtype: Annotated[str, typer.Option(help="KV-cache dtypes, comma list")] = "bf16",
     kv_group_size: Annotated[str | None, typer.Option(
         show_default="a scale per (token, head) for int8/int4, none otherwise",
@@ -160,6 +165,8 @@ def sweep_cmd(
     levers = {"shared_prefix": numbers("--shared-prefix", shared_prefix, int, 0),
               "expert_skew": numbers("--expert-skew", expert_skew, float, 0.0),
               **_scale_levers(group_size, outlier_fraction, kv_group_size, kv_scale_bytes)}
+    if quantize_lm_head is not None:
+        levers["quantize_lm_head"] = flags("--quantize-lm-head", quantize_lm_head)
     formats = _formats(weights_formats, weights_dtype, group_size)
     wdts = dtypes("--weights-dtype", "bf16" if weights_dtype is None else weights_dtype)
     kdts = dtypes("--kv-dtype", kv_dtype)

@@ -34,6 +34,7 @@ from perfmodel.cli.common import (
     OutlierFraction,
     Pp,
     Prompt,
+    QuantizeHead,
     SharedPrefix,
     Tp,
     WeightsFormatOpt,
@@ -65,6 +66,7 @@ def report_cmd(
     pp: Pp = 1, ep: Ep = 1, dp: Dp = 1, attention_dp: AttentionDp = False,
     expert_replicas: ExpertReplicas = 0,
     group_size: GroupSize = None, outlier_fraction: OutlierFraction = 0.0,
+    quantize_lm_head: QuantizeHead = None,
     kv_group_size: KvGroupSize = None, kv_scale_bytes: KvScaleBytes = 4.0,
     cuda_graphs: Graphs = False, memory_fraction: MemFrac = 0.9, kv_block: KvBlock = 16,
     shared_prefix: SharedPrefix = 0, prefix_hit_rate: HitRate = 1.0,
@@ -91,7 +93,8 @@ def report_cmd(
 
     levers = {"shared_prefix": shared_prefix, "prefix_hit_rate": prefix_hit_rate,
               "expert_skew": expert_skew, "outlier_fraction": outlier_fraction,
-              "kv_group_size": kv_group_size, "kv_scale_bytes": kv_scale_bytes}
+              "quantize_lm_head": quantize_lm_head, "kv_group_size": kv_group_size,
+              "kv_scale_bytes": kv_scale_bytes}
     layout = {"tp": tp, "pp": pp, "ep": ep, "dp": dp, "attention_dp": attention_dp,
               "expert_replicas": expert_replicas}
     drafting = {"draft": draft, "draft_k": draft_k, "acceptance": acceptance,

@@ -19,6 +19,7 @@ from perfmodel.cli.common import (
     HardwareOpt,
     ModelOpt,
     Pp,
+    QuantizeHead,
     Tp,
     WeightsOpt,
     fail,
@@ -88,6 +89,7 @@ def simulate_cmd(
     max_model_len: Annotated[int, Opt(min=0, rich_help_panel=_ENGINE,
                                       help="0: the model's context limit")] = 0,
     weights_dtype: WeightsOpt = None,
+    quantize_lm_head: QuantizeHead = None,
     act_dtype: DtypeOpt = "bf16",
     kv_dtype: DtypeOpt = "bf16",
     tp: Tp = 1,
@@ -115,7 +117,8 @@ def simulate_cmd(
         out_dir(out)
     try:
         m, hw = load.model(model), load.hardware(hardware)
-        wl = workload(m, 1, input_len, output_len, weights_dtype, act_dtype, kv_dtype)
+        wl = workload(m, 1, input_len, output_len, weights_dtype, act_dtype, kv_dtype,
+                      quantize_lm_head=quantize_lm_head)
         layout = plan(tp, pp, ep, dp, attention_dp, 0)
         engine = _engine(max_num_seqs, max_num_batched_tokens, gpu_memory_utilization,
                          block_size, chunked_prefill, prefix_caching, scheduler.value,

@@ -66,7 +66,8 @@ class Values:
     """Per-row (N,) quantities of the steps (see ``layers``) and dtype figures: bytes per
     element of activations (``ab``), KV cache (``kvb``) and quantized matmul weights with
     their group scales (``wb``), the share of input channels kept in 16 bits (``outliers``,
-    ``cost.outliers``), the stored weights' dtype code (``weights``; None: the compute dtype);
+    ``cost.outliers``), the stored weights' dtype code (``weights``; None: the compute dtype),
+    where the LM head is stored as the weights are (``head``, ``memory.quantized_head``);
     compute dtype codes of elementwise work (``act``), linear layers
     (``matmul``) and attention (``attention``)."""
 
@@ -86,6 +87,7 @@ class Values:
     expanded_context: np.ndarray = field(default_factory=lambda: np.zeros(1))
     weights: np.ndarray | None = None               # (N,) stored weight dtype codes
     outliers: np.ndarray = field(default_factory=lambda: np.zeros(1))   # (N,) 16-bit share
+    head: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=bool))  # (N,)
     pairs: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (token, expert) here
     absorbed_groups: np.ndarray | None = None       # (N, G): MLA groups in latent form
     _table: np.ndarray | None = None                 # every row quantity, filled on first use
@@ -188,6 +190,7 @@ def compile_template(specs: list) -> tuple[Block, ...]:
             const["groups"] = np.array([1.0 if s.groups == "touched" else s.groups
                                         for s in group])[:, None]
             const["act"] = np.array([s.weights == "act" for s in group])[:, None]
+            const["head"] = np.array([s.weights == "head" for s in group])[:, None]
         if kind is PointwiseSpec:
             const["code"] = np.array([POINTWISE_CODE[s.kind] for s in group])[:, None]
         if kind is AttentionSpec:
@@ -204,14 +207,18 @@ def _present(rows: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def _gemms(b: Block, v: Values) -> Gemm:
+    """The GEMMs of ``b``: a "matmul" GEMM at the weights' bytes, compute dtype and stored
+    dtype (converted in the kernel, ``cost.dequant``), an "act" one at the activations';
+    the LM head ("head") as the former where ``v.head``, else as the latter."""
     c = b.const
     rows, count = _present(v.rows(b.rows), c["count"])
     groups = c["groups"] if c["touched"] is None else np.where(c["touched"], v.touched,
                                                                  c["groups"])
-    stored = -1 if v.weights is None else np.where(c["act"], -1, v.weights)
-    return weight_gemm(np.where(c["act"], 0.0, v.outliers), m=rows, n=c["n"], k=c["k"],
-                       groups=groups, weight_bytes=np.where(c["act"], v.ab, v.wb),
-                       act_bytes=v.ab, bias=c["bias"], dtype=np.where(c["act"], v.act, v.matmul),
+    act = c["act"] | (c["head"] & ~v.head) if c["head"].any() else c["act"]
+    stored = -1 if v.weights is None else np.where(act, -1, v.weights)
+    return weight_gemm(np.where(act, 0.0, v.outliers), m=rows, n=c["n"], k=c["k"],
+                       groups=groups, weight_bytes=np.where(act, v.ab, v.wb),
+                       act_bytes=v.ab, bias=c["bias"], dtype=np.where(act, v.act, v.matmul),
                        count=count, weight_dtype=stored)
 
 

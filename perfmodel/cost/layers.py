@@ -89,7 +89,7 @@ def _build(model: Model, tp: int, ep: int = 1, dispatch: bool = False) -> list[S
     out += _mlp(model, tp, ep, dispatch)
     out.append(PointwiseSpec("final_norm", norm, d, 1))
     out.append(GemmSpec("lm_head", model.vocab_size // tp, d, 1, rows="logits",
-                        weights="act"))
+                        weights="head"))
     out.append(OverheadSpec("layer_overhead", L))
     return out
 

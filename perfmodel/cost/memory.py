@@ -32,6 +32,7 @@ from perfmodel.cost.params import (
     unquantized,
 )
 from perfmodel.specs.dtypes import BYTES, DTYPE_BYTES, kv_group, scaled_bytes
+from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workloads
@@ -66,20 +67,24 @@ class MemoryEstimate:
 
 def weights_bytes(model: Model, tp: int, weight_bytes: np.ndarray,
                   act_bytes: np.ndarray, pp: int = 1, ep: int = 1,
-                  replicas: int = 0) -> np.ndarray:
+                  replicas: int = 0, head_bytes: np.ndarray | None = None) -> np.ndarray:
     """Bytes of weights on one device: matmul weights at ``weight_bytes`` per element (with
-    group scales); embedding, LM head, norms and the linear classes the checkpoint keeps
-    unquantized (``params.unquantized``) at ``act_bytes``. Under pipeline parallelism, the
-    fullest stage's (``stage_weights``)."""
-    return stage_weights(model, tp, weight_bytes, act_bytes, pp, ep, replicas).max(axis=0)
+    group scales); embedding, norms and the linear classes the checkpoint keeps
+    unquantized (``params.unquantized``) at ``act_bytes``; the LM head at ``head_bytes``
+    (None: ``act_bytes``; ``head_bytes_of``). Under pipeline parallelism, the fullest
+    stage's (``stage_weights``)."""
+    return stage_weights(model, tp, weight_bytes, act_bytes, pp, ep, replicas,
+                         head_bytes).max(axis=0)
 
 
 def stage_weights(model: Model, tp: int, weight_bytes: np.ndarray, act_bytes: np.ndarray,
-                  pp: int = 1, ep: int = 1, replicas: int = 0) -> np.ndarray:
+                  pp: int = 1, ep: int = 1, replicas: int = 0,
+                  head_bytes: np.ndarray | None = None) -> np.ndarray:
     """(pp, ...) weight bytes on a device of each stage: its share of the decoder layers, the
-    embedding on the first stage and the LM head on the last (a tied head is a second copy
-    of the embedding there when pp > 1); under expert parallelism its experts, ``replicas``
-    redundant copies included (``params.param_counts``)."""
+    embedding on the first stage and the LM head on the last at ``head_bytes`` per element
+    (None: ``act_bytes``; a tied head is a second copy of the embedding there when pp > 1);
+    under expert parallelism its experts, ``replicas`` redundant copies included
+    (``params.param_counts``)."""
     counts = param_counts(model, tp, ep, replicas)
     kept = unquantized(model)
     linear = sum(getattr(counts, c) for c in LINEAR_CLASSES if c not in kept)
@@ -89,8 +94,37 @@ def stage_weights(model: Model, tp: int, weight_bytes: np.ndarray, act_bytes: np
     share = stage_layers(model.n_layers, pp) / model.n_layers
     out = share.reshape((pp,) + (1,) * np.ndim(layers)) * layers
     out[0] = out[0] + counts.embedding * np.asarray(act_bytes)
-    out[-1] = out[-1] + head * np.asarray(act_bytes)
+    out[-1] = out[-1] + head * np.asarray(act_bytes if head_bytes is None else head_bytes)
     return out
+
+
+def quantized_head(model: Model, quantize: np.ndarray | bool,
+                   weights: np.ndarray | int) -> np.ndarray:
+    """Where the LM head is stored and run at the weights' dtype, group size and scales
+    (``Workload.quantize_lm_head``): where asked and the weight dtype codes ``weights`` are
+    narrower than 16 bits (on 16-bit weights the flag changes nothing).
+
+    A model whose head is its embedding table (``tie_embeddings``) is refused with a
+    SpecError where any row asks: the stacks disagree on what a quantized tied head is, so
+    no one price is honest. TorchAO's ``quantize_`` gives the output ``nn.Linear`` a new
+    quantized parameter and leaves the embedding its 16-bit table (a second, quantized copy
+    of the vocabulary matrix); vLLM ties the head by sharing the embedding's tensor
+    (``ParallelLMHead.tie_weights``) and skips the checkpoint's ``lm_head.*`` tensors of a
+    tied model, so a GPTQ head would not be loaded; auto-round declines to quantize a tied
+    head (intel/auto-round PR 101)."""
+    on = np.asarray(quantize, dtype=bool) & (BYTES[np.asarray(weights, dtype=int)] < 2)
+    if model.tie_embeddings and on.any():
+        raise SpecError(f"workload: quantize_lm_head needs an LM head of its own, but "
+                        f"{model.name}'s head is its embedding table (tie_embeddings: true); "
+                        f"set it to false")
+    return on
+
+
+def head_bytes_of(model: Model, w: Workloads) -> np.ndarray:
+    """Bytes per LM-head weight of every configuration of ``w`` (N,): the weights' bytes
+    per parameter where the head is quantized (``quantized_head``), else the activations'."""
+    on = quantized_head(model, w.quantize_lm_head, w.weights_dtype)
+    return np.where(on, w.weight_bytes_per_param, BYTES[w.act_dtype])
 
 
 def kv_elems_per_token_layer(model: Model, tp: int = 1) -> int:
@@ -220,7 +254,7 @@ def memory_estimate(model: Model, hw: Hardware, plan: Parallelism,
     kvb = kv_bytes_of(model, w)
     usable = usable_bytes(hw, w.usable_memory_fraction)
     weights = stage_weights(model, tp, w.weight_bytes_per_param, ab, pp, plan.ep,
-                            plan.expert_replicas)                          # (pp, N)
+                            plan.expert_replicas, head_bytes_of(model, w))  # (pp, N)
     share = (stage_layers(model.n_layers, pp) / model.n_layers)[:, None]
     per_seq = kv_bytes_per_sequence(model, tp, kvb, w.final_len, w.kv_block_tokens)
     shared, hit = shared_prefix_bytes(model, tp, kvb, w), w.prefix_hit_rate

@@ -15,9 +15,11 @@ ROW_QUANTITIES = ("tokens", "seqs", "logits", "expert_rows", "expert_act_rows", 
 
 class GemmSpec(NamedTuple):
     """A linear layer: [rows, k] x [k, n] (x ``groups``: a number, or "touched" experts).
-    ``weights``: "matmul" (the weight dtype, group scales) or "act" (embedding-like tables,
+    ``weights``: "matmul" (the weight dtype, group scales), "act" (embedding-like tables,
     routers and the linear classes a quantized checkpoint keeps at 16 bits, at the
-    activation dtype, which is then also the compute dtype: see ``weights_of``)."""
+    activation dtype, which is then also the compute dtype: see ``weights_of``) or "head"
+    (the LM head: "matmul" in the configurations that quantize it,
+    ``Workload.quantize_lm_head``, else "act")."""
 
     name: str
     n: int

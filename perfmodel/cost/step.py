@@ -18,7 +18,7 @@ import numpy as np
 
 from perfmodel.cost import instantiate
 from perfmodel.cost.layers import step_template
-from perfmodel.cost.memory import kv_bytes_per_element
+from perfmodel.cost.memory import kv_bytes_per_element, quantized_head
 from perfmodel.cost.ops import ByteCounts, OpRecord
 from perfmodel.cost.roofline import op_time
 from perfmodel.cost.timebase import HOST, STREAM, timing_code
@@ -99,7 +99,9 @@ class Step:
 class Dtypes:
     """Per-row dtypes (codes, see ``specs.dtypes``), weight group size (0: none), the bytes
     of scale per group and the share of 16-bit outlier channels; the KV cache's scale group
-    (``KV_PER_VECTOR``: its dtype's default, ``dtypes.kv_group``) and bytes per group."""
+    (``KV_PER_VECTOR``: its dtype's default, ``dtypes.kv_group``) and bytes per group;
+    whether the LM head is stored as the weights are (``quantize_lm_head``,
+    ``memory.quantized_head``)."""
 
     weights: np.ndarray
     acts: np.ndarray
@@ -109,25 +111,26 @@ class Dtypes:
     outlier_fraction: np.ndarray | float = 0.0
     kv_group_size: np.ndarray | int = KV_PER_VECTOR
     kv_scale_bytes: np.ndarray | float = 4.0
+    quantize_lm_head: np.ndarray | bool = False
 
     @classmethod
     def of(cls, weights: str = "bf16", acts: str = "bf16", kv: str = "bf16",
            group_size: int | None = None, scale_bytes: float = 2.0,
            outlier_fraction: float = 0.0, kv_group_size: int | None = None,
-           kv_scale_bytes: float = 4.0) -> Dtypes:
+           kv_scale_bytes: float = 4.0, quantize_lm_head: bool = False) -> Dtypes:
         codes = [np.array([dtype_code(d, f"dtypes: {n}")]) for n, d in
                  (("weights", weights), ("acts", acts), ("kv", kv))]
         kv_group = KV_PER_VECTOR if kv_group_size is None else kv_group_size
         return cls(*codes, *(np.array([x]) for x in (
             group_size or 0, float(scale_bytes), float(outlier_fraction), kv_group,
-            float(kv_scale_bytes))))
+            float(kv_scale_bytes), bool(quantize_lm_head))))
 
     @classmethod
     def of_workloads(cls, w: object) -> Dtypes:
         """The dtypes of every configuration of a ``Workloads``."""
         return cls(w.weights_dtype, w.act_dtype, w.kv_dtype, w.weight_group_size,
                    w.weight_scale_bytes, w.outlier_fraction, w.kv_group_size,
-                   w.kv_scale_bytes)
+                   w.kv_scale_bytes, w.quantize_lm_head)
 
     def take(self, index: np.ndarray) -> Dtypes:
         return Dtypes(*(np.broadcast_to(getattr(self, f.name), self.weights.shape)[index]
@@ -149,6 +152,11 @@ class Dtypes:
         """Bytes per cached KV element of ``model``, scales included
         (``memory.kv_bytes_per_element``)."""
         return kv_bytes_per_element(model, self.kv, self.kv_group_size, self.kv_scale_bytes)
+
+    def quantized_head(self, model: Model) -> np.ndarray:
+        """Where ``model``'s LM head is stored at the weights' dtype, group size and scales
+        (``memory.quantized_head``; SpecError for a tied head)."""
+        return quantized_head(model, self.quantize_lm_head, self.weights)
 
 
 class OperatorTotals:
@@ -316,7 +324,7 @@ def _values(model: Model, step: Step, dtypes: Dtypes,
         ab=BYTES[dtypes.acts], kvb=dtypes.kv_bytes(model), wb=dtypes.quantized_bytes,
         outliers=np.asarray(dtypes.outlier_fraction, dtype=float), act=dtypes.acts,
         matmul=compute_codes(dtypes.weights, dtypes.acts), weights=dtypes.weights,
-        attention=compute_codes(dtypes.kv, dtypes.acts))
+        attention=compute_codes(dtypes.kv, dtypes.acts), head=dtypes.quantized_head(model))
     if model.moe is not None:
         ep = plan.ep if plan is not None else 1
         spread = ep if plan is not None and plan.attention_dp else 1

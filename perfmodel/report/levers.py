@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from perfmodel.schedules.estimate import Estimate
+from perfmodel.specs.dtypes import DTYPE_BYTES
 from perfmodel.specs.units import fmt_time
 
 
@@ -26,7 +27,7 @@ def lever_lines(e: Estimate) -> list[str]:
 
 def _quantization_lines(e: Estimate) -> list[str]:
     """The weights' in-kernel conversion (the breakdown's ``dequant`` row) when the GEMMs
-    convert them, and the 16-bit outlier channels."""
+    convert them, a quantized LM head, and the 16-bit outlier channels."""
     wl, out = e.workload, []
     rows = [o for o in e.ops if o.kind == "dequant"]
     if rows:
@@ -36,6 +37,11 @@ def _quantization_lines(e: Estimate) -> list[str]:
                    f"{wl.act_dtype} inside the GEMM kernels: the conversion adds {per_phase} "
                    f"({added / e.e2e_s:.1%} of the request) beyond the GEMMs' max(compute, "
                    f"memory), the breakdown's dequant row (perfmodel/cost/dequant.py).")
+    if wl.quantize_lm_head and DTYPE_BYTES[wl.weights_dtype] < 2:
+        out.append(f"LM head quantized: stored and run as the other linear layers, "
+                   f"{wl.weights_dtype} weights with their group scales (TorchAO's quantize_ "
+                   f"takes every nn.Linear; a GPTQ checkpoint with \"lm_head\": true), not "
+                   f"at {wl.act_dtype} as vLLM keeps it by default.")
     if wl.outlier_fraction:
         out.append(f"Outlier channels: {wl.outlier_fraction:.2%} of each quantized matrix's "
                    f"input channels kept in 16 bits; every such GEMM runs three kernels, the "

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from perfmodel.schedules.estimate import Estimate, OpSummary
-from perfmodel.specs.dtypes import KV_SCALED
+from perfmodel.specs.dtypes import DTYPE_BYTES, KV_SCALED
 from perfmodel.specs.units import fmt_bytes, fmt_count, fmt_rate, fmt_time
 from perfmodel.specs.workload import Workload, Workloads
 
@@ -87,12 +87,14 @@ def _speculation_rows(e: Estimate) -> list[tuple[str, str]]:
 
 
 def _groups(wl: Workload) -> str:
-    outliers = f"{wl.outlier_fraction:.2%} of channels in 16 bits" \
-        if wl.outlier_fraction else ""
+    notes = [f"{wl.outlier_fraction:.2%} of channels in 16 bits"] if wl.outlier_fraction \
+        else []
+    if wl.quantize_lm_head and DTYPE_BYTES[wl.weights_dtype] < 2:
+        notes.append("LM head too")
     if not wl.weight_group_size:
-        return f" ({outliers})" if outliers else ""
+        return f" ({'; '.join(notes)})" if notes else ""
     return f" (groups of {wl.weight_group_size}, {wl.weight_scale_bytes:g} B of scale each" \
-        + (f"; {outliers})" if outliers else ")")
+        + "".join(f"; {n}" for n in notes) + ")"
 
 
 def _kv_scales(wl: Workload) -> str:

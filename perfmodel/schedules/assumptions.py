@@ -124,7 +124,8 @@ def _checkpoint(model: Model, w: Workloads) -> list[Assumption]:
     if q is None:
         return []
     other = (w.weights_dtype != CODE[q.weights_dtype]) | (w.weight_group_size != (
-        q.group_size or 0)) | (w.weight_scale_bytes != q.scale_bytes) | (w.outlier_fraction > 0)
+        q.group_size or 0)) | (w.weight_scale_bytes != q.scale_bytes) | (w.outlier_fraction > 0) \
+        | (w.quantize_lm_head != q.lm_head)
     if not other.any():
         return []
     group = f", groups of {q.group_size}" if q.group_size else ""

@@ -169,13 +169,13 @@ def _dtype_rows(dtypes: Dtypes, n: int, what: str) -> Dtypes:
 
 
 def _gemm(rows: np.ndarray, n: int, k: int, d: Dtypes, groups: float = 1.0,
-          weights: str = "matmul") -> Gemm:
-    """A [rows, k] x [k, n] matmul (x ``groups`` weights) at the dtypes a template GEMM of
-    the same ``weights`` class gets (``layers.GemmSpec``)."""
-    act = weights == "act"
+          act: bool | np.ndarray = False) -> Gemm:
+    """A [rows, k] x [k, n] matmul (x ``groups`` weights) at the dtypes a template GEMM gets
+    (``layers.GemmSpec``): "act" weights where ``act`` (per row or for all), else
+    "matmul"."""
     return Gemm(m=rows, n=n, k=k, groups=groups, act_bytes=BYTES[d.acts],
-                weight_bytes=BYTES[d.acts] if act else d.weight_bytes,
-                dtype=d.acts if act else compute_codes(d.weights, d.acts))
+                weight_bytes=np.where(act, BYTES[d.acts], d.weight_bytes),
+                dtype=np.where(act, d.acts, compute_codes(d.weights, d.acts)))
 
 
 def _records_cost(records: list[OpRecord], hw: Hardware, timing: np.ndarray) -> Cost:
@@ -237,12 +237,14 @@ def _mtp_extras(target: Model, batch: np.ndarray, d: Dtypes) -> list[OpRecord]:
 def _head_records(target: Model, plan: Parallelism, spec: Speculation, batch: np.ndarray,
                   d: Dtypes) -> list[OpRecord]:
     """K heads in one pass: K residual blocks [B, d] x [d, d] (replicated), then K LM heads
-    [B, d] x [d, vocab / tp] (one shared head: one GEMM of K x B rows)."""
+    [B, d] x [d, vocab / tp] (one shared head: one GEMM of K x B rows, the target's head,
+    quantized where the target's is, ``Dtypes.quantized_head``; heads of their own at the
+    activation dtype, as ``draft_memory`` stores them)."""
     dm, k, vocab = target.d_model, spec.k, target.vocab_size // plan.tp
     blocks = _gemm(batch, dm, dm, d, groups=float(k))
     if spec.shared_lm_head:
-        return [blocks, _gemm(batch * k, vocab, dm, d, weights="act")]
-    return [blocks, _gemm(batch, vocab, dm, d, groups=float(k), weights="act")]
+        return [blocks, _gemm(batch * k, vocab, dm, d, act=~d.quantized_head(target))]
+    return [blocks, _gemm(batch, vocab, dm, d, groups=float(k), act=True)]
 
 
 def _draft_cost(target: Model, hw: Hardware, plan: Parallelism, spec: Speculation,

@@ -49,9 +49,10 @@ def sweep(models: Sequence[Model], hardware: Sequence[Hardware], batches: Iterab
     plans; ``speculations`` (``schedules.speculative.Speculation``, None for plain decode)
     one more dimension, after the plans; ``levers`` maps further workload fields
     (shared_prefix, prefix_hit_rate, expert_skew, weight_group_size, outlier_fraction,
-    kv_group_size, kv_scale_bytes, ...) to their values. ``weights_formats`` (names of
-    ``dtypes.WEIGHT_FORMATS``) take the weights dtype's place: each sets the dtype, group
-    size and scale bytes of its points, and adds the column ``workload_weights_format``.
+    quantize_lm_head, kv_group_size, kv_scale_bytes, ...) to their values.
+    ``weights_formats`` (names of ``dtypes.WEIGHT_FORMATS``) take the weights dtype's place:
+    each sets the dtype, group size and scale bytes of its points, and adds the column
+    ``workload_weights_format``.
     ``base`` supplies every other workload field (gen_len, act dtype, ...); the dtype lists
     default to its dtypes. Invalid workloads raise SpecError before any point is evaluated."""
     base = base or Workload()
@@ -237,13 +238,15 @@ def powers_of_two(lo: int, hi: int) -> list[int]:
 
 SERIES_COLUMNS = ("model", "hardware", "workload_weights_format", "workload_weights_dtype",
                   "workload_weight_group_size", "workload_outlier_fraction",
+                  "workload_quantize_lm_head",
                   "workload_act_dtype", "workload_kv_dtype", "workload_kv_group_size",
                   "workload_kv_scale_bytes", "workload_prompt_len", "workload_gen_len", "tp",
                   "pp", "ep", "dp", "expert_replicas", "workload_shared_prefix",
                   "workload_expert_skew", "speculation_acceptance_mean")
 _SERIES_LABELS = {"workload_weights_dtype": "W {}", "workload_act_dtype": "A {}",
                   "workload_weight_group_size": "group {}", "workload_outlier_fraction":
-                  "outliers {:g}", "workload_kv_dtype": "KV {}", "workload_kv_group_size":
+                  "outliers {:g}", "workload_quantize_lm_head": "quantized head {}",
+                  "workload_kv_dtype": "KV {}", "workload_kv_group_size":
                   "KV group {}", "workload_kv_scale_bytes": "KV scale {:g} B",
                   "workload_prompt_len": "prompt {}", "workload_gen_len": "gen {}",
                   "tp": "TP {}", "pp": "PP {}", "ep": "EP {}", "dp": "DP {}",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from perfmodel.cost.memory import (
+    head_bytes_of,
     kv_bytes_per_token,
     logits_bytes_per_sequence,
     recurrent_state_per_sequence,
@@ -65,7 +66,7 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     ab = BYTES[ws.act_dtype]
     usable = float(usable_bytes(hw, engine.gpu_memory_utilization))
     weights = float(weights_bytes(model, plan.tp, ws.weight_bytes_per_param, ab, plan.pp,
-                                  plan.ep, plan.expert_replicas)[0])
+                                  plan.ep, plan.expert_replicas, head_bytes_of(model, ws))[0])
     acts = float(workspace_bytes_per_token(model, plan.tp, ab)[0]
                  * engine.max_num_batched_tokens
                  + logits_bytes_per_sequence(model, plan.tp) * engine.max_num_seqs)

@@ -54,14 +54,16 @@ class Quantization:
 
     ``weights_dtype`` (int4, int8, fp8, fp4) with ``scale_bytes`` of scale (and zero point)
     per ``group_size`` weights (None: one per tensor or output channel, negligible); the
-    ``unquantized`` linear classes (``LINEAR_CLASSES``) stay at 16 bits. Embedding, LM head
-    and norms are always 16-bit in this model."""
+    ``unquantized`` linear classes (``LINEAR_CLASSES``) stay at 16 bits. ``lm_head``: the
+    checkpoint quantizes its LM head too (GPTQ's ``"lm_head": true``), the default of its
+    workloads' ``quantize_lm_head``. Embedding and norms are always 16-bit in this model."""
 
     method: str
     weights_dtype: str
     group_size: int | None = None
     scale_bytes: float = 2.0
     unquantized: tuple[str, ...] = ()
+    lm_head: bool = False
 
     @property
     def bytes_per_weight(self) -> float:

@@ -8,6 +8,10 @@ The key names follow the writers and readers of these configs:
   ``group_size`` (``q_group_size``), ``zero_point``, ``modules_to_not_convert``;
 - ``gptq`` (transformers ``GPTQConfig``, vLLM ``GPTQConfig``): ``bits``, ``group_size`` (-1:
   per channel), ``sym``; the checkpoint stores a packed zero point per group either way;
+  ``lm_head`` true: the LM head is quantized too (vLLM ``GPTQConfig.lm_head_quantized`` gives
+  ``ParallelLMHead`` the GPTQ linear method), recorded unless the head is the embedding
+  table (``tie_word_embeddings``: vLLM skips a tied model's ``lm_head.*`` tensors and
+  shares the 16-bit embedding, ``Qwen2ForCausalLM.load_weights``);
 - ``compressed-tensors`` (llm-compressor; vLLM ``CompressedTensorsConfig``): ``config_groups``
   of ``targets`` and ``weights`` {``num_bits``, ``type``, ``strategy``, ``group_size``,
   ``block_structure``, ``symmetric``}, ``ignore`` (``re:`` prefix: a regex);
@@ -53,15 +57,17 @@ def quantization_from_hf(q: Fields, out: dict[str, Any]) -> Quantization | None:
     dtype, group, scale = _SCHEMES[method](q)
     key = next((k for k in _SKIP_KEYS if q.has(k)), _SKIP_KEYS[0])
     kept = _classes(q, key, _patterns(q, key), names)
-    return _record(method, (dtype, group, scale), [c for c in kept if kept[c]], names)
+    head = method == "gptq" and q.flag("lm_head", False) and not out.get("tie_embeddings")
+    return _record(method, (dtype, group, scale), [c for c in kept if kept[c]], names, head)
 
 
 def _record(method: str, scheme: Scheme, kept: list[str],
-            names: dict[str, list[str]]) -> Quantization:
+            names: dict[str, list[str]], lm_head: bool = False) -> Quantization:
     """The record, with an MoE router always at 16 bits: the engines build it unquantized
     whatever the config says (vLLM's Mixtral and DeepSeek gates: ``quant_config=None``)."""
     kept = [*kept, "router"] if names["router"] else kept
-    return Quantization(method, *scheme, tuple(c for c in LINEAR_CLASSES if c in kept))
+    return Quantization(method, *scheme, tuple(c for c in LINEAR_CLASSES if c in kept),
+                        lm_head)
 
 
 def _fp8(q: Fields) -> Scheme:

@@ -96,6 +96,10 @@ def model_from_fields(f: Fields) -> Model:
                       "modelled; expected 1")
     if model.moe and model.moe.first_dense_layers > model.n_layers:
         raise f.error("moe.first_dense_layers", f"expected at most n_layers ({model.n_layers})")
+    if model.quantization is not None and model.quantization.lm_head \
+            and model.tie_embeddings:
+        raise f.error("quantization.lm_head", "the LM head is the embedding table "
+                      "(tie_embeddings: true), kept at 16 bits; expected false")
     _check_recurrent(f, model)
     _check_shared(f, model)
     return model
@@ -281,7 +285,8 @@ def _mtp(f: Fields | None) -> int:
 
 def _quantization(f: Fields | None) -> Quantization | None:
     """The ``quantization:`` block (models/README.md): weights_dtype, group_size,
-    scale_bytes per group, the linear classes left unquantized, and a free-text method."""
+    scale_bytes per group, the linear classes left unquantized, whether the LM head is
+    quantized too (``lm_head``), and a free-text method."""
     if f is None:
         return None
     kept = f.raw("unquantized", [])
@@ -293,6 +298,7 @@ def _quantization(f: Fields | None) -> Quantization | None:
                        group_size=size(f, "group_size", None),
                        scale_bytes=f.quantity("scale_bytes", "number", 2.0, positive=False,
                                               maximum=64.0),
-                       unquantized=tuple(k for k in LINEAR_CLASSES if k in kept))
+                       unquantized=tuple(k for k in LINEAR_CLASSES if k in kept),
+                       lm_head=f.flag("lm_head", False))
     f.finish()
     return out

@@ -25,6 +25,7 @@ from perfmodel.specs.errors import SpecError
 from perfmodel.specs.model import Model
 
 _INT_FIELDS = ("batch", "prompt_len", "gen_len", "kv_block_tokens")
+_BOOL_FIELDS = ("cuda_graphs", "quantize_lm_head")
 _DTYPE_FIELDS = ("weights_dtype", "act_dtype", "kv_dtype")
 _GROUP_NONE = {"weight_group_size": 0, "kv_group_size": KV_PER_VECTOR}   # None in arrays
 
@@ -52,6 +53,10 @@ class Workload:
     weight_scale_bytes: float = 2.0        # bytes of scale (and zero point) per group
     # share of each quantized matrix's input channels kept in 16 bits (LLM.int8()-style)
     outlier_fraction: float = 0.0
+    # the LM head at the weights' dtype, group size and scales (TorchAO's quantize_, GPTQ's
+    # "lm_head": true), else at the activation dtype (vLLM's default); no effect on 16-bit
+    # weights, refused for a head tied to the embedding (``cost.memory.quantized_head``)
+    quantize_lm_head: bool = False
     # KV cache scales: kv_scale_bytes per group of kv_group_size cached elements; None: one
     # per (token, head) for an int8/int4 cache (LMDeploy's 16-bit scale and zero point), none
     # for fp8 (a per-tensor scale) and 16-bit caches; 0: none
@@ -82,6 +87,8 @@ class Workload:
             object.__setattr__(self, "kv_group_size", None if group < 0 else group)
         if not 0 < self.usable_memory_fraction <= 1:
             raise SpecError("workload: usable_memory_fraction must be in (0, 1]")
+        for name in _BOOL_FIELDS:
+            object.__setattr__(self, name, bool(_column(name, getattr(self, name))))
         for name in ("weight_scale_bytes", "shared_prefix", "prefix_hit_rate", "expert_skew",
                      "outlier_fraction", "kv_scale_bytes"):
             _column(name, getattr(self, name))
@@ -91,13 +98,16 @@ class Workload:
     @classmethod
     def for_model(cls, model: Model, **fields: object) -> Workload:
         """A workload whose weights are stored as ``model``'s checkpoint stores them (its
-        ``quantization``: dtype, group size, scale bytes) unless ``weights_dtype`` is given;
-        bf16 for an unquantized checkpoint."""
+        ``quantization``: dtype, group size, scale bytes, whether the LM head is quantized)
+        unless ``weights_dtype`` is given; bf16 for an unquantized checkpoint. A field given
+        as None takes that default."""
         q = model.quantization
         if q is not None and fields.get("weights_dtype") is None:
             fields["weights_dtype"] = q.weights_dtype
             fields.setdefault("weight_group_size", q.group_size)
             fields.setdefault("weight_scale_bytes", q.scale_bytes)
+            if fields.get("quantize_lm_head") is None:
+                fields["quantize_lm_head"] = q.lm_head
         fields = {k: v for k, v in fields.items() if v is not None or k in _GROUP_NONE}
         return cls(**fields)
 
@@ -210,6 +220,7 @@ class Workloads:
     weight_group_size: np.ndarray
     weight_scale_bytes: np.ndarray
     outlier_fraction: np.ndarray
+    quantize_lm_head: np.ndarray
     kv_group_size: np.ndarray
     kv_scale_bytes: np.ndarray
     usable_memory_fraction: np.ndarray
@@ -281,7 +292,8 @@ class Workloads:
                      "outlier_fraction", "kv_scale_bytes"):
             values[name] = float(values[name])
         values["shared_prefix"] = int(values["shared_prefix"])
-        values["cuda_graphs"] = bool(values["cuda_graphs"])
+        for name in _BOOL_FIELDS:
+            values[name] = bool(values[name])
         return Workload(**values)
 
     def take(self, index: np.ndarray) -> Workloads:
@@ -368,7 +380,7 @@ def _column(name: str, value: object) -> np.ndarray:
             dtype_code(item if isinstance(item, str) else repr(item), where)
         return np.array([CODE[x] for x in flat.tolist()], dtype=np.int8).reshape(names.shape)
     arr = np.asarray(value)
-    if name == "cuda_graphs":
+    if name in _BOOL_FIELDS:
         if arr.dtype != bool:
             raise SpecError(f"{where} must be true or false, got {value!r}")
         return arr
