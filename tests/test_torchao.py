@@ -5,6 +5,8 @@ GPU they were measured on and with the bytes TorchAO stores: evaluation, never f
   (``hardware/h100-sxm-meta.yaml`` cites it); the stock SXM's 3.35 TB/s is what left every
   row ~20% fast (tests/test_dequant.py keeps the ratio check on it).
 - The bytes: tinygemm's int4 groups carry a bf16 scale and a bf16 zero (``int4wo-g64``).
+- The head: ``quantize_`` takes every ``nn.Linear``, the output layer included (its int4wo-64
+  Llama-3.1-8B is 4.22 GB: 7.50e9 linear weights x 0.5625 B), so ``quantize_lm_head``.
 - The rate: generate.py's tokens/s is 200 tokens over the prefill and 199 decode steps.
 """
 
@@ -21,17 +23,28 @@ TORCHAO = {"bf16": 132.41, "int4wo-g64": 268.88, "int8": 216.38, "fp8": 213.88}
 
 def _workload(weights: str) -> pm.Workload:
     """TorchAO generate.py defaults: "Hello, my name is" (6 tokens with BOS), 200 new
-    tokens, batch 1, compiled decode (CUDA graphs)."""
+    tokens, batch 1, compiled decode (CUDA graphs); the LM head quantized as the rest."""
     kw: dict = {"weights_dtype": weights}
     if weights in WEIGHT_FORMATS:
         dtype, group, scale = WEIGHT_FORMATS[weights]
         kw = {"weights_dtype": dtype, "weight_group_size": group, "weight_scale_bytes": scale}
-    return pm.Workload(batch=1, prompt_len=6, gen_len=200, cuda_graphs=True, **kw)
+    return pm.Workload(batch=1, prompt_len=6, gen_len=200, cuda_graphs=True,
+                       quantize_lm_head=True, **kw)
 
 
 def _tokens_per_s(hw: str, weights: str) -> float:
     e = pm.estimate(pm.hardware(hw), pm.model("llama-3-8b"), _workload(weights))
     return 200.0 / e.e2e_s
+
+
+def test_torchao_model_size() -> None:
+    """TorchAO's int4wo-64 model size, 4.22 GB, is every linear weight (the head included)
+    at 0.5625 B: the weights less the 16-bit embedding and norms."""
+    e = pm.estimate(pm.hardware("h100-sxm-meta"), pm.model("llama-3-8b"),
+                    _workload("int4wo-g64"))
+    embedding_and_norms = 128_256 * 4_096 * 2 + (32 * 2 + 1) * 4_096 * 2
+    assert (e.memory.weights_bytes - embedding_and_norms) / 1e9 == pytest.approx(4.22,
+                                                                                 abs=0.005)
 
 
 def test_tinygemm_bytes() -> None:
@@ -52,9 +65,11 @@ def test_variant_differs_only_in_bandwidth() -> None:
 
 @pytest.mark.parametrize("weights", list(TORCHAO))
 def test_against_torchao(weights: str) -> None:
-    """Within 10% of the paper on its own GPU. Measured: bf16 -6.8%, int4 -4.0%, int8 -5.1%,
-    fp8 -4.0%; the common short-fall is the non-GEMM kernels priced unfused (Inductor fuses
-    the norms and rotary into their neighbours) and, for int4, TorchAO also quantizing the
-    LM head, which the model keeps at 16 bits."""
+    """Within 10% of the paper on its own GPU. Measured: bf16 -6.8%, int4 +4.6%, int8 -0.1%,
+    fp8 +1.0%. With the head quantized as TorchAO quantizes it, the quantized rows rose by
+    5-9% and the errors no longer share a sign: bf16 is short (the non-GEMM kernels priced
+    unfused, where Inductor fuses the norms and rotary into their neighbours, would explain
+    a short-fall on every row), int4 now over-predicts, so its speed-up over bf16 is 2.28x
+    against TorchAO's 2.03x (not measured here: no GPU)."""
     got = _tokens_per_s("h100-sxm-meta", weights)
     assert got == pytest.approx(TORCHAO[weights], rel=0.10)
