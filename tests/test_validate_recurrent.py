@@ -28,3 +28,27 @@ def test_records_of_the_references():
     assert delta.flops > ssd.flops > 0
     decode = recurrent.record("ssd", 8, 1, 1024)
     assert float(np.sum(decode.bytes.kv_read)) == 8 * 4 * 64 * 64 * 4
+
+
+@pytest.mark.parametrize("kind", ["ssd", "delta"])
+def test_the_chain_dispatches_what_the_reference_dispatches(kind):
+    """The modelled chain (``cost.scan_chain``) against the aten operators the reference
+    calls from Python: as many per chunk and per decode step. (A whole call's chain has
+    more: the kernels composite operators run inside, an einsum's copies.)"""
+    from perfmodel.cost.scan_chain import chain, totals
+
+    gen = torch.Generator().manual_seed(0)
+
+    def counted(tokens):
+        z = recurrent.inputs(kind, 2, tokens, gen)
+        if tokens == 1:
+            state = recurrent.state_of(kind, 2, gen)
+            return recurrent.aten_ops(lambda: recurrent.step_fn(kind)(z, state))
+        return recurrent.aten_ops(lambda: recurrent.prefill_fn(kind)(z))
+
+    def modelled(tokens, context):
+        return float(totals(chain(recurrent.record(kind, 2, tokens, context)))[2])
+
+    with torch.inference_mode():
+        assert modelled(256, 256) - modelled(128, 128) == counted(256) - counted(128)
+        assert modelled(1, 300) == counted(1)

@@ -114,6 +114,8 @@ def base_hardware(rows: list[dict], dev: DeviceInfo, name: str) -> Hardware:
                               # a CPU runs each op to completion: dispatch adds, never overlaps
                               launch_mode="sync" if dev.kind == "cpu" else "async",
                               gemm_overlap=dev.kind != "cpu",
+                              # no fused scan kernel on a CPU: the torch references' chain
+                              scan_kernel="unfused" if dev.kind == "cpu" else "fused",
                               attention_pack_gqa=False,
                               parallel_grain_elements=TORCH_CPU_GRAIN if dev.kind == "cpu" else 0,
                               **(CPU_ATTENTION_TILES if dev.kind == "cpu" else {})),

@@ -14,7 +14,9 @@ and (if calibrated) a k-depth ramp, and on a CPU BLAS a panel-packing ramp in m 
 row padding; ``eff_memory`` is the streaming fraction (a GEMM's or a GEMV's own when
 calibrated, a memory-bound kind's own per ``specs.kinds``) times (if calibrated) a size
 ramp. Attention follows FlashAttention's tiles and splits (``attention``), collectives the
-interconnect, framework glue the host. Each record's rule comes from the registry.
+interconnect, framework glue the host; a recurrent scan is one fused kernel or, on a device
+that runs it unfused, its chain of operators (``scan_chain``). Each record's rule comes from
+the registry.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from perfmodel.cost.collectives import all_reduce_parts, all_to_all_parts
 from perfmodel.cost.dequant import combine, dequant_time
 from perfmodel.cost.ops import AllReduce, AllToAll, Gemm, OpRecord, Pointwise
 from perfmodel.cost.outliers import OutlierGemm, in_series
+from perfmodel.cost.scan import Scan
+from perfmodel.cost.scan_chain import chain, chain_times
 from perfmodel.cost.tiling import gemm_plan
 from perfmodel.cost.timebase import (
     BOUNDS,
@@ -163,9 +167,21 @@ def _outlier_time(op: OutlierGemm, hw: Hardware, timing: np.ndarray | int) -> Op
     return in_series([op_time(k, hw, timing) for k in op.kernels], op.on)
 
 
+def _scan_time(op: Scan, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
+    """A recurrent layer's chunked scan: one fused kernel (the stream rule), or where the
+    device runs it unfused, its chain of operators, each timed by its own rule, in series
+    (``cost.scan_chain``)."""
+    if hw.efficiency.scan_kernel == "fused":
+        return _stream_time(op, hw, timing)
+    ch = chain(op)
+    per_group = timing if isinstance(timing, int) else np.asarray(timing)[..., None]
+    return chain_times(op, ch, [op_time(r, hw, per_group) for r in ch.records], hw, timing)
+
+
 RULES: dict[str, Callable[[OpRecord, Hardware, np.ndarray | int], OpTimes]] = {
     "gemm": _gemm_time, "attention": attention_time, "stream": _stream_time,
     "collective": _collective_time, "host": _host_time, "outliers": _outlier_time,
+    "scan": _scan_time,
 }
 
 

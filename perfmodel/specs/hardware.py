@@ -131,6 +131,12 @@ class Efficiency:
     # weight dtype (int4, int8, fp8) -> the kernel that dequantizes it in a weight-only
     # matmul (``DequantKernel``); a dtype not listed costs no conversion (CPUs, TPUs)
     dequant: dict[str, DequantKernel] = field(default_factory=dict)
+    # how a recurrent layer's chunked scan runs (``Scan`` records): "fused", one kernel per
+    # step of the algorithm (mamba_ssm's Triton ssd kernels, FLA's chunk_gated_delta_rule),
+    # or "unfused", the chain of eager torch operators of the pure-torch references, every
+    # intermediate written and every operator dispatched (``cost.scan_chain``). A hardware
+    # file without the key gets its vendor's default (``specs.load.SCAN_KERNEL``)
+    scan_kernel: str = "fused"
     # thread instructions one compute unit issues per clock (an SM: 4 warp schedulers x 32
     # lanes = 128 on Ampere and Hopper) and the clock they run at (Hz; 0: unknown)
     alu_ops_per_clock_per_unit: float = 128.0

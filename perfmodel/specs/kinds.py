@@ -9,7 +9,9 @@ Fields of a ``Kind``:
 - ``op_class``: the class reports group it under (error tables, stacked figures);
 - ``rule``: the roofline rule that times it (``cost.roofline``): ``gemm`` (tiles, waves,
   split-K), ``attention`` (FlashAttention tiles and splits), ``stream`` (a memory pass),
-  ``collective`` (the interconnect) or ``host`` (framework glue, no device work);
+  ``scan`` (a recurrent layer's scan: a fused kernel timed as a stream, or the chain of
+  operators of ``cost.scan_chain``), ``collective`` (the interconnect) or ``host``
+  (framework glue, no device work);
 - ``threading``: ``own`` when the kernel spreads over the compute units its own way (GEMMs,
   attention), ``grain`` when a host framework splits it by a minimum chunk of elements
   (PyTorch's ``parallel_for`` grain; elementwise passes), ``none`` for no kernel;
@@ -64,9 +66,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("kv_cache_write", "elementwise", "stream"),
     Kind("embedding", "embedding", "stream"),
     # recurrent layers (``cost.scan``): the chunked scan is matmul work within chunks and a
-    # stream over the tokens and the state, timed by the stream rule's max(compute, memory)
-    Kind("ssm_scan", "recurrent", "stream", "own", row=None),
-    Kind("linear_attention", "recurrent", "stream", "own", row=None),
+    # stream over the tokens and the state; fused, timed by the stream rule's max(compute,
+    # memory), unfused, as its chain of operators (``efficiency.scan_kernel``)
+    Kind("ssm_scan", "recurrent", "scan", "own", row=None),
+    Kind("linear_attention", "recurrent", "scan", "own", row=None),
     Kind("conv1d", "recurrent", "stream", "own", row=None),
     Kind("all_reduce", "communication", "collective", "own", own_fraction=False,
          own_latency=False, row=None),

@@ -26,6 +26,12 @@ MODELS_DIR = ROOT / "models"
 
 HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
                  "interconnect", "efficiency", "calibration", "price")
+# how a vendor's devices run a recurrent layer's chunked scan when the file does not say
+# (``efficiency.scan_kernel``): mamba_ssm's and FLA's Triton kernels run on CUDA and ROCm;
+# a TPU runs the scan as compiled XLA (or Pallas) programs, no operator dispatched from the
+# host, which the fused record approximates; any other device (a CPU) runs the pure-torch
+# references operator by operator
+SCAN_KERNEL = {"nvidia": "fused", "amd": "fused", "google": "fused"}
 # US dollars per device-hour: a figure above this is a typo (or a node's price, not a device's)
 MAX_USD_PER_HOUR = 1000.0
 
@@ -73,10 +79,11 @@ def load_hardware(path: str | Path) -> Hardware:
     _sources(chip, "on_chip", sources)
     chip.finish()
     link = _interconnect(f.sub("interconnect"), sources)
-    eff = _efficiency(f.sub("efficiency"), sources)
+    vendor = f.text("vendor", "other")
+    eff = _efficiency(f.sub("efficiency"), sources, SCAN_KERNEL.get(vendor, "unfused"))
     price = _price(f.sub("price", required=False), sources)
     hw = Hardware(
-        name=f.text("name"), vendor=f.text("vendor", "other"),
+        name=f.text("name"), vendor=vendor,
         description=f.text("description", ""), peak_flops_per_s=peaks,
         memory_bytes=capacity, memory_bytes_per_s=bandwidth, compute_units=units_count,
         l2_bytes=l2, interconnect=link, efficiency=eff, sources=sources,
@@ -151,7 +158,8 @@ def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
     return out
 
 
-def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
+def _efficiency(f: Fields, sources: dict[str, str], scan_kernel: str) -> Efficiency:
+    """The ``efficiency:`` block; ``scan_kernel`` is the default of the file's vendor."""
     out = Efficiency(
         gemm_fraction=f.quantity("gemm_fraction", "number", maximum=1.0),
         memory_fraction=f.quantity("memory_fraction", "number", maximum=1.0),
@@ -184,6 +192,7 @@ def _efficiency(f: Fields, sources: dict[str, str]) -> Efficiency:
         parallel_grain_elements=f.integer("parallel_grain_elements", 0, minimum=0),
         launch_mode=f.text("launch_mode", "async", ("async", "sync")),
         layer_overhead_s=f.quantity("layer_overhead_s", "s", 0.0, positive=False),
+        scan_kernel=f.text("scan_kernel", scan_kernel, ("fused", "unfused")),
         alu_ops_per_clock_per_unit=f.quantity("alu_ops_per_clock_per_unit", "number", 128.0),
         alu_clock_hz=f.quantity("alu_clock_hz", "number", 0.0, positive=False),
     )
