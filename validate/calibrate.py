@@ -200,6 +200,9 @@ def _efficiency_block(eff: Efficiency, source: str) -> dict:
            if getattr(eff, f.name) is not None}
     steps = eff.attention_tile_q
     out["attention_tile_q"] = steps[0][1] if len(steps) == 1 else dict(steps)
+    out["gemm_tiles"] = [list(tile) for tile in eff.gemm_tiles]
+    if not eff.gemm_tiles:
+        del out["gemm_tiles"]
     return out | {"source": source}
 
 

@@ -1,6 +1,7 @@
 """How kernels cut an operator into tiles and run them in waves over the compute units.
 
-GEMMs: tile padding, wave quantization, split-K and the k-depth ramp (``gemm_plan``).
+GEMMs: tile padding, wave quantization, split-K and the k-depth ramp, for the best of the
+device's tile shapes (``gemm_plan``).
 Attention: FlashAttention's decode programs and key splits (flash-decoding, ``decode_plan``),
 and the useful share of the tile time of a causal (or sliding-window) prefill
 (``prefill_tile_fraction``), including the append-KV variant (``append_kv_splits``,
@@ -42,6 +43,51 @@ def wave_fill(programs: np.ndarray, units: float) -> np.ndarray:
     return programs / (np.ceil(programs / units) * units)
 
 
+def gemm_tiles(eff: Efficiency) -> tuple[tuple[int, int], ...]:
+    """The output tiles a GEMM may run with: the device's own tile (``gemm_tile_m`` x
+    ``gemm_tile_n``) first, then the library's alternatives (``gemm_tiles``)."""
+    return ((eff.gemm_tile_m, eff.gemm_tile_n), *eff.gemm_tiles)
+
+
+def _tile_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
+               eff: Efficiency, units: int, tile: tuple[int, int], may_split: bool = True
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(achievable fraction, split-K factor) of a GEMM run with ``tile`` output tiles (see
+    ``gemm_plan``); without ``may_split``, one program per tile (no split-K)."""
+    pad_m, tm = _pad(m, tile[0])
+    pad_n, tn = _pad(n, tile[1])
+    tiles = np.ceil(m / tm) * np.ceil(n / tn) * np.maximum(1.0, np.ceil(groups))
+    split = np.where(tiles >= units, 1.0, np.maximum(1.0, np.minimum(
+        np.floor_divide(units, tiles), np.floor_divide(k, _SPLIT_K_MIN_DEPTH)))) \
+        if may_split else np.ones(np.shape(tiles))
+    wave = wave_fill(tiles * split, units)
+    depth = k / split
+    ramp = depth / (depth + eff.gemm_k_half) if eff.gemm_k_half else 1.0
+    if eff.gemm_m_half:     # a CPU BLAS: no row tiles
+        pad_m = np.where(m > 1, m / (m + eff.gemm_m_half), 1.0)
+    if eff.gemm_n_half:
+        pad_n = np.where(m > 1, pad_n * (eff.gemm_n_half / (eff.gemm_n_half + n)), pad_n)
+    return eff.gemm_fraction * pad_m * pad_n * wave * ramp, split
+
+
+def gemm_choice(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
+                hw: Hardware) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(achievable fraction, split-K factor, index into ``gemm_tiles``) of a GEMM: the
+    device's own tile as ``gemm_plan`` prices it, or an alternative tile run one program per
+    tile where that reaches a higher fraction (a shorter compute time); on a tie, the one
+    listed first."""
+    eff, units = hw.efficiency, hw.compute_units
+    tiles = gemm_tiles(eff)
+    frac, split = _tile_plan(m, n, k, groups, eff, units, tiles[0])
+    choice = np.zeros(np.shape(frac), dtype=np.int64)
+    for index, tile in enumerate(tiles[1:], start=1):
+        other, _ = _tile_plan(m, n, k, groups, eff, units, tile, may_split=False)
+        better = other > frac
+        frac, split = np.where(better, other, frac), np.where(better, 1.0, split)
+        choice = np.where(better, index, choice)
+    return frac, split, choice
+
+
 def gemm_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
               hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
     """(achievable fraction of peak, split-K factor) of a GEMM:
@@ -52,25 +98,21 @@ def gemm_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
     wave, split-K divides k (slices at least 256 deep) so more units work; the partial sums
     then need a reduction pass. Each tile's pipeline prologue/epilogue costs about
     ``gemm_k_half`` k-elements: efficiency x k_slice / (k_slice + gemm_k_half).
+    A GPU library picks its tile per problem (cuBLAS's heuristics, CUTLASS's tile menus):
+    where the device lists alternatives (``efficiency.gemm_tiles``), each runs at the same
+    best-shape fraction, one program per output tile, and a GEMM takes whichever of them
+    and its own tile gives the highest fraction (``gemm_choice``). Split-K stays with the
+    device's own tile: it is priced here at one kernel latency, not the partial sums' round
+    trip through memory, so letting every tile split would reward the idealisation (on the
+    A100 layer measurements it took 545 compute-bound rows from +12% to -17%; see
+    reports/a100/README.md).
     A CPU BLAS (``gemm_m_half`` set) packs each weight panel once and reuses it for the m rows
     instead of padding rows into tiles: m / (m + gemm_m_half) for m > 1 (m = 1 runs as a
     GEMV: no padding, no packing); its packed path also slows as the output widens:
     x gemm_n_half / (gemm_n_half + n).
     """
-    eff, units = hw.efficiency, hw.compute_units
-    pad_m, tm = _pad(m, eff.gemm_tile_m)
-    pad_n, tn = _pad(n, eff.gemm_tile_n)
-    tiles = np.ceil(m / tm) * np.ceil(n / tn) * np.maximum(1.0, np.ceil(groups))
-    split = np.where(tiles >= units, 1.0, np.maximum(1.0, np.minimum(
-        np.floor_divide(units, tiles), np.floor_divide(k, _SPLIT_K_MIN_DEPTH))))
-    wave = wave_fill(tiles * split, units)
-    depth = k / split
-    ramp = depth / (depth + eff.gemm_k_half) if eff.gemm_k_half else 1.0
-    if eff.gemm_m_half:     # a CPU BLAS: no row tiles
-        pad_m = np.where(m > 1, m / (m + eff.gemm_m_half), 1.0)
-    if eff.gemm_n_half:
-        pad_n = np.where(m > 1, pad_n * (eff.gemm_n_half / (eff.gemm_n_half + n)), pad_n)
-    return eff.gemm_fraction * pad_m * pad_n * wave * ramp, split
+    frac, split, _ = gemm_choice(m, n, k, groups, hw)
+    return frac, split
 
 
 def distinct(values: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:

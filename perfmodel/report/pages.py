@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from perfmodel.cost.roofline import kind_memory_fraction
+from perfmodel.cost.tiling import gemm_tiles
 from perfmodel.report import tables as report
 from perfmodel.report.levers import lever_lines
 from perfmodel.report.plots import decode_context
@@ -189,7 +190,8 @@ def assumptions(e: Estimate) -> list[Block]:
                 ["gemm_fraction (best-shape GEMM / dense peak)", f"{eff.gemm_fraction:g}"],
                 ["memory_fraction (streaming / peak bandwidth)", f"{eff.memory_fraction:g}"],
                 ["collective_fraction", f"{eff.collective_fraction:g}"],
-                ["GEMM tile (wave quantization)", f"{eff.gemm_tile_m} x {eff.gemm_tile_n}"],
+                ["GEMM tiles (wave quantization; the device's own first)",
+                 ", ".join(f"{m} x {n}" for m, n in gemm_tiles(eff))],
                 ["attention_fraction (FlashAttention MMA / peak)", f"{eff.attention:g}"],
                 ["attention prefill tile (query rows x keys)", _attention_tile(eff)],
                 ["kernel_latency (per kernel, device)", fmt_time(eff.kernel_latency_s)],

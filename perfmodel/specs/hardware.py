@@ -43,6 +43,10 @@ class Efficiency:
     collective_fraction: float = 0.8    # all-reduce bus bandwidth / per-direction link
     gemm_tile_m: int = 128              # GEMM output tile (wave quantization)
     gemm_tile_n: int = 128
+    # other output tiles (rows, columns) the GEMM library may run instead (cuBLAS's
+    # heuristics, CUTLASS's tile menus), each at gemm_fraction, one program per tile: a GEMM
+    # takes whichever of them and the tile above prices it fastest (``tiling.gemm_choice``)
+    gemm_tiles: tuple[tuple[int, int], ...] = ()
     kernel_latency_s: float = 2e-6      # device-side fixed cost per kernel
     launch_overhead_s: float = 2.5e-6   # host launch per kernel; hidden under CUDA graphs
     # GEMM efficiency *= k / (k + gemm_k_half): the pipeline prologue and epilogue of each

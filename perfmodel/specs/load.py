@@ -166,6 +166,7 @@ def _efficiency(f: Fields, sources: dict[str, str], scan_kernel: str) -> Efficie
         collective_fraction=f.quantity("collective_fraction", "number", 0.8, maximum=1.0),
         gemm_tile_m=f.integer("gemm_tile_m", 128),
         gemm_tile_n=f.integer("gemm_tile_n", 128),
+        gemm_tiles=_gemm_tiles(f),
         kernel_latency_s=f.quantity("kernel_latency_s", "s", positive=False),
         launch_overhead_s=f.quantity("launch_overhead_s", "s", positive=False),
         gemm_k_half=f.quantity("gemm_k_half", "number", 128.0, positive=False),
@@ -233,6 +234,18 @@ def _tile_steps(f: Fields, key: str, default: int) -> tuple[tuple[int, int], ...
             steps.append((k, v))
         return tuple(sorted(steps))
     raise f.error(key, f"expected an integer or a mapping {{min q_len: tile}}, got {value!r}")
+
+
+def _gemm_tiles(f: Fields) -> tuple[tuple[int, int], ...]:
+    """``gemm_tiles``: a list of [rows, columns] output tiles (each at least 1), or none."""
+    value = f.raw("gemm_tiles", [])
+    pairs = value if isinstance(value, list) else [None]
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair)):
+            raise f.error("gemm_tiles", "expected a list of [rows, columns] tiles, integers "
+                          f">= 1, e.g. [[128, 256], [128, 128]]; got {value!r}")
+    return tuple((m, n) for m, n in pairs)
 
 
 def _optional_fraction(f: Fields, key: str) -> float | None:
