@@ -359,7 +359,8 @@ def _tp_sentence(estimates: Sequence[Estimate], whole: dict[str, float]) -> str:
     if replicated:
         text += (f" So at TP {tp} the per-device saving of {', '.join(replicated)} is smaller "
                  "than the per-token comparison suggests; serving stacks avoid the copies by "
-                 "running MLA attention data-parallel, which this tool does not model.")
+                 "running MLA attention data-parallel, each device holding its own "
+                 "sequences' latents (--ep N --attention-dp).")
     return text
 
 
