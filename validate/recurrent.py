@@ -17,14 +17,19 @@ References (pure torch, fp32, written here; layouts [batch, tokens, heads, dim])
 Each chunked scan equals its step applied token by token (``tests/test_validate_recurrent``).
 Timing: ``validate.timers.measure`` (warm-up, median of samples, host clock), inputs rotated
 beyond the last-level cache. Prediction: ``op_time`` of the ``Scan`` / ``LinearScan`` record
-of the same shape at fp32 on the calibrated CPU file, timing ``host``. Besides, every call's
-aten operators are counted (a ``TorchDispatchMode``), since the roofline prices one launch
-per record while a torch reference dispatches tens to hundreds of small operators.
+of the same shape at fp32 on the calibrated CPU file, timing ``host``; the file runs the scan
+unfused (``efficiency.scan_kernel``), so the record is priced as the chain of torch
+operators these references dispatch (``cost.scan_chain``), and beside it as the one fused
+kernel a GPU runs. Every call's aten operators are counted (a ``TorchDispatchMode``: each
+operator called from Python, views included) and the matmul share of its time profiled,
+to set against the chain's dispatches and its matmuls' predicted time.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from perfmodel.cost.roofline import op_time
 from perfmodel.cost.scan import LinearScan, Scan
+from perfmodel.cost.scan_chain import chain, totals
 from perfmodel.specs.dtypes import dtype_code
 from perfmodel.specs.load import load_hardware
 
@@ -203,13 +209,17 @@ def aten_ops(call) -> int:
     return mode.n
 
 
-MATMULS = ("aten::bmm", "aten::mm", "aten::addmm", "aten::baddbmm",
-           "aten::linalg_solve_triangular")
+# the profiler's aten operators by what the chain calls them (``scan_chain.Row.label``)
+CATEGORIES = {"aten::bmm": "matmul", "aten::mm": "matmul", "aten::addmm": "matmul",
+              "aten::baddbmm": "matmul", "aten::linalg_solve_triangular": "matmul",
+              "aten::exp": "exp", "aten::copy_": "copy", "aten::cat": "copy"}
+LABELS = ("matmul", "exp", "copy", "pass")
 
 
-def matmul_share(call, calls: int = 5) -> float:
-    """Share of the CPU time of ``call()`` (torch profiler, self time) spent in the matmul
-    and triangular-solve operators, the work the record's FLOPs count."""
+def profile_shares(call, calls: int = 20) -> dict[str, float]:
+    """Share of the CPU time of ``call()`` (torch profiler, self time) in each of ``LABELS``:
+    the matmuls and the triangular solve, exp, copies (permutes made contiguous,
+    ``repeat_interleave``, out-of-place ``masked_fill``'s clone, stack), the rest."""
     from torch.profiler import ProfilerActivity, profile
 
     call()
@@ -217,8 +227,10 @@ def matmul_share(call, calls: int = 5) -> float:
         for _ in range(calls):
             call()
     events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    return sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / max(total, 1e-9)
+    total = max(sum(e.self_cpu_time_total for e in events), 1e-9)
+    return {label: sum(e.self_cpu_time_total for e in events
+                       if CATEGORIES.get(e.key, "pass") == label) / total
+            for label in LABELS}
 
 
 PASSES = 3     # as ``runner.default_passes`` on CPU: interference only adds time
@@ -253,108 +265,50 @@ def rows(hw, dev, cases=CASES, budget_s: float = 0.4) -> list[dict]:
             with torch.inference_mode():
                 busy = wait_quiet(dev)
                 t = measure(call, dev, budget_s=budget_s)
-            rec = record(kind, batch, q_len, tokens)
-            pred = op_time(rec, hw, "host")
             out.append({"layer": "mamba2-ssd" if kind == "ssd" else "gated-deltanet",
                         "phase": phase, "batch": batch, "tokens": tokens,
                         "measured_s": t.median_s, "std_s": t.std_s, "others_busy": busy,
-                        "predicted_s": float(np.sum(pred.time_s)),
-                        "bound": "compute" if float(np.sum(pred.compute_s))
-                        >= float(np.sum(pred.memory_s)) else "memory",
-                        "flops": float(np.sum(rec.flops)),
-                        "bytes": float(np.sum(rec.bytes.total)), "call": call})
+                        **predict(record(kind, batch, q_len, tokens), hw), "call": call})
     # counted and profiled after all timing (the profiler must not disturb a measurement)
     with torch.inference_mode():
         for r in out:
             call = r.pop("call")
             r["aten_ops"] = aten_ops(lambda call=call: call(0))
-            r["ops_x_launch_s"] = r["aten_ops"] * hw.efficiency.launch_overhead_s
-            r["matmul_share"] = matmul_share(lambda call=call: call(0))
+            r["share"] = profile_shares(lambda call=call: call(0))
     return out
 
 
-def markdown(table: list[dict], hw, dev) -> str:
-    lines = ["<!-- generated by: python -m validate.recurrent > reports/cpu/recurrent.md -->",
-             "# Tiny recurrent layers on the CPU: measured vs predicted", "",
-             f"Device: {dev.name}, {dev.threads} torch threads; hardware file "
-             f"`{HARDWARE}` ({hw.name}, calibrated by `perfmodel calibrate`). Shapes: "
-             f"{HEADS} heads, d_k = d_state = {D_K}, d_v = head_dim = {D_V}, chunk {CHUNK}, "
-             f"fp32; Mamba-2 with {GROUPS} B/C group. Decode = one token per sequence "
-             "after a 1024-token context (the state does not grow with it). Measured: the "
-             f"fastest of {PASSES} passes' medians; `others_busy`: share of the CPUs other "
-             "processes used just before it was timed.", "",
-             "| layer | phase | batch | tokens | measured ms | predicted ms | error | others_busy "
-             "| bound "
-             "| MFLOP | MB | aten ops | ops x launch ms | matmul share | matmul ms "
-             "| GFLOP/s in matmuls |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in table:
-        err = r["predicted_s"] / r["measured_s"] - 1.0
-        mm = r["matmul_share"] * r["measured_s"]
-        lines.append(
-            f"| {r['layer']} | {r['phase']} | {r['batch']} | {r['tokens']} "
-            f"| {r['measured_s'] * 1e3:.3f} | {r['predicted_s'] * 1e3:.4f} | {err:+.0%} "
-            f"| {r['others_busy']:.2f} "
-            f"| {r['bound']} | {r['flops'] / 1e6:.1f} | {r['bytes'] / 1e6:.2f} "
-            f"| {r['aten_ops']} | {r['ops_x_launch_s'] * 1e3:.3f} "
-            f"| {r['matmul_share']:.0%} | {mm * 1e3:.3f} | {r['flops'] / mm / 1e9:.0f} |")
-    return "\n".join(lines) + "\n\n" + reading(table, hw)
-
-
-def reading(table: list[dict], hw) -> str:
-    """What the table says, its numbers taken from the rows."""
-    def errs(phase):
-        e = [r["predicted_s"] / r["measured_s"] - 1.0 for r in table if r["phase"] == phase]
-        return f"{min(e):+.0%} to {max(e):+.0%}"
-
-    dec = [r for r in table if r["phase"] == "decode"]
-    per_op = [r["measured_s"] / r["aten_ops"] * 1e6 for r in dec]
-    pre = [r for r in table if r["phase"] == "prefill"]
-    rate = [r["flops"] / (r["matmul_share"] * r["measured_s"]) / 1e9 for r in pre]
-    mm = [r["matmul_share"] * r["measured_s"] / r["predicted_s"] for r in pre]
-    big = {(r["layer"], r["batch"]): r["measured_s"] for r in pre if r["tokens"] == 1024}
-    scale = [big[(layer, 8)] / big[(layer, 1)] for layer, b in big if b == 1]
-    peak = hw.peak("fp32") * hw.efficiency.gemm_fraction / 1e9
-    return "\n".join([
-        "## Reading", "",
-        f"The model under-predicts every row: prefill {errs('prefill')}, decode "
-        f"{errs('decode')}. The records price the scan as one fused kernel (the Mamba "
-        "`ssm_scan` / FLA `chunk_gated_delta_rule` Triton kernels): FLOPs at the calibrated "
-        f"GEMM rate ({peak:.0f} GFLOP/s fp32) or the state and token bytes at the streaming "
-        "rate, plus one launch. A pure-torch reference is not that kernel:", "",
-        f"- **Decode** is dispatch: {min(r['aten_ops'] for r in dec)}-"
-        f"{max(r['aten_ops'] for r in dec)} aten operators per step at "
-        f"{min(per_op):.1f}-{max(per_op):.1f} us each, against one launch "
-        f"({hw.efficiency.launch_overhead_s * 1e6:.1f} us, the one-element add) in the model. "
-        "The work itself (0.1-1 MB of state) is a few us.",
-        "- **Prefill** is not Python-loop overhead (`ops x launch` is under a millisecond and "
-        f"batch 8 costs {min(scale):.1f}-{max(scale):.1f}x batch 1 "
-        "with the same operators). The matmuls and the triangular "
-        f"solve take only {min(r['matmul_share'] for r in pre):.0%}-"
-        f"{max(r['matmul_share'] for r in pre):.0%} of the time (torch profiler, self time), "
-        f"at {min(rate):.0f}-{max(rate):.0f} GFLOP/s (all of the record's FLOPs over the "
-        "matmul time: an upper bound), below the calibrated rate because they are 64-wide "
-        "batched products; the rest is what a fused kernel keeps in registers: permute "
-        "copies of the einsums, `repeat_interleave` of B/C and q/k, and the elementwise "
-        "passes over the Q x Q decay masks (exp, masked_fill, mul), whose bytes the record "
-        "does not count (it counts the HBM traffic of the fused kernel only).", "",
-        "So these rows measure the references, not the kernels the records describe: the "
-        "prediction is the time of a fused kernel on this CPU, and the gap is the price of "
-        "running the scan as separate torch operators. The matmul-only time (`matmul ms`) "
-        f"is the part that maps to the record's FLOPs, and is still {min(mm):.1f}-{max(mm):.1f}x "
-        "the prediction "
-        "(small batched GEMMs).", ""])
+def predict(rec: Scan, hw) -> dict:
+    """The record's time on ``hw`` (host timing) as the file runs it, and as one fused
+    kernel; its chain's FLOPs, bytes and dispatches, and the predicted seconds of each of
+    ``LABELS`` (a decode step's products of a vector with the state are its matmuls; the
+    views' launches count as ``pass``)."""
+    pred = op_time(rec, hw, "host")
+    fused = replace(hw, efficiency=replace(hw.efficiency, scan_kernel="fused"))
+    ch = chain(rec)
+    flops, nbytes, dispatches = (float(np.sum(v)) for v in totals(ch))
+    by = dict.fromkeys(LABELS, 0.0)
+    for r, label in zip(ch.records, ch.labels, strict=True):
+        by[label] += float(np.sum(op_time(r, hw, "host").time_s))
+    total = float(np.sum(pred.time_s))
+    by["pass"] += total - sum(by.values())
+    return {"predicted_s": total, "bound": pred.bound_name(),
+            "fused_s": float(np.sum(op_time(rec, fused, "host").time_s)),
+            "chain_flops": flops, "chain_bytes": nbytes, "dispatches": dispatches,
+            "predicted_by": by}
 
 
 def main(argv: list[str] | None = None) -> None:
     from validate.device import open_device
+    from validate.recurrent_report import markdown
 
     hw = load_hardware(HARDWARE)
     threads = int((hw.calibration or {}).get("threads", 0)) or None
     dev = open_device("cpu", threads)
+    before = os.getloadavg()[0]
     passes = [rows(hw, dev) for _ in range(PASSES)]      # the fastest pass of each row
     best = [min(runs, key=lambda r: r["measured_s"]) for runs in zip(*passes, strict=True)]
-    sys.stdout.write(markdown(best, hw, dev))
+    sys.stdout.write(markdown(best, hw, dev, (before, os.getloadavg()[0])))
 
 
 if __name__ == "__main__":
