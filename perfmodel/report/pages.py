@@ -358,9 +358,8 @@ def _tp_sentence(estimates: Sequence[Estimate], whole: dict[str, float]) -> str:
     replicated = [e.model.name for e in estimates if e.model.mla is not None]
     if replicated:
         text += (f" So at TP {tp} the per-device saving of {', '.join(replicated)} is smaller "
-                 "than the per-token comparison suggests; serving stacks avoid the copies by "
-                 "running MLA attention data-parallel, each device holding its own "
-                 "sequences' latents (--ep N --attention-dp).")
+                 "than the per-token comparison suggests; data-parallel MLA attention avoids "
+                 "the copies, each device caching its own sequences (--ep N --attention-dp).")
     return text
 
 
