@@ -97,6 +97,7 @@ class Mamba:
     dt_rank: int = 0
     conv_bias: bool = True
     state_dtype: str = "fp32"
+    rms_norm: bool = True
     parallel: bool = False
 
     @property
@@ -107,7 +108,6 @@ class Mamba:
     def conv_channels(self) -> int:
         """Channels of the conv: x, B and C (Mamba-1: x)."""
         return self.d_inner + (0 if self.dt_rank else 2 * self.n_groups * self.d_state)
-    rms_norm: bool = True
 
 
 @dataclass(frozen=True)
