@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 import perfmodel as pm
 from perfmodel.cost.layers import step_template
@@ -219,4 +220,53 @@ def test_hf_llama4_moe_layers_off_the_step_is_an_error():
     data = json.loads((HF / "llama4.json").read_text())
     data["text_config"]["moe_layers"] = [0, 3]
     with pytest.raises(SpecError, match=r"text_config\.moe_layers"):
+        model_from_hf_config(data, "config.json")
+
+
+def test_llama4_nope_layers_run_no_rotary_nor_qk_norm():
+    # vLLM llama4.py Llama4Attention: rotary_emb and qk_norm only when not self.nope; every
+    # 4th of 48 layers NoPE: 48 - 12 = 36. Prefill of 100 tokens in bf16, one pass over the
+    # q and k rows, (40 + 8) x 128 = 6144 wide: rotary 36 x 100 x 6144 x 3 FLOPs, qk_norm
+    # (rms_norm) x 4, each reading and writing 36 x 100 x 6144 x 2 activation bytes (was 48)
+    est = pm.estimate(pm.hardware("h100-sxm"), pm.model("llama-4-scout"),
+                      pm.Workload(prompt_len=100, gen_len=1, batch=1))
+    ops = {o.name: o for o in est.phases[0].ops}
+    assert ops["rotary"].flops == 36 * 100 * 6144 * 3 == 66_355_200
+    assert ops["qk_norm"].flops == 36 * 100 * 6144 * 4 == 88_473_600
+    for name in ("rotary", "qk_norm"):
+        assert ops[name].bytes.act_read == ops[name].bytes.act_write == 36 * 100 * 6144 * 2
+    maverick = pm.model("llama-4-maverick")            # use_qk_norm false: rotary only
+    assert [(s.name, s.count) for s in step_template(maverick)
+            if s.name in ("rotary", "qk_norm")] == [("rotary", 36)]
+
+
+def test_nope_layers_only_among_attention_layers_and_without_their_norm_weights(tmp_path):
+    # pattern [linear, global] x 4 over 8 layers: attention at 1, 3, 5, 7; NoPE every 4th
+    # layer: 3 and 7; rotary and the rms q/k norm on 1 and 5; the norm's 2 x head_dim (16)
+    # weights only there
+    base = {"version": 1, "name": "t", "n_layers": 8, "d_model": 64, "n_heads": 4,
+            "n_kv_heads": 2, "vocab_size": 100, "intermediate_size": 128, "qk_norm": "rms",
+            "linear_attention": {"kind": "lightning", "n_heads": 4, "n_k_heads": 4,
+                                 "head_k_dim": 16, "head_v_dim": 16, "chunk_size": 16}}
+    pattern = {"layer_pattern": ["linear", "global"]}
+
+    def load(**change):
+        path = tmp_path / "t.yaml"
+        path.write_text(yaml.safe_dump(base | change))
+        return pm.model(str(path))
+
+    plain, nope = load(attention=pattern), load(attention=pattern | {"nope_interval": 4})
+    assert (plain.nope_layers, nope.nope_layers) == (0, 2)
+    assert {s.name: s.count for s in step_template(nope) if s.name in ("rotary", "qk_norm")} \
+        == {"rotary": 2, "qk_norm": 2}
+    assert param_counts(plain).attention - param_counts(nope).attention == 2 * 2 * 16
+    with pytest.raises(SpecError, match=r"attention\.nope_interval.*position: rope"):
+        load(position="none", attention=pattern | {"nope_interval": 4})
+
+
+def test_hf_llama4_nope_layers_off_the_interval_are_an_error():
+    data = json.loads((HF / "llama4.json").read_text())
+    assert pm.model(str(HF / "llama4.json")).nope_interval == 4     # [1, 1, 1, 0]
+    data["text_config"]["no_rope_layers"] = [1, 0, 1, 1]
+    with pytest.raises(SpecError, match=r"no_rope_layers.*every n-th"):
         model_from_hf_config(data, "config.json")

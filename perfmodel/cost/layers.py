@@ -113,8 +113,9 @@ def _attention_kernels(model: Model, **dims: int | bool | str) -> list[Attention
 
 
 def _attention(model: Model, tp: int) -> list[Spec]:
-    """MHA / GQA / MQA: fused QKV projection (with the output gate's, Qwen3-Next), rotary,
-    cache write, attention, the gate, output; over the attention layers."""
+    """MHA / GQA / MQA: fused QKV projection (with the output gate's, Qwen3-Next), rotary
+    and the q/k norm (not on NoPE layers, ``Model.nope_layers``), cache write, attention,
+    the gate, output; over the attention layers."""
     L, hd, own = model.attention_layers, model.head_dim, model.kv_layers
     heads, kv = model.n_heads // tp, kv_heads_per_device(model, tp)
     w = weights_of(model, "attention")
@@ -126,8 +127,9 @@ def _attention(model: Model, tp: int) -> list[Spec]:
                             bias=model.qkv_bias))
     for name, kind, on in (("rotary", "rotary", model.position == "rope"),
                            ("qk_norm", "rms_norm", bool(model.qk_norm))):
-        if on:           # one pass over the q and k heads' rows of head_dim
-            out.append(PointwiseSpec(name, kind, (heads + kv) * hd, own))
+        if on:           # one pass over the q and k heads' rows of head_dim, not on NoPE
+            out.append(PointwiseSpec(name, kind, (heads + kv) * hd,   # layers (kv_share 1)
+                                     own - model.nope_layers))
             if L > own:
                 out.append(PointwiseSpec(f"q_{name}", kind, heads * hd, L - own))
     out.append(KvWriteSpec("kv_cache_write", 2 * kv * hd, own))

@@ -111,8 +111,9 @@ def kv_heads_per_device(model: Model, tp: int) -> int:
 
 def attention_params(model: Model, tp: int = 1) -> float:
     """Q, K, V, O projections (and MLA's low-rank factors and norms) on one device, with
-    the q and k norms' head_dim weights each (``qk_norm: rms``; replicated) and one sink
-    logit per head (``attention.sinks``)."""
+    the q and k norms' head_dim weights each (``qk_norm: rms``; replicated; a NoPE layer
+    has none, taken off in ``param_counts``) and one sink logit per head
+    (``attention.sinks``)."""
     d, h = model.d_model, model.n_heads // tp
     if model.mla is not None:
         a = model.mla
@@ -260,6 +261,7 @@ def _param_counts(model: Model, tp: int, ep: int = 1, replicas: int = 0) -> Para
         embedding=embedding, lm_head=0.0 if model.tie_embeddings else vocab * d, norms=norms,
         attention=model.attention_layers * attention_params(model, tp) + mixers
         - (model.attention_layers - model.kv_layers) * kv_projection_params(model, tp)
+        - (model.nope_layers * 2 * model.head_dim if model.qk_norm == "rms" else 0)
         + shared_attention,
         mlp=(model.mlp_layers - n_moe) * mlp_params(model, model.intermediate_size, tp)
         + shared_mlp,

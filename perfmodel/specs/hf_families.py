@@ -77,7 +77,8 @@ def llama4(hf: Fields, out: dict[str, Any]) -> None:
     of that width on every ``interleave_moe_layer_step``-th layer, dense layers of
     ``intermediate_size_mlp``; chunked attention (``attention_chunk_size``) on the RoPE
     layers, full attention on the NoPE ones (``no_rope_layers``: 1 = RoPE, default every
-    ``no_rope_layer_interval``-th NoPE); ``use_qk_norm``: an L2 norm without weights."""
+    ``no_rope_layer_interval``-th NoPE: ``nope_interval``, no rotary or q/k norm there);
+    ``use_qk_norm``: an L2 norm without weights."""
     step = hf.integer("interleave_moe_layer_step", 1)
     layers = out["n_layers"]
     listed = hf.raw("moe_layers", None)
@@ -96,6 +97,15 @@ def llama4(hf: Fields, out: dict[str, Any]) -> None:
         int((i + 1) % hf.integer("no_rope_layer_interval", 4) != 0) for i in range(layers)]
     if not isinstance(rope, list) or len(rope) != layers or any(r not in (0, 1) for r in rope):
         raise hf.error("no_rope_layers", f"expected {layers} flags of 0 or 1, got {rope!r}")
+    if 0 in rope:
+        every = rope.index(0) + 1
+        if rope != [int((i + 1) % every != 0) for i in range(layers)]:
+            raise hf.error("no_rope_layers", f"only every n-th layer NoPE is modelled, got "
+                           f"{rope!r}")
+        if every == 1:
+            out["position"] = "none"
+        else:
+            out.setdefault("attention", {})["nope_interval"] = every
     if hf.has("attention_chunk_size"):
         set_pattern(hf, out, ["chunk" if r else "global" for r in rope])
 

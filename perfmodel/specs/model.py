@@ -203,6 +203,9 @@ class Model:
     # kv_share consecutive layers computes and caches one K/V, the others reuse it
     kv_share: int = 1
     attention_output_gate: bool = False    # sigmoid(x W_g) * attention (Qwen3-Next)
+    # every nope_interval-th layer (0: none) has no rotary and no q/k norm (Llama 4's NoPE
+    # layers: vLLM llama4.py, rotary_emb and qk_norm only ``if not self.nope``)
+    nope_interval: int = 0
     mla: MLA | None = None
     moe: MoE | None = None
     mamba: Mamba | None = None
@@ -239,6 +242,14 @@ class Model:
         one per shared-block invocation."""
         return self.layer_count("global") - self.attention_layers + self.kv_layers \
             + self.shared_invocations
+
+    @property
+    def nope_layers(self) -> int:
+        """Attention layers without rotary or q/k norm: layer i (0-based) with
+        (i + 1) % nope_interval == 0 (HF Llama 4 ``no_rope_layers`` 0 there)."""
+        n = self.nope_interval
+        return sum(k in ATTENTION_KINDS and (i + 1) % n == 0
+                   for i, k in enumerate(self.layer_kinds())) if n else 0
 
     def layer_count(self, *kinds: str) -> int:
         """Layers of the pattern whose kind is one of ``kinds``."""

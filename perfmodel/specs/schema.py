@@ -33,7 +33,7 @@ WIDTH = 2**20                   # d_model, MLP widths, MLA ranks: 1,048,576
 MAX = {"n_layers": 4096, "d_model": WIDTH, "n_heads": 16384, "n_kv_heads": 16384,
        "head_dim": 65536, "vocab_size": 2**24, "intermediate_size": 2**24,
        "norms_per_layer": 16, "max_position_embeddings": 2**30, "sliding_window": 2**30,
-       "chunk_size": 2**30, "layer_step": 4096, "kv_share": 4096,
+       "chunk_size": 2**30, "layer_step": 4096, "kv_share": 4096, "nope_interval": 4096,
        "n_experts": 65536, "top_k": 65536, "expert_intermediate_size": 2**24,
        "n_shared_experts": 1024, "first_dense_layers": 4096, "n_modules": 64,
        "q_lora_rank": WIDTH, "kv_lora_rank": WIDTH, "qk_nope_head_dim": 65536,
@@ -59,7 +59,7 @@ def model_from_fields(f: Fields) -> Model:
     """Build a Model from a mapping in the models/README.md schema (YAML or translated HF)."""
     n_heads = size(f, "n_heads")
     d_model = size(f, "d_model")
-    window, chunk, pattern, softcap, sinks, share, gate = _attention(
+    window, chunk, pattern, softcap, sinks, share, gate, nope = _attention(
         f.sub("attention", required=False))
     model = Model(
         name=f.text("name"), family=f.text("family", ""), source=f.text("source", ""),
@@ -77,7 +77,7 @@ def model_from_fields(f: Fields) -> Model:
         qkv_bias=f.flag("qkv_bias", False), linear_bias=f.flag("linear_bias", False),
         parallel_block=f.flag("parallel_block", False),
         sliding_window=window, layer_pattern=pattern, logit_softcap=softcap,
-        attention_chunk=chunk, attention_sinks=sinks, kv_share=share,
+        attention_chunk=chunk, attention_sinks=sinks, kv_share=share, nope_interval=nope,
         attention_output_gate=gate, mamba=_mamba(f.sub("mamba", required=False)),
         linear_attention=_linear(f.sub("linear_attention", required=False)),
         shared_block=_shared(f.sub("shared_block", required=False)),
@@ -94,6 +94,9 @@ def model_from_fields(f: Fields) -> Model:
     if model.kv_share > 1 and model.mla is not None:
         raise f.error("attention.kv_share", "cross-layer KV sharing with MLA is not "
                       "modelled; expected 1")
+    if model.nope_interval and (model.position != "rope" or model.kv_share > 1):
+        raise f.error("attention.nope_interval", "NoPE layers need position: rope and no "
+                      "cross-layer KV sharing (kv_share 1); expected it left out")
     if model.moe and model.moe.first_dense_layers > model.n_layers:
         raise f.error("moe.first_dense_layers", f"expected at most n_layers ({model.n_layers})")
     if model.quantization is not None and model.quantization.lm_head \
@@ -175,10 +178,11 @@ def _shared(f: Fields | None) -> SharedBlock | None:
 
 def _attention(f: Fields | None) -> tuple:
     """The ``attention:`` block: (sliding_window, chunk_size, layer_pattern, logit_softcap,
-    sinks). A pattern names local (windowed), chunk (chunked) and global layers; each kind it
-    names needs its size, and a window or chunk no layer uses is an error."""
+    sinks, kv_share, output_gate, nope_interval). A pattern names local (windowed), chunk
+    (chunked) and global layers; each kind it names needs its size, and a window or chunk
+    no layer uses is an error."""
     if f is None:
-        return None, None, (), None, False, 1, False
+        return None, None, (), None, False, 1, False, 0
     window, chunk = size(f, "sliding_window", None), size(f, "chunk_size", None)
     raw = f.raw("layer_pattern", [])
     if not isinstance(raw, list) or any(p not in LAYER_KINDS for p in raw):
@@ -193,7 +197,7 @@ def _attention(f: Fields | None) -> tuple:
         raise f.error("kv_share", "cross-layer KV sharing with windowed or chunked layers is "
                       "not modelled; expected 1 there")
     out = (window, chunk, tuple(raw), f.raw("logit_softcap", None), f.flag("sinks", False),
-           share, f.flag("output_gate", False))
+           share, f.flag("output_gate", False), size(f, "nope_interval", None, 2) or 0)
     f.finish()
     return out
 
