@@ -89,6 +89,29 @@ def test_a_decode_step_reads_and_writes_the_state_once():
     assert fresh.bytes.kv_read == 0 and fresh.bytes.kv_write == state
 
 
+def test_gated_deltanet_l2_norm_of_q_and_k_in_the_scan_record():
+    """Qwen3-Next's scan L2-normalises the 16 q/k heads of 128 (use_qk_l2norm_in_kernel):
+    3 FLOPs an element of q and k, 2 x 16 x 128 = 4096 elements a token; the chunked path
+    also reads and writes them once more (l2norm_fwd passes), a decode step does not (in
+    the fused recurrent kernel)."""
+    cost = price_step(model("qwen3-next-80b-a3b"), hardware("h100-sxm"), Parallelism(),
+                      Step.uniform(np.array([2, 8]), np.array([100, 1]),
+                                   np.array([100, 500])), Dtypes.of())
+    row = cost.names.index("linear.scan")
+    plain = [Scan(batch=np.array([b]), q_len=np.array([t]), kv_len=np.array([c]), heads=32,
+                  qk_heads=32, d_k=128, d_v=128, chunk=64, delta=True, gates=2)
+             for b, t, c in ((2, 100, 100), (8, 1, 500))]
+    # prefill: 36 layers x 2 sequences x 100 tokens x 4096 elements
+    assert cost.flops[row, 0] - 36 * plain[0].flops == 36 * 2 * 100 * 4096 * 3 \
+        == 88_473_600
+    assert cost.bytes.act_read[row, 0] - 36 * plain[0].bytes.act_read \
+        == cost.bytes.act_write[row, 0] - 36 * plain[0].bytes.act_write \
+        == 36 * 2 * 100 * 4096 * 2 == 58_982_400
+    # decode: 36 x 8 sequences x 1 token x 4096 x 3 FLOPs, no bytes
+    assert cost.flops[row, 1] - 36 * plain[1].flops == 36 * 8 * 4096 * 3 == 3_538_944
+    assert cost.bytes.act_read[row, 1] == 36 * plain[1].bytes.act_read
+
+
 def _decode(m, contexts):
     hw = hardware("h100-sxm")
     c = np.asarray(contexts)

@@ -110,7 +110,8 @@ class ScanSpec(NamedTuple):
     """The chunked scan of a recurrent layer (``scan.Scan``): ``heads`` state heads of
     ``d_k`` x ``d_v``, the q.k (C.B) products over ``qk_heads``, chunks of ``chunk`` tokens
     (1: the recurrent selective scan), ``delta``: the gated delta rule's WY transform;
-    ``gates`` per-token scalars per head it reads (dt / decay, and beta for the delta rule).
+    ``gates`` per-token scalars per head it reads (dt / decay, and beta for the delta rule);
+    ``l2norm_heads`` q/k heads whose rows it L2-normalises (Gated DeltaNet; 0: none).
     Its cost depends on a group's new tokens, not its context (decode: one state update)."""
 
     context = False
@@ -125,6 +126,7 @@ class ScanSpec(NamedTuple):
     gates: int
     count: float
     state_bytes: float
+    l2norm_heads: int = 0
 
 
 class ConvSpec(NamedTuple):

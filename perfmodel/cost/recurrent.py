@@ -68,7 +68,8 @@ def _mamba(model: Model, tp: int, layers: int) -> list[Spec]:
 
 def _linear(model: Model, tp: int, layers: int) -> list[Spec]:
     """Gated DeltaNet: in_proj (q, k, v, z, beta, a), short conv over q, k, v, the chunked
-    gated delta rule (q and k repeated to the value heads), RMSNorm and the silu(z) gate,
+    gated delta rule (q and k repeated to the value heads; the L2 norm of the q and k heads
+    in its record, ``scan.Scan.l2norm_heads``), RMSNorm and the silu(z) gate,
     out_proj. Lightning: qkv and the output gate, the chunked scan with fixed per-head
     decay, RMSNorm and the sigmoid gate (priced as the same read-two-write-one pass),
     out_proj."""
@@ -82,7 +83,8 @@ def _linear(model: Model, tp: int, layers: int) -> list[Spec]:
     if a.d_conv:
         out.append(ConvSpec("linear.conv1d", qkv, a.d_conv, layers))
     out += [ScanSpec("linear.scan", "linear_attention", h, h, a.head_k_dim, a.head_v_dim,
-                     a.chunk_size, a.delta, gates, layers, DTYPE_BYTES[a.state_dtype]),
+                     a.chunk_size, a.delta, gates, layers, DTYPE_BYTES[a.state_dtype],
+                     hk if a.delta else 0),
             PointwiseSpec("linear.norm", "rms_norm", width, layers),
             PointwiseSpec("linear.gate", "silu_and_mul", width, layers),
             GemmSpec("linear.out_proj", d, width, layers, weights=w)]

@@ -50,7 +50,16 @@ class Scan(Grouped):
     decay, beta) and writes Y (H P), at the activation dtype; the state (H N P at
     ``state_bytes``) is written once per sequence and read when the sequence had one before
     the step (kv_len > q_len: every decode step); a chunked kernel (T > 1, Q > 1) writes the
-    ceil(T / Q) chunk states and reads them back (SSD's ``states`` tensor)."""
+    ceil(T / Q) chunk states and reads them back (SSD's ``states`` tensor).
+
+    ``l2norm_heads`` (Gated DeltaNet's ``use_qk_l2norm_in_kernel``): the q and k rows of
+    that many heads of d_k are L2-normalised, 3 FLOPs an element (square, sum, scale). A
+    decode step does it inside the recurrent kernel (vLLM ``fla/ops/fused_recurrent.py``:
+    ``if USE_QK_L2NORM_IN_KERNEL``, on the q and k it loads anyway): FLOPs only. The chunked
+    path (T > 1) runs it as separate passes before the chunk kernels (``fla/ops/chunk.py``
+    ``ChunkGatedDeltaRuleFunction.forward``: ``l2norm_fwd(q)``, ``l2norm_fwd(k)``; newer
+    vLLM, in its ``fused_gdn_prefill_post_conv`` pass), which read and write them once more
+    at the activation dtype."""
 
     kind: ClassVar[str] = "ssm_scan"
     heads: Num
@@ -60,6 +69,7 @@ class Scan(Grouped):
     chunk: Num
     delta: Num = False
     gates: Num = 1
+    l2norm_heads: Num = 0
     act_bytes: Num = 2.0
     state_bytes: Num = 4.0
 
@@ -69,10 +79,12 @@ class Scan(Grouped):
         h, n, p, q = g("heads"), g("d_k"), g("d_v"), np.maximum(g("chunk"), 1)
         t = self.q_len.astype(float)
         dims = (h, g("qk_heads"), n, p, g("delta"))
+        normed = self.batch * t * 2 * g("l2norm_heads") * n     # q and k elements
         flops = self.batch * (np.floor(t / q) * chunk_flops(q, *dims)
-                              + chunk_flops(np.mod(t, q), *dims))
+                              + chunk_flops(np.mod(t, q), *dims)) + 3.0 * normed
+        chunked = (t > 1) & (q > 1)
         state = self.batch * h * n * p * g("state_bytes")
-        inter = np.where((t > 1) & (q > 1), np.ceil(t / q) * state, 0.0)
+        inter = np.where(chunked, np.ceil(t / q) * state + normed * g("act_bytes"), 0.0)
         tokens = self.batch * t * g("act_bytes")
         return flops, ByteCounts(
             act_read=tokens * (h * p + 2 * g("qk_heads") * n + g("gates") * h) + inter,
