@@ -169,6 +169,22 @@ def test_parameter_totals_against_published(name, total, active):
         assert counts.active(m) == pytest.approx(active, rel=0.01)
 
 
+def test_qwen3_next_shared_expert_gate_by_hand():
+    """vLLM qwen3_next.py shared_expert_gate: ReplicatedLinear(2048, 1), 16-bit, in each of
+    the 48 MoE layers: 48 x 2048 = 98,304 parameters (class router: 48 x 2048 x 512 routed
+    logits + them); a d -> 1 GEMM, 2 x 2048 FLOPs a token, its 2048 weights at 2 bytes."""
+    m = model("qwen3-next-80b-a3b")
+    c = param_counts(m)
+    assert c.router == 48 * 2048 * (512 + 1) == 50_429_952
+    # the total still brackets the published 80B (test_parameter_totals_against_published)
+    assert c.total == pytest.approx(79.674e9, rel=1e-4)
+    cost = price_step(m, hardware("h100-sxm"), Parallelism(), Step.uniform(4, 1, 300),
+                      Dtypes.of())
+    row = cost.names.index("shared.gate")
+    assert cost.flops[row, 0] == 48 * 4 * 2 * 2048 == 786_432
+    assert cost.bytes.weights[row, 0] == 48 * 2048 * 2 == 196_608
+
+
 def test_minimax_active_without_embeddings_is_the_published_45_9b():
     m = model("minimax-text-01")
     c = param_counts(m)
@@ -187,6 +203,8 @@ def _spec(**extra):
     ({"attention": {"layer_pattern": ["linear", "global"]}}, "linear_attention"),
     ({"attention": {"layer_pattern": ["global", "mlp"]},
       "moe": {"n_experts": 4, "top_k": 1, "expert_intermediate_size": 64}}, "moe"),
+    ({"moe": {"n_experts": 4, "top_k": 1, "expert_intermediate_size": 64,
+              "shared_expert_gate": True}}, r"moe\.shared_expert_gate.*n_shared_experts"),
 ])
 def test_recurrent_schema_mistakes(extra, message):
     with pytest.raises(SpecError, match=message):

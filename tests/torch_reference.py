@@ -124,6 +124,8 @@ class MoE(nn.Module):
                                      for _ in range(moe.n_experts))
         if moe.n_shared_experts:
             self.shared_experts = MLP(model, moe.n_shared_experts * moe.expert_intermediate_size)
+        if moe.shared_expert_gate:           # Qwen3-Next's shared_expert_gate
+            self.shared_expert_gate = nn.Linear(model.d_model, 1, bias=False)
 
 
 class Block(nn.Module):

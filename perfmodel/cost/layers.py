@@ -263,7 +263,7 @@ def _mlp_block(model: Model, tp: int, prefix: str, width: int, count: float,
 
 def _mlp(model: Model, tp: int, ep: int = 1, dispatch: bool = False) -> list[Spec]:
     """Dense MLP layers, then MoE layers: router, routed experts (split by ``tp``, or whole
-    under expert parallelism), shared experts."""
+    under expert parallelism), shared experts and their gate (``MoE.shared_expert_gate``)."""
     L, moe = model.mlp_layers, model.moe
     n_moe = model.n_moe_layers
     out: list[Spec] = []
@@ -283,4 +283,7 @@ def _mlp(model: Model, tp: int, ep: int = 1, dispatch: bool = False) -> list[Spe
             out += _mlp_block(model, tp, "shared.",
                               moe.n_shared_experts * moe.expert_intermediate_size, n_moe,
                               linear_class="shared_experts")
+        if moe.shared_expert_gate:    # d -> 1; its sigmoid and scaling fuse (Inductor) into
+            out.append(GemmSpec("shared.gate", 1, model.d_model, n_moe,    # the unpriced
+                                weights="act"))            # sum of routed and shared output
     return out

@@ -216,6 +216,13 @@ def mlp_params(model: Model, width: int, tp: int = 1) -> float:
     return mats * d * w + bias
 
 
+def router_params(model: Model) -> int:
+    """The 16-bit, replicated linears of one MoE layer: the router (d x n_experts) and the
+    shared experts' gate (d x 1, ``MoE.shared_expert_gate``), class ``router``."""
+    moe = model.moe
+    return model.d_model * (moe.n_experts + (1 if moe.shared_expert_gate else 0))
+
+
 def norm_params(model: Model) -> int:
     return model.d_model * (2 if model.norm == "layer" else 1)
 
@@ -250,10 +257,10 @@ def _param_counts(model: Model, tp: int, ep: int = 1, replicas: int = 0) -> Para
             held = -(-(moe.n_experts + replicas) // ep)
             experts = n_moe * held * mlp_params(model, moe.expert_intermediate_size)
         shared = n_moe * moe.n_shared_experts * expert
-        router = n_moe * d * moe.n_experts
+        router = n_moe * router_params(model)
     # an MTP module: two input norms, a [2d -> d] projection, one decoder block, an output norm
     block_mlp = ((moe.n_experts + moe.n_shared_experts)
-                 * mlp_params(model, moe.expert_intermediate_size, tp) + d * moe.n_experts
+                 * mlp_params(model, moe.expert_intermediate_size, tp) + router_params(model)
                  if moe else mlp_params(model, model.intermediate_size, tp))
     block = attention_params(model, tp) + model.norms_per_layer * norm_params(model) + block_mlp
     mtp = model.mtp_modules * (3 * norm_params(model) + 2 * d * d + block)

@@ -169,6 +169,7 @@ def qwen3_next(hf: Fields, out: dict[str, Any]) -> None:
         raise hf.error("shared_expert_intermediate_size",
                        f"expected a multiple of moe_intermediate_size ({width}), got {shared}")
     out["moe"]["n_shared_experts"] = shared // width
+    out["moe"]["shared_expert_gate"] = shared > 0
     out["linear_attention"] = {"kind": "gated_deltanet",
                                "n_heads": hf.integer("linear_num_value_heads"),
                                "n_k_heads": hf.integer("linear_num_key_heads"),

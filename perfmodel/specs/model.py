@@ -40,6 +40,9 @@ class MoE:
     # device-limited, V3's node-limited routing); topk_groups >= n_groups: no limit
     n_groups: int = 1
     topk_groups: int = 1
+    # sigmoid(x w), w of d_model, scales the shared experts' output (Qwen3-Next: vLLM
+    # qwen3_next.py shared_expert_gate, a ReplicatedLinear(hidden_size, 1) kept at 16 bits)
+    shared_expert_gate: bool = False
 
     @property
     def group_limited(self) -> bool:

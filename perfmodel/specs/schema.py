@@ -256,7 +256,11 @@ def _moe(f: Fields | None) -> MoE | None:
               n_shared_experts=size(f, "n_shared_experts", 0, minimum=0),
               first_dense_layers=size(f, "first_dense_layers", 0, minimum=0),
               layer_step=size(f, "layer_step", 1), n_groups=groups,
-              topk_groups=size(f, "topk_groups", groups))
+              topk_groups=size(f, "topk_groups", groups),
+              shared_expert_gate=f.flag("shared_expert_gate", False))
+    if out.shared_expert_gate and not out.n_shared_experts:
+        raise f.error("shared_expert_gate", "gates the shared experts: expected "
+                      "n_shared_experts >= 1 with it")
     if out.top_k > out.n_experts:
         raise f.error("top_k", f"expected at most n_experts ({out.n_experts}), got {out.top_k}")
     _check_groups(f, out)
