@@ -215,3 +215,21 @@ def test_mlp_only_layers_have_no_mixer():
     m = _spec(attention={"layer_pattern": ["mamba", "mlp", "global", "mlp"]},
               mamba={"d_inner": 512, "d_state": 16, "head_dim": 64, "chunk_size": 64})
     assert (m.attention_layers, m.mixer_layers, m.mlp_layers, m.kv_layers) == (1, 2, 2, 1)
+
+
+def test_sigmoid_output_gates_by_hand():
+    """sigmoid(g) * h reads g and h, writes h, 4 FLOPs an element (h / (1 + exp(-g))).
+    Qwen3-Next's attn_gate: 12 full-attention layers x 16 heads x 256 = 4096 wide; MiniMax's
+    lightning gate: 70 linear layers x 64 heads x 128 = 8192 wide (vLLM minimax_text_01.py
+    ``F.sigmoid(gate) * hidden``); Gated DeltaNet's gate stays silu(z) (5 FLOPs). Qwen3-Next
+    at 4 tokens: 12 x 4 x 4096 x 4 = 786,432 FLOPs (983,040 at silu_and_mul's 5)."""
+    step, h100 = Step.uniform(4, 1, 300), hardware("h100-sxm")
+    for name, row, layers, width, flops in (
+            ("qwen3-next-80b-a3b", "attn_gate", 12, 4096, 4),
+            ("minimax-text-01", "linear.gate", 70, 8192, 4),
+            ("qwen3-next-80b-a3b", "linear.gate", 36, 4096, 5)):
+        cost = price_step(model(name), h100, Parallelism(), step, Dtypes.of())
+        i = cost.names.index(row)
+        assert cost.flops[i, 0] == layers * 4 * width * flops
+        assert cost.bytes.act_read[i, 0] == layers * 4 * 2 * width * 2
+        assert cost.bytes.act_write[i, 0] == layers * 4 * width * 2

@@ -54,6 +54,12 @@ def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x[..., :n], approximate="tanh") * x[..., n:]
 
 
+def sigmoid_mul(x: torch.Tensor) -> torch.Tensor:
+    """[m, 2n] -> sigmoid(x[:, :n]) * x[:, n:] = [m, n] (an output gate)."""
+    n = x.shape[-1] // 2
+    return torch.sigmoid(x[..., :n]) * x[..., n:]
+
+
 def rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """Rotate pairs of features by complex ``freqs`` [t, 1, D/2]: x [m, heads*D] -> same,
     row r at position r % t (m = batch x t: the batch's sequences one after another).
@@ -166,8 +172,10 @@ def _memory_pass(kind: str, label: str, m: int, n: int, rnd: Callable[..., torch
         weight = rnd(n)
         extra = (weight,) if kind == "rms_norm" else (weight, rnd(n))
         return (rms_norm if kind == "rms_norm" else layer_norm), lambda: (rnd(m, n), *extra)
-    if kind in ("silu_and_mul", "gelu_and_mul"):
-        return (silu_and_mul if kind == "silu_and_mul" else gelu_and_mul), lambda: (rnd(m, 2 * n),)
+    gated = {"silu_and_mul": silu_and_mul, "gelu_and_mul": gelu_and_mul,
+             "sigmoid_mul": sigmoid_mul}
+    if kind in gated:
+        return gated[kind], lambda: (rnd(m, 2 * n),)
     if kind in ("gelu", "softmax"):
         fn = (lambda x: F.gelu(x, approximate="tanh")) if kind == "gelu" \
             else (lambda x: F.softmax(x, dim=-1))

@@ -136,7 +136,7 @@ def _attention(model: Model, tp: int) -> list[Spec]:
     out += _attention_kernels(model, heads=heads, kv_heads=kv, qk_dim=hd, v_dim=hd,
                               cache_elems=2 * hd)
     if gate:
-        out.append(PointwiseSpec("attn_gate", "silu_and_mul", gate, L))
+        out.append(PointwiseSpec("attn_gate", "sigmoid_mul", gate, L))
     out.append(GemmSpec("o_proj", model.d_model, heads * hd, L, weights=w,
                         bias=model.linear_bias))
     return out

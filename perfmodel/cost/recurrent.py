@@ -71,8 +71,8 @@ def _linear(model: Model, tp: int, layers: int) -> list[Spec]:
     gated delta rule (q and k repeated to the value heads; the L2 norm of the q and k heads
     in its record, ``scan.Scan.l2norm_heads``), RMSNorm and the silu(z) gate,
     out_proj. Lightning: qkv and the output gate, the chunked scan with fixed per-head
-    decay, RMSNorm and the sigmoid gate (priced as the same read-two-write-one pass),
-    out_proj."""
+    decay, RMSNorm and the sigmoid gate (``sigmoid_mul``; vLLM minimax_text_01.py:
+    ``F.sigmoid(gate) * hidden``), out_proj."""
     a, d, w = model.linear_attention, model.d_model, weights_of(model, "attention")
     h, hk = a.n_heads // tp, a.n_k_heads // tp
     width = h * a.head_v_dim
@@ -86,6 +86,7 @@ def _linear(model: Model, tp: int, layers: int) -> list[Spec]:
                      a.chunk_size, a.delta, gates, layers, DTYPE_BYTES[a.state_dtype],
                      hk if a.delta else 0),
             PointwiseSpec("linear.norm", "rms_norm", width, layers),
-            PointwiseSpec("linear.gate", "silu_and_mul", width, layers),
+            PointwiseSpec("linear.gate", "silu_and_mul" if a.delta else "sigmoid_mul",
+                          width, layers),
             GemmSpec("linear.out_proj", d, width, layers, weights=w)]
     return out

@@ -55,6 +55,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("silu_and_mul", "activation", "stream", reads=2, writes=1, flops=5),
     Kind("gelu_and_mul", "activation", "stream", reads=2, writes=1, flops=9),
     Kind("gelu", "activation", "stream", reads=1, writes=1, flops=8),
+    # sigmoid(g) * h, an output gate (Qwen3-Next's attention, MiniMax-01's lightning
+    # attention): h / (1 + exp(-g)) is a negation, an exp, an add and a divide per element
+    # (torch.sigmoid = 1 / (1 + exp(-x))): silu_and_mul's 5, x / (1 + exp(-x)) * y, less
+    # one multiply. Not calibrated on its own: it streams at the shared memory_fraction
+    Kind("sigmoid_mul", "activation", "stream", own_fraction=False, own_latency=False,
+         reads=2, writes=1, flops=4),
     Kind("softmax", "elementwise", "stream", reads=1, writes=1, flops=5),
     Kind("add", "elementwise", "stream", reads=2, writes=1, flops=1),
     Kind("rotary", "elementwise", "stream", reads=1, writes=1, flops=3),
