@@ -145,6 +145,22 @@ def test_qk_norm_is_a_pass_over_q_and_k_rows_and_2_head_dim_params():
         5120 * (40 + 16) * 128 + 40 * 128 * 5120)          # l2: no weights
 
 
+def test_qk_norm_weight_bytes_rms_head_dim_each_l2_none():
+    """The q/k norm reads the weights it has, once a layer: rms (Qwen3-8B) head_dim for q
+    and head_dim for k, shared by the heads, 36 x 2 x 128 x 2 bytes = 18,432 (not the row
+    width's (32 + 8) x 128 = 5120 of them, 368,640); l2 (Llama 4 Scout) none. A prefill of
+    100 tokens: activations 36 x 100 x 5120 x 2 = 36,864,000 bytes read and as many written."""
+    def qk_norm(name: str) -> object:
+        est = pm.estimate(pm.hardware("h100-sxm"), pm.model(name),
+                          pm.Workload(prompt_len=100, gen_len=1, batch=1))
+        return next(o for o in est.phases[0].ops if o.name == "qk_norm").bytes
+
+    qwen = qk_norm("qwen3-8b")
+    assert qwen.weights == 36 * 2 * 128 * 2 == 18_432
+    assert qwen.act_read == qwen.act_write == 36 * 100 * 5120 * 2 == 36_864_000
+    assert qk_norm("llama-4-scout").weights == 0
+
+
 def test_sinks_count_one_per_head_and_change_nothing_else():
     c = param_counts(pm.model("gpt-oss-20b"))
     per_layer = 2880 * (64 + 16) * 64 + (64 + 16) * 64 + 64 * 64 * 2880 + 2880 + 64

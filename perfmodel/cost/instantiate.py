@@ -149,7 +149,7 @@ def _column(specs: list, attr: str) -> np.ndarray:
 
 _CONSTANTS = {
     GemmSpec: ("n", "k", "count", "bias"),
-    PointwiseSpec: ("n", "count"),
+    PointwiseSpec: ("n", "count", "weight_elems"),
     AttentionSpec: ("heads", "kv_heads", "qk_dim", "v_dim", "cache_elems", "window", "chunk",
                     "count"),
     EmbeddingSpec: ("n", "count"),
@@ -225,7 +225,7 @@ def _gemms(b: Block, v: Values) -> Gemm:
 def _pointwise(b: Block, v: Values) -> Pointwise:
     rows, count = _present(v.rows(b.rows), b.const["count"])
     return Pointwise(code=b.const["code"], rows=rows, n=b.const["n"], act_bytes=v.ab,
-                     dtype=v.act, count=count)
+                     dtype=v.act, count=count, weight_elems=b.const["weight_elems"])
 
 
 def _attention(b: Block, v: Values, step: object) -> Attention:

@@ -39,6 +39,7 @@ class PointwiseSpec(NamedTuple):
     n: int
     count: float
     rows: str = "tokens"
+    weight_elems: float = -1.0  # weights read per instance; -1: the kind's (ops.Pointwise)
 
 
 class AttentionSpec(NamedTuple):

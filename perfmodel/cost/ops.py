@@ -263,13 +263,16 @@ class Pointwise(OpRecord):
     """Memory-bound elementwise pass over ``rows`` rows of ``n`` features; ``code`` picks the
     kind (``specs.kinds.POINTWISE``). Reads and writes follow the measurement schema
     (silu_and_mul reads 2n and writes n per row; add reads two operands); norms also read
-    their n weights (2n for layer_norm)."""
+    their n weights (2n for layer_norm), or ``weight_elems`` where it is 0 or more (a norm
+    over each head of a row, its weights shared by the heads: ``layers._attention``'s q/k
+    norm)."""
 
     kind: ClassVar[str] = "pointwise"
     code: Num
     rows: Num
     n: Num
     act_bytes: Num = 2.0
+    weight_elems: Num = -1.0
 
     @property
     def rule(self) -> str:
@@ -287,7 +290,9 @@ class Pointwise(OpRecord):
     @property
     def bytes(self) -> ByteCounts:
         reads, writes = _TABLE[self.code, 0], _TABLE[self.code, 1]
-        return ByteCounts(weights=_WEIGHT_ROWS[self.code] * self.n * self.act_bytes,
+        weights = np.where(np.asarray(self.weight_elems) < 0, _WEIGHT_ROWS[self.code] * self.n,
+                           self.weight_elems)
+        return ByteCounts(weights=weights * self.act_bytes,
                           act_read=reads * self.rows * self.n * self.act_bytes,
                           act_write=writes * self.rows * self.n * self.act_bytes)
 
