@@ -129,14 +129,16 @@ def _attention(model: Model, tp: int) -> list[Spec]:
     # qwen3.py q_norm, k_norm = RMSNorm(head_dim)); l2 (Llama 4): none (RMSNorm(head_dim,
     # has_weight=False) in vLLM llama4.py)
     norm_w = hd if model.qk_norm == "rms" else 0
-    for name, kind, on, w in (("rotary", "rotary", model.position == "rope", 0),
-                              ("qk_norm", "rms_norm", bool(model.qk_norm), norm_w)):
+    for name, kind, on, norm_weights in (
+            ("rotary", "rotary", model.position == "rope", 0),
+            ("qk_norm", "rms_norm", bool(model.qk_norm), norm_w)):
         if on:           # one pass over the q and k heads' rows of head_dim, not on NoPE
             out.append(PointwiseSpec(name, kind, (heads + kv) * hd,   # layers (kv_share 1)
-                                     own - model.nope_layers, weight_elems=2 * w))
+                                     own - model.nope_layers,
+                                     weight_elems=2 * norm_weights))
             if L > own:
                 out.append(PointwiseSpec(f"q_{name}", kind, heads * hd, L - own,
-                                         weight_elems=w))
+                                         weight_elems=norm_weights))
     out.append(KvWriteSpec("kv_cache_write", 2 * kv * hd, own))
     out += _attention_kernels(model, heads=heads, kv_heads=kv, qk_dim=hd, v_dim=hd,
                               cache_elems=2 * hd)
