@@ -223,7 +223,6 @@ class Attention(Grouped):
     kv_bytes: Num = 2.0
     causal: Num = True
 
-
     def kept(self) -> np.ndarray:
         """Positions each group reads per KV head (``positions.kept_positions``)."""
         return kept_positions(self.q_len, self.kv_len, self.g("window"), self.g("chunk"))
@@ -251,7 +250,6 @@ class Attention(Grouped):
                                  kv_read=np.where(from_cache, kv, 0.0))
 
 
-
 _TABLE = np.array([(KINDS[k].reads, KINDS[k].writes, KINDS[k].flops) for k in POINTWISE],
                   dtype=float)
 # weights per row of n: a norm reads its n scales (layer_norm also n biases)
@@ -263,9 +261,8 @@ class Pointwise(OpRecord):
     """Memory-bound elementwise pass over ``rows`` rows of ``n`` features; ``code`` picks the
     kind (``specs.kinds.POINTWISE``). Reads and writes follow the measurement schema
     (silu_and_mul reads 2n and writes n per row; add reads two operands); norms also read
-    their n weights (2n for layer_norm), or ``weight_elems`` where it is 0 or more (a norm
-    over each head of a row, its weights shared by the heads: ``layers._attention``'s q/k
-    norm)."""
+    their n weights (2n for layer_norm), or ``weight_elems`` where it is >= 0 (weights
+    shared by the heads of a row: the q/k norm, ``layers._attention``)."""
 
     kind: ClassVar[str] = "pointwise"
     code: Num
