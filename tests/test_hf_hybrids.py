@@ -92,3 +92,38 @@ def test_hf_hybrid_transformers_key_names():
         == pm.model("qwen3-next-80b-a3b").layer_kinds()
     jb = _load("jamba") | {"mamba_dt_rank": "auto"}
     assert model_from_hf_config(jb, "c.json").mamba.dt_rank == 256
+
+
+def test_partial_rotary_prices_the_rotated_features_only():
+    """vLLM's rotary kernel turns rot_dim of each head in place. Qwen3-Next
+    (partial_rotary_factor 0.25 x head_dim 256 = 64) over 12 attention layers, 16 q + 2 kv
+    heads: a prefill of 100 tokens rotates 100 x 18 x 64 = 115,200 elements a layer, 3 FLOPs
+    each: 12 x 115,200 x 3 = 4,147,200 FLOPs, 12 x 115,200 x 2 = 2,764,800 bytes read and
+    as many written (a quarter of the full head's). MiniMax-Text-01 (rotary_dim 64 of 128),
+    10 softmax layers of 64 q + 8 kv heads: 10 x 100 x 72 x 64 x 3 = 13,824,000 FLOPs and
+    10 x 100 x 72 x 64 x 2 = 9,216,000 bytes each way."""
+    for name, flops, moved in (("qwen3-next-80b-a3b", 4_147_200, 2_764_800),
+                               ("minimax-text-01", 13_824_000, 9_216_000)):
+        assert pm.model(name).rotated_dim == 64
+        est = pm.estimate(pm.hardware("h100-sxm"), pm.model(name),
+                          pm.Workload(prompt_len=100, gen_len=1, batch=1))
+        rotary = next(o for o in est.phases[0].ops if o.name == "rotary")
+        assert rotary.flops == flops
+        assert rotary.bytes.act_read == rotary.bytes.act_write == moved
+    qwen = _load("qwen3-next")
+    qwen["partial_rotary_factor"] = 1.0          # every feature: no rotary_dim
+    assert model_from_hf_config(qwen, "config.json").rotary_dim == 0
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"rotary_dim": 63}, "rotary_dim.*even"),
+    ({"rotary_dim": 256}, r"rotary_dim.*head_dim \(128\)"),
+    ({"rotary_dim": 64, "position": "none"}, "rotary_dim.*position: rope"),
+])
+def test_rotary_dim_mistakes(tmp_path, extra, message):
+    spec = {"version": 1, "name": "t", "n_layers": 2, "d_model": 512, "n_heads": 4,
+            "n_kv_heads": 4, "vocab_size": 1000, "intermediate_size": 1024, **extra}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(SpecError, match=message):
+        pm.model(str(path))

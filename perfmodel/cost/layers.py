@@ -114,8 +114,9 @@ def _attention_kernels(model: Model, **dims: int | bool | str) -> list[Attention
 
 def _attention(model: Model, tp: int) -> list[Spec]:
     """MHA / GQA / MQA: fused QKV projection (with the output gate's, Qwen3-Next), rotary
-    and the q/k norm (not on NoPE layers, ``Model.nope_layers``), cache write, attention,
-    the gate, output; over the attention layers."""
+    (over each head's rotated part, ``Model.rotary_dim``) and the q/k norm (not on NoPE
+    layers, ``Model.nope_layers``), cache write, attention, the gate, output; over the
+    attention layers."""
     L, hd, own = model.attention_layers, model.head_dim, model.kv_layers
     heads, kv = model.n_heads // tp, kv_heads_per_device(model, tp)
     w = weights_of(model, "attention")
@@ -125,19 +126,21 @@ def _attention(model: Model, tp: int) -> list[Spec]:
     if L > own:          # cross-layer KV sharing: these layers project only their queries
         out.append(GemmSpec("q_proj", heads * hd, model.d_model, L - own, weights=w,
                             bias=model.qkv_bias))
-    # rms q/k norms: head_dim weights for q and head_dim for k, shared by the heads (vLLM
-    # qwen3.py q_norm, k_norm = RMSNorm(head_dim)); l2 (Llama 4): none (RMSNorm(head_dim,
-    # has_weight=False) in vLLM llama4.py)
+    # rotary turns the rotated_dim features of each head in place (partial RoPE: vLLM's
+    # rotary_embedding kernel, csrc/pos_encoding_kernels.cu, loops over heads x rot_dim / 2
+    # pairs a token and touches no other feature). rms q/k norms: head_dim weights for q
+    # and head_dim for k, shared by the heads (vLLM qwen3.py q_norm, k_norm =
+    # RMSNorm(head_dim)); l2 (Llama 4): none (RMSNorm(head_dim, has_weight=False), llama4.py)
     norm_w = hd if model.qk_norm == "rms" else 0
-    for name, kind, on, norm_weights in (
-            ("rotary", "rotary", model.position == "rope", 0),
-            ("qk_norm", "rms_norm", bool(model.qk_norm), norm_w)):
-        if on:           # one pass over the q and k heads' rows of head_dim, not on NoPE
-            out.append(PointwiseSpec(name, kind, (heads + kv) * hd,   # layers (kv_share 1)
+    for name, kind, on, dim, norm_weights in (
+            ("rotary", "rotary", model.position == "rope", model.rotated_dim, 0),
+            ("qk_norm", "rms_norm", bool(model.qk_norm), hd, norm_w)):
+        if on:           # one pass over the q and k heads' rows, not on NoPE layers
+            out.append(PointwiseSpec(name, kind, (heads + kv) * dim,        # (kv_share 1)
                                      own - model.nope_layers,
                                      weight_elems=2 * norm_weights))
             if L > own:
-                out.append(PointwiseSpec(f"q_{name}", kind, heads * hd, L - own,
+                out.append(PointwiseSpec(f"q_{name}", kind, heads * dim, L - own,
                                          weight_elems=norm_weights))
     out.append(KvWriteSpec("kv_cache_write", 2 * kv * hd, own))
     out += _attention_kernels(model, heads=heads, kv_heads=kv, qk_dim=hd, v_dim=hd,
@@ -172,7 +175,8 @@ def _shared_blocks(model: Model, tp: int, norm: str) -> list[Spec]:
                 GemmSpec("shared.qkv_adapter_b", width, rank, 3 * calls, weights=att),
                 PointwiseSpec("shared.qkv_adapter_add", "add", width, 3 * calls)]
     if model.position == "rope":
-        out.append(PointwiseSpec("shared.rotary", "rotary", 2 * width, calls))
+        out.append(PointwiseSpec("shared.rotary", "rotary", 2 * heads * model.rotated_dim,
+                                 calls))
     out += [KvWriteSpec("shared.kv_cache_write", 2 * width, calls),
             AttentionSpec("shared.attention", heads, heads, hd, hd, 2 * hd, calls),
             GemmSpec("shared.o_proj", d, width, calls, weights=att),

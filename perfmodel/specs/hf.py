@@ -53,6 +53,7 @@ _HF_KEYS = {"n_layers": "num_hidden_layers", "d_model": "hidden_size",
             "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
             "vocab_size": "vocab_size", "intermediate_size": "intermediate_size",
             "head_dim": "head_dim", "max_position_embeddings": "max_position_embeddings",
+            "rotary_dim": "rotary_dim or partial_rotary_factor",
             "attention.sliding_window": "sliding_window", "moe.top_k": "num_experts_per_tok",
             "attention.chunk_size": "attention_chunk_size",
             "moe.layer_step": "decoder_sparse_step or interleave_moe_layer_step",
@@ -104,6 +105,7 @@ def model_from_hf_config(data: dict, file: str, name: str | None = None) -> Mode
         out["attention"] = {"sliding_window": hf.integer("sliding_window")}
     if kind in _FAMILY:
         _FAMILY[kind](hf, out)
+    _partial_rotary(hf, out)
     try:
         model = model_from_fields(Fields(out, file))
     except SpecError as exc:
@@ -113,6 +115,26 @@ def model_from_hf_config(data: dict, file: str, name: str | None = None) -> Mode
     if q is None:
         return model
     return replace(model, quantization=quantization_from_hf(q, out))
+
+
+def _partial_rotary(hf: Fields, out: dict[str, Any]) -> None:
+    """Partial RoPE: ``rotary_dim`` (MiniMax-Text-01), else ``partial_rotary_factor`` x
+    head_dim (Qwen3-Next, Phi-4-mini), truncated as vLLM's get_rope does
+    (``int(rotary_dim * partial_rotary_factor)``); left out when every feature turns."""
+    if out.get("position", "rope") != "rope" or "mla" in out:
+        return
+    head_dim = out.get("head_dim") or out["d_model"] // out["n_heads"]
+    if hf.has("rotary_dim"):
+        dim = hf.integer("rotary_dim")
+    elif hf.has("partial_rotary_factor"):
+        dim = int(head_dim * hf.quantity("partial_rotary_factor", "number", maximum=1.0))
+    else:
+        return
+    if dim < 2:
+        raise hf.error("partial_rotary_factor", f"turns {dim} of head_dim {head_dim} "
+                       "features; expected at least 2")
+    if dim != head_dim:
+        out["rotary_dim"] = dim
 
 
 def _in_hf_terms(message: str, file: str) -> str:

@@ -192,6 +192,7 @@ class Model:
     norms_per_layer: int = 2
     tie_embeddings: bool = False
     position: str = "rope"
+    rotary_dim: int = 0     # features of a head rotary turns (partial RoPE); 0: head_dim
     max_position_embeddings: int = 0       # context limit (0: unknown); learned-table rows
     qkv_bias: bool = False
     linear_bias: bool = False
@@ -220,6 +221,11 @@ class Model:
     source: str = ""
     # derived structure the cost model keeps per model (a fresh one for every copy)
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def rotated_dim(self) -> int:
+        """Features of each q and k head that rotary turns (``rotary_dim``, else all)."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def kv_layers(self) -> int:

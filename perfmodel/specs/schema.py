@@ -22,7 +22,7 @@ from perfmodel.specs.model import (
 MODEL_KEYS = ("version", "name", "family", "source", "n_layers", "d_model", "n_heads",
               "n_kv_heads", "head_dim", "vocab_size", "intermediate_size", "gated_mlp",
               "activation", "norm", "norms_per_layer", "tie_embeddings", "position",
-              "max_position_embeddings", "qkv_bias", "linear_bias", "parallel_block",
+              "rotary_dim", "max_position_embeddings", "qkv_bias", "linear_bias", "parallel_block",
               "qk_norm", "attention", "mla", "moe", "mtp", "quantization", "mamba",
               "linear_attention", "shared_block")
 
@@ -31,7 +31,7 @@ MODEL_KEYS = ("version", "name", "family", "source", "n_layers", "d_model", "n_h
 # context), so that a typo such as ``d_model: 5e9`` is an error rather than an estimate.
 WIDTH = 2**20                   # d_model, MLP widths, MLA ranks: 1,048,576
 MAX = {"n_layers": 4096, "d_model": WIDTH, "n_heads": 16384, "n_kv_heads": 16384,
-       "head_dim": 65536, "vocab_size": 2**24, "intermediate_size": 2**24,
+       "head_dim": 65536, "rotary_dim": 65536, "vocab_size": 2**24, "intermediate_size": 2**24,
        "norms_per_layer": 16, "max_position_embeddings": 2**30, "sliding_window": 2**30,
        "chunk_size": 2**30, "layer_step": 4096, "kv_share": 4096, "nope_interval": 4096,
        "n_experts": 65536, "top_k": 65536, "expert_intermediate_size": 2**24,
@@ -73,6 +73,7 @@ def model_from_fields(f: Fields) -> Model:
         norms_per_layer=size(f, "norms_per_layer", 2),
         tie_embeddings=f.flag("tie_embeddings", False),
         position=f.text("position", "rope", ("rope", "learned", "alibi", "none")),
+        rotary_dim=size(f, "rotary_dim", 0, minimum=0),
         max_position_embeddings=size(f, "max_position_embeddings", 0, minimum=0),
         qkv_bias=f.flag("qkv_bias", False), linear_bias=f.flag("linear_bias", False),
         parallel_block=f.flag("parallel_block", False),
@@ -91,6 +92,11 @@ def model_from_fields(f: Fields) -> Model:
                       f"got {model.n_kv_heads}")
     if model.position == "learned" and model.max_position_embeddings < 1:
         raise f.error("max_position_embeddings", "required (>= 1) when position is learned")
+    if model.rotary_dim and (model.position != "rope" or model.mla is not None
+                             or model.rotary_dim % 2 or model.rotary_dim > model.head_dim):
+        raise f.error("rotary_dim", f"expected an even number of features up to head_dim "
+                      f"({model.head_dim}), with position: rope and no mla (its "
+                      f"qk_rope_head_dim), got {model.rotary_dim}")
     if model.kv_share > 1 and model.mla is not None:
         raise f.error("attention.kv_share", "cross-layer KV sharing with MLA is not "
                       "modelled; expected 1")
