@@ -64,6 +64,7 @@ def jamba(hf: Fields, out: dict[str, Any]) -> None:
     ``mamba_dt_rank``); ``num_experts`` MoE on i % ``expert_layer_period`` ==
     ``expert_layer_offset`` (only offset period - 1, the schema's ``layer_step``)."""
     layers = out["n_layers"]
+    out["position"] = "none"        # JambaAttention has no rotary (vLLM jamba.py, HF)
     attend = _every(hf, "attn_layer_period", "attn_layer_offset", layers, (8, 4))
     set_pattern(hf, out, ["global" if a else "mamba" for a in attend])
     rank = hf.raw("mamba_dt_rank", "auto")
@@ -96,7 +97,8 @@ def nemotron_h(hf: Fields, out: dict[str, Any]) -> None:
     act = hf.text("mlp_hidden_act", "relu2")
     if act not in ("relu2", "relu"):
         raise hf.error("mlp_hidden_act", f"unsupported {act!r}, expected relu2")
-    out.update(gated_mlp=False, activation="relu", norms_per_layer=1)
+    # NoPE attention (transformers' NemotronHAttention is JambaAttention: no rotary)
+    out.update(gated_mlp=False, activation="relu", norms_per_layer=1, position="none")
     if not hf.has("head_dim") and hf.has("attention_head_dim"):
         out["head_dim"] = hf.integer("attention_head_dim")
     heads, head_dim = hf.integer("mamba_num_heads"), hf.integer("mamba_head_dim")
