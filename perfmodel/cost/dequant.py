@@ -65,7 +65,10 @@ def converts(hw: Hardware, weights: np.ndarray | int, compute: np.ndarray | int
     wcode = np.asarray(weights, dtype=int)
     code = np.where(wcode >= 0, wcode, 0)
     compute_bytes = BYTES[np.asarray(compute, dtype=int)]
-    listed = np.array([d in hw.efficiency.dequant for d in DTYPES])
+    listed = hw.memo.get("dequant_listed")
+    if listed is None:      # per device, not per GEMM record: this runs on every GEMM
+        listed = hw.memo["dequant_listed"] = np.array([d in hw.efficiency.dequant
+                                                       for d in DTYPES])
     return (wcode >= 0) & (BYTES[code] < compute_bytes) & (compute_bytes == 2.0) & listed[code]
 
 
