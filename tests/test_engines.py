@@ -164,3 +164,33 @@ def test_compare_serving_prices_each_run_with_its_engine_column():
     assert _kernels({"engine": "TensorRT-LLM"}) == ("trtllm", [])
     name, notes = _kernels({"engine": "tgi"})
     assert name == "vllm" and "'tgi' not known" in notes[0]
+
+
+def test_harness_compare_prices_the_engine_asked_for(tmp_path):
+    """``compare --engine``: another engine's efficiency block prices every row; a device
+    without one warns once on stderr and prices its own figures."""
+    from perfmodel.cli.app import load_plugins
+
+    load_plugins(app)
+    csv = tmp_path / "m.csv"
+    csv.write_text("device,source,model,tp,op,dtype,m,n,k,batch,q_len,kv_len,n_heads,"
+                   "n_kv_heads,head_dim,measured_s,measured_std_s\n"
+                   "h100,t,m-a,1,gemm,bf16,4096,4096,4096,,,,,,,0.0002,\n")
+    path = _device(tmp_path, engines={"sglang": SGLANG})
+    out = {}
+    for engine in ("vllm", "sglang"):
+        result = runner.invoke(app, ["compare", str(csv), "-H", str(path), "--any-device",
+                                     "--engine", engine, "--out",
+                                     str(tmp_path / f"{engine}.csv")])
+        assert result.exit_code == 0, result.output
+        out[engine] = _predicted(tmp_path / f"{engine}.csv")
+    assert out["sglang"] > out["vllm"]        # gemm_fraction 0.5 against the file's own
+    result = runner.invoke(app, ["compare", str(csv), "-H", "h100-sxm", "--engine", "trtllm"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("h100-sxm has no trtllm calibration") == 1
+
+
+def _predicted(path: Path) -> float:
+    import csv as csv_module
+
+    return float(next(csv_module.DictReader(path.open()))["predicted_s"])
