@@ -6,7 +6,7 @@ a step's prefill chunks and its decodes at different contexts in one launch).
 - Decode groups (q_len = 1, and a few new tokens on a longer cache: ``_short``) share one
   pool of programs. With
   ``attention_decode_pack_gqa`` (FlashAttention), a program holds the query heads of one
-  KV head of one sequence, padded to a row tile (``decode_programs``); when the pool fills
+  KV head of one sequence, padded to a row tile (``packed_programs``); when the pool fills
   under 80% of the compute units its keys are split (flash-decoding, ``kv_splits`` on the
   pool's program count and its longest sequence's key tiles) and a combine kernel runs.
   Without it (PyTorch's CPU kernel) each query head is its own unsplit program and streams
@@ -26,6 +26,7 @@ import numpy as np
 
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
+    SPLIT_FULL,
     _keys,
     _pad,
     append_kv_rows,
@@ -46,6 +47,30 @@ from perfmodel.cost.timebase import (
 from perfmodel.specs.hardware import Hardware
 
 
+def packed_programs(q_len: np.ndarray, heads: np.ndarray, kv_heads: np.ndarray
+                    ) -> np.ndarray:
+    """Decode programs of one sequence with GQA packing, before any key split: the
+    ``q_len`` x heads-per-KV-head query rows of each KV head, in tiles of 128 rows."""
+    rows = q_len * np.floor_divide(heads, kv_heads)
+    return decode_programs(rows * kv_heads, kv_heads)
+
+
+def split_tile(hw: Hardware, pool: np.ndarray, head_dim: np.ndarray) -> np.ndarray:
+    """Keys per tile of a decode pool of ``pool`` programs whose count sets its key split,
+    0 where the split cannot change: without GQA packing (the kernel never splits), or when
+    the pool fills the units (``kv_splits`` keeps one split, ``SPLIT_FULL``).
+
+    The one rule of where a decode step's attention time bends as its context grows: its
+    key split is a function of ceil(keys / this tile) alone, so the split, and with it the
+    efficiency and the fixed cost, changes only between a multiple of the tile and the
+    next context. ``decode_pool`` prices by it; ``schedules.decode`` samples its multiples
+    to sum the decode steps exactly (tests/test_decode_sum.py holds the two together)."""
+    if not hw.efficiency.attention_decode_pack_gqa:
+        return np.zeros(np.broadcast_shapes(np.shape(pool), np.shape(head_dim)))
+    return np.where(np.asarray(pool) < SPLIT_FULL * hw.compute_units,
+                    decode_kv_tile(head_dim), 0)
+
+
 def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(compute efficiency, key splits) of the decode groups of each instance."""
@@ -53,11 +78,13 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
     keys = _keys(op.kv_len, op.g("window"))
     if eff.attention_decode_pack_gqa:
         rows = op.g("q_len") * np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
-        per_seq = decode_programs(rows * op.g("n_kv_heads"), op.g("n_kv_heads"))
-        programs = op.batch * per_seq * decode
-        longest_tiles = (np.ceil(keys / decode_kv_tile(op.g("qk_dim"))) * decode).max(axis=-1)
+        programs = op.batch * packed_programs(op.g("q_len"), op.g("n_heads"),
+                                              op.g("n_kv_heads")) * decode
         pool = programs.sum(axis=-1)
-        splits = kv_splits(np.maximum(pool, 1), np.maximum(longest_tiles, 1), units)
+        tile = split_tile(hw, pool[..., None], op.g("qk_dim"))
+        tiles = np.where(tile > 0, np.ceil(keys / np.maximum(tile, 1)), 1.0)
+        splits = kv_splits(np.maximum(pool, 1), np.maximum((tiles * decode).max(axis=-1), 1),
+                           units)
         work = np.broadcast_to(programs * keys, decode.shape)
         fill = np.broadcast_to(_pad(rows, 128)[0], decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
