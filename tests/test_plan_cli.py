@@ -190,3 +190,18 @@ def test_a_three_device_plan_answers_in_under_ten_seconds():
     assert r.exit_code == 0, r.output
     assert time.process_time() - start < 10                  # CPU time: the CI box is shared
     assert "chosen: " in r.stdout and "met both SLOs in simulation" in r.stdout
+
+
+def test_pessimistic_plans_to_the_band_or_says_it_had_none():
+    from perfmodel.serving import planner
+
+    target = planner.Target(2, 1.0, 0.05, 1000, 100, rate=5.0)
+    cols, notes = planner.candidates(load.model("llama-3-8b"), [load.hardware("h100-sxm")],
+                                     target, pessimistic=True)
+    banded = any("80% band" in n and "centre" not in n for n in notes)
+    centred = any("no uncertainty band for h100-sxm" in n for n in notes)
+    assert banded != centred                                # one or the other, said
+    r = _run("-m", "llama-3-8b", "-H", "h100-sxm", "--gpus", "2", "--rate", "5",
+             "--slo-ttft", "1", "--slo-tpot", "0.05", "--requests", "100", *LENGTHS,
+             "--pessimistic")
+    assert r.exit_code == 0 and "--pessimistic" in r.stdout

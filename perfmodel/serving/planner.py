@@ -187,12 +187,16 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
         fewest = min(over)
         notes.append(f"{len(over)} candidates need more than --gpus {target.gpus} (the "
                      f"smallest: {fewest[1]}, {fewest[0]} GPUs)")
+    if not parts and over:
+        what = f"{target.rate:g} req/s" if target.rate else "a sequence"
+        raise SpecError(f"--gpus: {target.gpus} GPUs serve {what} on none of "
+                        f"{', '.join(h.name for h in hardware)} (-H); the fewest that do: "
+                        f"{min(over)[0]} GPUs ({min(over)[1]})")
     if not parts:
-        need = f"; the rate needs at least {min(over)[0]} GPUs ({min(over)[1]})" if over else ""
         raise SpecError(f"plan: {model.name} fits on none of "
                         f"{', '.join(h.name for h in hardware)} (-H)"
                         + (f" within --gpus {target.gpus}" if target.gpus else "")
-                        + f" at any searched plan{need}")
+                        + " at any searched plan")
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, notes
 
 

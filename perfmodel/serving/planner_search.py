@@ -11,7 +11,8 @@ checks what this builds).
   the engines name them (vLLM ``--quantization fp8`` is W8A8-fp8; ``--kv-cache-dtype fp8``).
 - A batch ceiling (``max_num_seqs``) in ``BATCHES``, capped at what the KV cache holds.
 - Replicas: with a rate, the fewest that serve it within the TTFT SLO (aggregated), or
-  a few prefill/decode splits around the fewest; without one, the GPU budget filled.
+  the fewest copies of each small prefill:decode unit (``RATIOS``); without one, the GPU
+  budget filled.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ TPS = (1, 2, 4, 8)
 EPS = (2, 4, 8, 16, 32, 64, 72)       # wide EP with data-parallel attention
 BATCHES = (8, 16, 32, 64, 128, 256, 512)
 LOADS = np.round(np.arange(1, 19) * 0.05, 2)      # shares of capacity tried, at most 0.9
-SPLITS = 15               # prefill/decode splits tried per replica count without a rate
+UNIT = 8                  # replicas in a disaggregated unit at most
+RATIOS = tuple((a, b) for a in range(1, UNIT) for b in range(1, UNIT)
+               if a + b <= UNIT and gcd(a, b) == 1)    # prefill:decode replica ratios
 
 
 @dataclass(frozen=True)
@@ -205,16 +208,17 @@ def replicas(times: dict, output_len: int, slo_ttft_s: float, rate: float | None
 
     With a ``rate``: aggregated, the fewest replicas whose share of it (rate / dp each: a
     share of a Poisson stream is a Poisson stream) meets the TTFT SLO at most 90% loaded;
-    disaggregated (``split``), the fewest prefill and decode replicas 90% loaded, and one
-    or two more of each. Without one: ``budget`` replicas, aggregated, and up to
-    ``SPLITS`` prefill/decode splits of them."""
+    disaggregated (``split``), for every prefill:decode ratio a:b of ``RATIOS``, the fewest
+    k a P + k b D with each pool at most 90% loaded. Without one: ``budget`` replicas,
+    aggregated, and k a P + k b D with k = budget // (a + b). A split is always k copies
+    of a unit of at most ``UNIT`` replicas, which the check simulates (``unit``)."""
     n = len(times["batch"])
     rows = np.arange(n)
+    ratios = [(a, b) for a, b in RATIOS if a + b <= budget] if split else []
     if rate is None:
         out = [(rows, np.zeros(n, int), np.full(n, budget))]
-        if split and budget > 1:
-            for pre in np.unique(np.linspace(1, budget - 1, min(budget - 1, SPLITS)).round()):
-                out.append((rows, np.full(n, int(pre)), np.full(n, budget - int(pre))))
+        out += [(rows, np.full(n, a * (budget // (a + b))), np.full(n, b * (budget // (a + b))))
+                for a, b in ratios]
     else:
         one = steady_state(times["prefill_s"], times["step_s"], times["static_tokens_per_s"],
                            times["batch"], output_len, np.zeros(n), np.ones(n), np.zeros(n),
@@ -222,13 +226,13 @@ def replicas(times: dict, output_len: int, slo_ttft_s: float, rate: float | None
         meets = one["ttft_p90_s"] <= slo_ttft_s
         share = np.where(meets.any(axis=1),
                          LOADS[len(LOADS) - 1 - np.argmax(meets[:, ::-1], axis=1)], LOADS[-1])
-        dp = np.ceil(rate / (share * one["capacity_req_s"]) - 1e-9).astype(int)
-        out = [(rows, np.zeros(n, int), np.maximum(dp, 1))]
-        if split:
-            x0 = np.ceil(rate * times["prefill_s"] / LOADS[-1]).astype(int)
-            y0 = np.ceil(rate * output_len * times["step_s"] / (LOADS[-1] * times["batch"])
-                         ).astype(int)
-            out += [(rows, x0 + a, np.maximum(y0, 1) + b) for a in range(3) for b in range(3)]
+        dp = np.ceil(rate / (share * one["capacity_req_s"]) - 1e-9)
+        out = [(rows, np.zeros(n, int), np.clip(dp, 1, 10**6).astype(int))]
+        x0 = np.ceil(rate * times["prefill_s"] / LOADS[-1])
+        y0 = np.ceil(rate * output_len * times["step_s"] / (LOADS[-1] * times["batch"]))
+        for a, b in ratios:
+            k = np.clip(np.maximum(np.ceil(x0 / a), np.ceil(y0 / b)), 1, 10**6).astype(int)
+            out.append((rows, k * a, k * b))
     row, pre, dec = (np.concatenate(k) for k in zip(*out, strict=True))
     return row, pre, dec
 
