@@ -196,8 +196,8 @@ def test_pessimistic_plans_to_the_band_or_says_it_had_none():
     from perfmodel.serving import planner
 
     target = planner.Target(2, 1.0, 0.05, 1000, 100, rate=5.0)
-    cols, notes = planner.candidates(load.model("llama-3-8b"), [load.hardware("h100-sxm")],
-                                     target, pessimistic=True)
+    _, notes = planner.candidates(load.model("llama-3-8b"), [load.hardware("h100-sxm")],
+                                  target, pessimistic=True)
     banded = any("80% band" in n and "centre" not in n for n in notes)
     centred = any("no uncertainty band for h100-sxm" in n for n in notes)
     assert banded != centred                                # one or the other, said
