@@ -173,7 +173,8 @@ def test_plan_command_json_and_files(tmp_path):
              "--out", str(tmp_path / "p"))
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout.split("\nwrote ")[0])
-    assert data["winner"]["confirmed"] and data["commands"]["vLLM"].startswith("vllm serve")
+    assert data["winner"]["confirmed"] and "vllm serve" in data["commands"]["vLLM"]
+    assert data["launch"]["vllm"]["version"] and data["launch"]["sglang"]["steps"]
     assert data["feasible"] <= data["candidates"] and data["pareto"]
     head = (tmp_path / "p" / "plan.csv").read_text().splitlines()[0].split(",")
     assert {"throughput_per_gpu", "tokens_per_s_per_user", "pareto", "feasible"} <= set(head)
@@ -222,19 +223,21 @@ def test_launch_lines_of_moe_and_split_deployments():
 
     moe = SimpleNamespace(model=load.model("qwen3-30b-a3b"), winner={"index": 0},
                           candidates=cols())
-    out = commands(moe)
-    assert "--data-parallel-size 4 --enable-expert-parallel --quantization fp8" in out["vLLM"]
-    assert "--tp 4 --dp 4 --enable-dp-attention --ep-size 4" in out["SGLang"]
-    assert out["vLLM"].startswith("2 replicas, each: vllm serve Qwen/")
+    out = commands(moe)        # EP4 with data-parallel attention: TP1 x DP4 in one server
+    assert "vllm serve Qwen/Qwen3-30B-A3B --tensor-parallel-size 1 --data-parallel-size 4 " \
+           "--enable-expert-parallel --quantization fp8 --max-num-seqs 32" in out["vLLM"]
+    assert "--tp-size 4 --dp-size 4 --enable-dp-attention --ep-size 4" in out["SGLang"]
+    assert out["vLLM"].count("vllm serve") == 2 and "load balancer" in out["vLLM"]
     split = SimpleNamespace(model=SMALL, winner={"index": 0}, candidates=cols(
         tp=[2], ep=[1], attention_dp=[False], prefill_replicas=[1], decode_replicas=[3],
         weights_dtype=["bf16"]))
     out = commands(split)
-    assert out["vLLM"].count("NixlConnector") == 2 and "--quantization" not in out["vLLM"]
-    assert "# 1 prefill instance(s)" in out["vLLM"] and "# 3 decode" in out["vLLM"]
+    assert out["vLLM"].count("NixlConnector") == 4 and "--quantization" not in out["vLLM"]
+    assert out["vLLM"].count("prefill server on GPUs") == 1
+    assert out["vLLM"].count("decode server on GPUs") == 3
     assert "--disaggregation-mode prefill" in out["SGLang"]
-    assert "--disaggregation-mode decode --disaggregation-transfer-backend nixl " \
-           "--max-running-requests 128" in out["SGLang"]
+    assert "--max-running-requests 128 --chunked-prefill-size 8192 --disaggregation-mode " \
+           "decode --disaggregation-transfer-backend nixl" in out["SGLang"]
 
 
 def test_the_brief_example_answers_in_under_ten_seconds():
