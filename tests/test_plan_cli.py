@@ -42,7 +42,7 @@ def test_plan_command_explains_and_gives_launch_lines():
     assert r.exit_code == 0, r.output
     for text in ("chosen:", "met", "why:", "parallelism (best", "batch ", "precision ",
                  "reproduce the check:", "perfmodel simulate -m llama-3-8b",
-                 "vllm serve meta-llama/Meta-Llama-3-8B", "--max-num-seqs",
+                 "vllm serve meta-llama/Meta-Llama-3-8B", "--max-num-seqs", "--kv-cache-dtype",
                  "python -m sglang.launch_server", "--max-running-requests", "searched:",
                  "warm-up", "planned in"):
         assert text in r.stdout, text
@@ -82,7 +82,7 @@ def test_plan_command_json_and_files(tmp_path):
     r = _run(*ASK, *LENGTHS, "-f", "json", "--out", str(tmp_path / "p"))
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout.split("\nwrote ")[0])
-    assert data["winner"]["confirmed"] and data["commands"]["vLLM"].startswith("vllm serve")
+    assert data["winner"]["confirmed"] and "vllm serve" in data["commands"]["vLLM"]
     assert data["feasible"] <= data["candidates"] and data["pareto"]
     assert data["plan"]["precision"] in data["winner"]["label"]
     assert {"tp", "pp", "ep", "dp", "nodes", "precision", "kv_dtype"} <= set(data["plan"])
@@ -168,15 +168,15 @@ def test_launch_lines_of_moe_and_split_deployments():
 
     moe = SimpleNamespace(model=load.model("qwen3-30b-a3b"), winner={"index": 0},
                           candidates=cols())
-    out = commands(moe)
+    out = commands(moe)        # EP4 with data-parallel attention: TP1 x DP4 in one server
     assert "--data-parallel-size 4 --enable-expert-parallel --quantization fp8" in out["vLLM"]
-    assert "--tp 4 --dp 4 --enable-dp-attention --ep-size 4" in out["SGLang"]
+    assert "--tp-size 4 --dp-size 4 --enable-dp-attention --ep-size 4" in out["SGLang"]
     split = SimpleNamespace(model=load.model("llama-3-8b"), winner={"index": 0},
                             candidates=cols(tp=[2], ep=[1], attention_dp=[False],
                                             prefill_replicas=[1], decode_replicas=[3],
                                             weights_dtype=["bf16"]))
     out = commands(split)
-    assert out["vLLM"].count("NixlConnector") == 2 and "--quantization" not in out["vLLM"]
+    assert out["vLLM"].count("NixlConnector") == 4 and "--quantization" not in out["vLLM"]
     assert "--disaggregation-mode prefill" in out["SGLang"]
 
 

@@ -7,8 +7,8 @@ Module level: typer and the standard library only (``perfmodel --help`` stays fa
 """
 
 import json
-import re
 import time
+from dataclasses import asdict, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,7 +19,6 @@ from perfmodel.cli.common import ModelOpt, fail, names, out_dir, save, writing
 from perfmodel.cli.plan_text import explain, text
 
 Opt = typer.Option
-NIXL = "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'"
 
 
 class Format(str, Enum):
@@ -117,9 +116,9 @@ def plan_cmd(
         result = planner.plan(m, devices, target, requests, seed,
                               objective=objective.value if objective else None,
                               prices=table, progress=tell, pessimistic=pessimistic)
+        report = summary(result)
     except SpecError as exc:
         fail(str(exc))
-    report = summary(result)
     if fmt is Format.json:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -160,7 +159,6 @@ def _target(gpus: int | None, slo_ttft: float, slo_tpot: float, input_len: int |
 def summary(result: Any) -> dict:
     """The plan as plain data: the ask, the counts, the checks, the winner and its record,
     why, the launch commands, the Pareto front, what was searched and the notes."""
-    from dataclasses import asdict
 
     cols, t = result.candidates, result.target
     plan = asdict(result.plan) | {"precision": result.plan.precision.name,
@@ -176,6 +174,7 @@ def summary(result: Any) -> dict:
             "confirmed": result.confirmed, "winner": result.winner, "plan": plan,
             "simulate_command": result.winner["command"],
             "reasons": explain(result), "commands": commands(result),
+            "launch": {e: asdict(run) for e, run in launch_steps(result).items()},
             "pareto": [r for r in result.records() if r["pareto"]],
             "searched": list(result.searched), "notes": list(result.notes)}
 
@@ -190,50 +189,48 @@ def _firsts(result: Any) -> dict[str, str]:
             for r, (key, _) in OBJECTIVES.items() if key in cols}
 
 
-def commands(result: Any) -> dict[str, str]:
-    """The winner as ``vllm serve`` and ``python -m sglang.launch_server`` command lines
-    (disaggregated: one per pool, NIXL KV transfer, and the router to put in front)."""
+# --- launch lines: the winner as a serving.launch.Deployment (kept apart for merging) ---
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+
+
+def deployment(result: Any) -> Any:
+    """The winner as a ``serving.launch.Deployment``: its checkpoint (the chat one, as a
+    plan serves a chat workload), one server's shape (``tp``, optional ``pp``, ``ep``,
+    data-parallel attention ranks), the replicas, the prefill/decode split, the batch
+    (``max_num_seqs``), the weights and KV dtypes (``kv_dtype`` column, else bf16) and the
+    device's GPUs per node (its NVLink domain)."""
     from perfmodel.serving.config import EngineConfig
-    from perfmodel.specs.workload import Workload
+    from perfmodel.serving.engine_data import checkpoint
+    from perfmodel.serving.launch import Deployment, Server
+    from perfmodel.specs import load
 
-    cols, i, m = result.candidates, result.winner["index"], result.model
-    tp, ep, adp = int(cols["tp"][i]), int(cols["ep"][i]), bool(cols["attention_dp"][i])
-    pre, dec, b = int(cols["prefill_replicas"][i]), int(cols["decode_replicas"][i]), \
-        int(cols["batch"][i])
-    fp8 = cols["weights_dtype"][i] == "fp8" and Workload.for_model(m).weights_dtype != "fp8"
-    q = " --quantization fp8" if fp8 else ""
-    name = _hf_name(m)
-    vllm = f"vllm serve {name} --tensor-parallel-size {tp}" + (
-        f" --data-parallel-size {ep} --enable-expert-parallel" if adp else
-        " --enable-expert-parallel" if ep > 1 else "") + q
-    sgl = f"python -m sglang.launch_server --model-path {name} --tp {ep if adp else tp}" + (
-        f" --dp {ep} --enable-dp-attention --ep-size {ep}" if adp else
-        f" --ep-size {ep}" if ep > 1 else "") + q
-    eng = EngineConfig(max_num_seqs=b)
-    if not pre:
-        dp = f" --data-parallel-size {dec}" if dec > 1 and not adp else ""
-        each = f"{dec} replicas, each: " if dec > 1 and adp else ""
-        return {"vLLM": f"{each}{vllm}{dp} {eng.flags()}",
-                "SGLang": f"{each}{sgl}" + (f" --dp {dec}" if dec > 1 and not adp else "")
-                + f" --max-running-requests {b} --chunked-prefill-size "
-                  f"{eng.max_num_batched_tokens}"}
-    return {"vLLM": f"# {pre} prefill instance(s), each:\n{vllm} {EngineConfig().flags()} "
-                    f"--kv-transfer-config {NIXL}\n# {dec} decode instance(s), each:\n{vllm} "
-                    f"{eng.flags()} --kv-transfer-config {NIXL}\n# in front: vLLM's "
-                    "disaggregated proxy (tests/v1/kv_connector/nixl_integration/"
-                    "toy_proxy_server.py --prefiller-hosts ... --decoder-hosts ...)",
-            "SGLang": f"# {pre} prefill server(s), each:\n{sgl} --disaggregation-mode prefill "
-                      f"--disaggregation-transfer-backend nixl\n# {dec} decode server(s), "
-                      f"each:\n{sgl} --disaggregation-mode decode --disaggregation-transfer-"
-                      f"backend nixl --max-running-requests {b}\n# in front:\npython -m "
-                      "sglang_router.launch_router --pd-disaggregation --prefill "
-                      "http://PREFILL:30000 --decode http://DECODE:30000"}
+    cols, i = result.candidates, result.winner["index"]
+    tp, ep, pp = int(cols["tp"][i]), int(cols["ep"][i]), int(cols["pp"][i]) if "pp" in cols else 1
+    dp = ep // tp if bool(cols["attention_dp"][i]) else 1
+    tokens = EngineConfig().max_num_batched_tokens
+    server = Server(tp=tp, pp=pp, dp=dp, ep=ep if ep > 1 else 1,
+                    max_num_seqs=int(cols["batch"][i]),
+                    max_num_batched_tokens=max(tokens, int(cols["batch"][i])))
+    per_node = load.hardware(str(cols["hardware"][i])).interconnect.max_devices \
+        if "hardware" in cols else 8
+    pre = int(cols["prefill_replicas"][i])
+    return Deployment(checkpoint(result.model), server, int(cols["decode_replicas"][i]),
+                      pre, replace(server, max_num_seqs=EngineConfig().max_num_seqs)
+                      if pre else None, per_node, str(cols["weights_dtype"][i]),
+                      str(cols["kv_dtype"][i]) if "kv_dtype" in cols else "bf16")
 
 
-def _hf_name(model: Any) -> str:
-    """The Hugging Face repository of the model's config (its ``source``), else its name."""
-    found = re.search(r"huggingface\.co/([^/\s]+/[^/\s]+)", model.source or "")
-    return found.group(1) if found else model.name
+def launch_steps(result: Any) -> dict[str, Any]:
+    """Per engine, the winner's ``serving.launch.Launch`` (steps, files, notes)."""
+    from perfmodel.serving.launch import launches
+
+    return launches(deployment(result))
+
+
+def commands(result: Any) -> dict[str, str]:
+    """The winner's launch, per engine, as shell text (``Launch.text``)."""
+    return {ENGINE_NAMES[e]: f"# {ENGINE_NAMES[e]} {run.version}\n{run.text()}"
+            for e, run in launch_steps(result).items()}
 
 
 def _write(out: Path, result: Any, report: dict, dpi: int) -> None:

@@ -14,7 +14,7 @@ allow for the correlation of neighbours in a queue) give a 95% Student-t interva
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +26,7 @@ from perfmodel.serving.traffic import generate
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 
-if TYPE_CHECKING:
-    from perfmodel.serving.planner import Plan, Target
+Plan = Target = Any     # serving.planner's records (which import this module)
 
 MEASURE = 1000          # requests measured per check
 WARM = 2.0              # slot-holding times of warm-up
