@@ -173,3 +173,22 @@ def test_a_model_that_fits_nowhere_and_a_rate_beyond_the_budget():
         planner.plan(SMALL, [H100], Target(2, 1.0, 0.05, 1000, 100, rate=500.0))
     with pytest.raises(SpecError, match="context limit"):
         planner.plan(SMALL, [H100], Target(1, 2.0, 0.05, 8000, 1000))
+
+
+def test_a_disaggregated_check_is_reproduced_by_its_printed_call(capsys):
+    import ast
+
+    target = Target(8, 1.0, 0.05, 1000, 100, rate=20.0)
+    cols, _ = planner.candidates(SMALL, [H100], target)
+    cols = planner.evaluate(cols, target)
+    split = np.flatnonzero(cols["feasible"] & (cols["prefill_replicas"] > 0)
+                           & (cols["gpus"] <= 3))
+    i = int(split[0])
+    plan = planner.record(SMALL, cols, i)
+    got = planner_check.check(SMALL, H100, plan, cols, i, target, 100, 0)
+    assert got["command"].startswith("python -c ") and f"dp={plan.prefill_dp}" in got["command"]
+    exec(got["command"].split('"')[1])                       # the printed call, as a user runs it
+    printed = ast.literal_eval(capsys.readouterr().out)
+    assert printed["n_requests"] == got["requests"]
+    assert printed["ttft_s"]["p90"] == pytest.approx(got["whole_run_ttft_p90_s"], rel=1e-9)
+    assert printed["tpot_s"]["p90"] == pytest.approx(got["whole_run_tpot_p90_s"], rel=1e-9)

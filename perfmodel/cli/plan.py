@@ -174,9 +174,21 @@ def summary(result: Any) -> dict:
             "confirmed": result.confirmed, "winner": result.winner, "plan": plan,
             "simulate_command": result.winner["command"],
             "reasons": explain(result), "commands": commands(result),
+            "alternatives": [a | {"gpus": int(cols["gpus"][a["index"]]),
+                                  "nodes": int(cols["nodes"][a["index"]]),
+                                  "commands": commands(_at(result, a["index"]))}
+                             for a in result.alternatives],
             "launch": {e: asdict(run) for e, run in launch_steps(result).items()},
             "pareto": [r for r in result.records() if r["pareto"]],
             "searched": list(result.searched), "notes": list(result.notes)}
+
+
+def _at(result: Any, i: int) -> Any:
+    """``result`` as if candidate ``i`` had won (for its launch lines)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model=result.model, candidates=result.candidates,
+                           winner={"index": i}, target=result.target)
 
 
 def _firsts(result: Any) -> dict[str, str]:
@@ -237,20 +249,41 @@ def _write(out: Path, result: Any, report: dict, dpi: int) -> None:
     from perfmodel.report.serving_plots import pareto_front
     from perfmodel.report.tables import columns_csv
 
-    cols = result.candidates
-    live = cols["throughput_per_gpu"] > 0
+    cols, t = result.candidates, result.target
+    live = cols["meets_ttft"] & (cols["tpot_s"] <= 2 * t.slo_tpot_s) if t.rate else \
+        cols["throughput_per_gpu"] > 0        # with a rate: up to twice the TPOT SLO
     shown = {k: (v[live] if hasattr(v, "shape") else [x for x, f in zip(v, live, strict=True)
                                                        if f]) for k, v in cols.items()}
+    shown["tpot_ms"] = shown["tpot_s"] * 1e3
+    names = [_short(shown, i) for i in range(len(shown["label"]))]
     won = result.winner["index"]
     mark = int(live[:won].sum()) if live[won] else None
+    cost = "usd_per_hour" if "usd_per_hour" in cols else "gpus"
     with writing(out) as folder:
         (folder / "plan.csv").write_text(columns_csv(cols))
         (folder / "plan.json").write_text(json.dumps(report, indent=2))
-        fig = pareto_front(shown, "tokens_per_s_per_user", "throughput_per_gpu",
-                           shown["pareto"], shown["label"], f"{report['model']}, "
-                           f"{result.target.gpus} GPUs: throughput per GPU against speed "
-                           "per user", x_min=1.0 / result.target.slo_tpot_s, mark=mark,
-                           axis_labels=("tokens/s per user (1 / TPOT)",
-                                        "output tokens/s per GPU"))
+        if t.rate:
+            fig = pareto_front(shown, "tpot_ms", cost, shown["pareto"], names,
+                               f"{report['model']} at {t.rate:g} req/s: cost against TPOT "
+                               f"(TTFT p90 met)", x_min=t.slo_tpot_s * 1e3, mark=mark,
+                               axis_labels=("TPOT, ms (the SLO: dashed; right of it misses)",
+                                            "US dollars per hour" if cost != "gpus"
+                                            else "GPUs"), log_y=True)
+        else:
+            fig = pareto_front(shown, "tokens_per_s_per_user", "throughput_per_gpu",
+                               shown["pareto"], names, f"{report['model']}, {t.gpus} GPUs: "
+                               "throughput per GPU against speed per user",
+                               x_min=1.0 / t.slo_tpot_s, mark=mark,
+                               axis_labels=("tokens/s per user (1 / TPOT)",
+                                            "output tokens/s per GPU"))
         save(fig, folder / "pareto.png", dpi)
     typer.echo(f"wrote {out}/ (plan.csv, plan.json, pareto.png)")
+
+
+def _short(cols: dict, i: int) -> str:
+    """A front point's label for the figure: 'h200 TP4 x2 fp8+kv8 B64'."""
+    prec = str(cols["precision"][i]).replace("W8A8-fp8", "fp8").replace(" + fp8 KV", "+kv8")
+    split = f"{cols['prefill_replicas'][i]}P+{cols['decode_replicas'][i]}D" \
+        if cols["prefill_replicas"][i] else f"x{cols['decode_replicas'][i]}"
+    return f"{str(cols['hardware'][i]).split('-')[0]} {cols['parallel'][i]} {split} {prec} " \
+           f"B{cols['batch'][i]}"

@@ -44,6 +44,11 @@ def text(result: Any, report: dict) -> str:
     body += ["reproduce the check:", f"  {w['command']}"]
     for name, cmd in report["commands"].items():
         body += [f"{name}:", *(f"  {line}" for line in cmd.splitlines())]
+    for a in report["alternatives"]:
+        body += [f"best on {a['label'].split()[0]} (estimated, not simulated"
+                 + ("" if a["feasible"] else "; misses the SLOs") + f"): {a['label']}, "
+                 f"{a['gpus']} GPUs on {a['nodes']} node(s)", f"  {a['command']}",
+                 *(f"  {line}" for line in a["commands"].get("vLLM", "").splitlines())]
     body += _front_lines(result)
     return "\n".join(head + body + ["searched:", *(f"  - {n}" for n in report["searched"]),
                                     "notes:", *(f"  - {n}" for n in report["notes"])])

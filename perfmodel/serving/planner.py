@@ -23,7 +23,7 @@ import numpy as np
 
 from perfmodel.serving import planner_search as search
 from perfmodel.serving.dollars import OBJECTIVES, priced
-from perfmodel.serving.planner_check import MEASURE, check
+from perfmodel.serving.planner_check import MEASURE, check, unchecked_command
 from perfmodel.serving.planner_search import (  # noqa: F401 - the planner's public names
     LOADS,
     Precision,
@@ -40,7 +40,15 @@ from perfmodel.specs.workload import Parallelism
 
 CONFIRM = 3
 NOTES = ("estimates: M/D/1 queueing for prompt compute, M/D/c for batch slots (Erlang C, "
-         "half M/M/c's wait); TPOT at the full batch; the top candidates simulated",)
+         "half M/M/c's wait); TPOT at the full batch",
+         "check: one replica (or the smallest prefill:decode unit) simulated at its share of "
+         "the rate, a valid shortcut since replicas dealt shares of one Poisson stream are "
+         "statistically alike (a round-robin router smooths arrivals, so a whole deployment's "
+         "p90 TTFT is if anything lower); warm-up (2 slot-holding times) and drain (1) left "
+         "out; +- is a 95% interval from the p90s of 10 consecutive batches of the measured "
+         "requests",
+         "precision recipes as the engines name them: W8A8-fp8 is vLLM's --quantization fp8 "
+         "(SGLang's too), fp8 KV its --kv-cache-dtype fp8 (SGLang fp8_e4m3)")
 LENGTH_DISTS = ("fixed", "uniform", "lognormal")
 
 
@@ -128,6 +136,7 @@ class PlanResult:
     objective: str = "goodput"
     plan: Plan | None = None
     searched: tuple[str, ...] = ()
+    alternatives: tuple[dict, ...] = ()     # the best on each other device, unchecked
 
     def records(self) -> list[dict]:
         """One dict per candidate (pandas-ready)."""
@@ -313,8 +322,16 @@ def plan(model: Model, hardware: list[Hardware], target: Target, measure: int = 
             break                  # the first surely met is the winner: no more to check
     won = next((c for c in checked if c["meets_slos"]), None)
     winner = dict(won or checked[0], confirmed=won is not None)
+    others = []
+    for h in hardware:
+        first = next((int(i) for i in order if cols["hardware"][i] == h.name), None)
+        if h.name != cols["hardware"][winner["index"]] and first is not None:
+            others.append({"index": first, "label": cols["label"][first],
+                           "feasible": bool(cols["feasible"][first]),
+                           "command": unchecked_command(model, h, record(model, cols, first),
+                                                        cols, first, target, measure, seed)})
     return PlanResult(model, target, cols, checked, winner, (note, *NOTES), objective,
-                      record(model, cols, winner["index"]), tuple(searched))
+                      record(model, cols, winner["index"]), tuple(searched), tuple(others))
 
 
 def record(model: Model, cols: dict, i: int) -> Plan:

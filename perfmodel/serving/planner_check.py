@@ -40,17 +40,30 @@ def requests_for(rate: float, hold_s: float, measure: int) -> tuple[int, int, in
     return int(np.ceil(rate * WARM * hold_s)), measure, int(np.ceil(rate * hold_s))
 
 
+def sizes(plan: Plan, cols: dict, i: int, target: Target, measure: int
+          ) -> tuple[int, int, int, float, tuple[int, int, int]]:
+    """(prefill, decode replicas of the unit, copies of it, the unit's rate, and its
+    (warm-up, measured, drain) requests) for candidate ``i``."""
+    pre, dec, copies = unit(plan.prefill_dp, plan.dp)
+    share = float(cols["rate_req_s"][i]) / copies
+    hold = target.lengths[1] * float(cols["tpot_s"][i])
+    return pre, dec, copies, share, requests_for(share, hold, measure)
+
+
+def unchecked_command(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int,
+                      target: Target, measure: int, seed: int) -> str:
+    """The command a check of candidate ``i`` would run (for the alternatives shown)."""
+    pre, dec, _, share, counts = sizes(plan, cols, i, target, measure)
+    return command(model, hw, plan, target, share, sum(counts), seed, pre, dec)
+
+
 def check(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target: Target,
           measure: int, seed: int) -> dict:
     """Candidate ``i`` (``plan``) simulated as its unit at its share of the planned rate:
     its estimate, the simulated steady-state p90 TTFT and TPOT with 95% intervals, the
     command that reproduces the run, and whether the SLOs are met."""
-    pre, dec, copies = unit(plan.prefill_dp, plan.dp)
-    rate = float(cols["rate_req_s"][i])
-    share = rate / copies
-    hold = target.lengths[1] * float(cols["tpot_s"][i])
-    warm, n_measure, drain = requests_for(share, hold, measure)
-    n = warm + n_measure + drain
+    pre, dec, copies, share, (warm, n_measure, drain) = sizes(plan, cols, i, target, measure)
+    rate, n = float(cols["rate_req_s"][i]), warm + n_measure + drain
     reqs = generate(n, rate=share, input_len=target.lengths[0], output_len=target.lengths[1],
                     **_lengths(target), seed=seed)
     wl = plan.precision.workload(model)

@@ -127,10 +127,13 @@ def replica_times(model: Model, hw: Hardware, plan: Parallelism, prompt: int, ge
     ws = replace(ws, batch=np.maximum(np.minimum(ws.batch, ceiling), 1))
     e = estimate_many(hw, model, ws, plan)
     slow_ttft, slow_tpot = getattr(e, "ttft_s_high", None), getattr(e, "tpot_s_high", None)
-    banded = pessimistic and slow_ttft is not None and slow_tpot is not None
+    banded = pessimistic and slow_ttft is not None and slow_tpot is not None \
+        and bool(getattr(e, "has_band", True))
     first, tpot, static = e.ttft_s, e.tpot_s, e.throughput_tokens_per_s
-    if banded:      # the static request's time stretched as its parts are
-        static = static * (first + gen * tpot) / (slow_ttft + gen * slow_tpot)
+    if banded:      # the band's slow edge; the throughput's own low edge where given
+        low = getattr(e, "throughput_tokens_per_s_low", None)
+        static = low if low is not None else \
+            static * (first + gen * tpot) / (slow_ttft + gen * slow_tpot)
         first, tpot = slow_ttft, slow_tpot
     shape = (len(choices), 1 + len(BATCHES))
     ttft, step, static, batch, ceil = (np.asarray(a).reshape(shape) for a in (
