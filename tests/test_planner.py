@@ -192,3 +192,17 @@ def test_a_disaggregated_check_is_reproduced_by_its_printed_call(capsys):
     assert printed["n_requests"] == got["requests"]
     assert printed["ttft_s"]["p90"] == pytest.approx(got["whole_run_ttft_p90_s"], rel=1e-9)
     assert printed["tpot_s"]["p90"] == pytest.approx(got["whole_run_tpot_p90_s"], rel=1e-9)
+
+
+def test_wide_ep_stays_in_one_nvlink_domain_where_the_device_has_one():
+    from dataclasses import replace
+
+    rack = replace(H100, name="h100-nvl72-test",
+                   interconnect=replace(H100.interconnect, max_devices=72))
+    v3 = load.model("deepseek-v3")
+    plans = planner.replica_plans(v3, rack, 64)
+    assert [p.ep for p in plans if p.attention_dp] == [2, 4, 8, 16, 32, 64]
+    assert max(p.tp for p in plans) == 8                     # TP stays at 8 at most
+    cols, _ = planner.candidates(v3, [rack], Target(64, 1.0, 0.05, 2000, 300, rate=5.0))
+    wide = cols["ep"] >= 16
+    assert wide.any() and (cols["nodes_per_replica"][wide] == 1).all()

@@ -42,6 +42,9 @@ def text(result: Any, report: dict) -> str:
             f"  checked: {w['simulated']}", "why:"]
     body += [f"  - {line}" for line in report["reasons"]]
     body += ["reproduce the check:", f"  {w['command']}"]
+    if w.get("deployment_command"):
+        body += ["the whole deployment (dealt round-robin, so its p90 TTFT is if anything "
+                 "lower; slower to run):", f"  {w['deployment_command']}"]
     for name, cmd in report["commands"].items():
         body += [f"{name}:", *(f"  {line}" for line in cmd.splitlines())]
     for a in report["alternatives"]:

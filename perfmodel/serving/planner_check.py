@@ -102,6 +102,8 @@ def check(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target: Ta
             "requests": n, "warmup_requests": warm, "measured_requests": n_measure,
             "unit_rate_req_s": share, "copies": copies,
             "command": command(model, hw, plan, target, share, n, seed, pre, dec),
+            "deployment_command": "" if pre or copies == 1 else command(
+                model, hw, plan, target, rate, n * copies, seed) + f" --dp {copies}",
             "meets_slos": bool(met), "sure": bool(upper)}
 
 
