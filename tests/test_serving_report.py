@@ -103,9 +103,10 @@ def test_requests_csv_round_trips_with_a_blank_tpot(res):
 
 def test_steps_csv(res):
     df = pd.read_csv(io.StringIO(serving_tables.steps_csv(res)))
-    assert list(df.columns) == ["start_s", "time_s", "seqs", "tokens", "prefill_tokens",
-                                "kv_blocks", "kv_use", "waiting"]
+    assert list(df.columns) == ["start_s", "time_s", "gpu_s", "host_s", "seqs", "tokens",
+                                "prefill_tokens", "kv_blocks", "kv_use", "waiting"]
     assert len(df) == 5
+    assert df["gpu_s"].tolist() == pytest.approx(df["time_s"]) and not df["host_s"].any()
     assert df["kv_use"].tolist() == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
 
 

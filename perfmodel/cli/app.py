@@ -28,7 +28,8 @@ CORE = {"estimate": ("perfmodel.cli.estimate", "estimate"),
         "report": ("perfmodel.cli.report", "report_cmd"),
         "simulate": ("perfmodel.cli.simulate", "simulate_cmd"),
         "plan": ("perfmodel.cli.plan", "plan_cmd"),
-        "compare-serving": ("perfmodel.cli.serving_compare", "compare_serving_cmd")}
+        "compare-serving": ("perfmodel.cli.serving_compare", "compare_serving_cmd"),
+        "calibrate-serving": ("perfmodel.cli.serving_calibrate", "calibrate_serving_cmd")}
 _plugins_loaded = False
 
 

@@ -17,6 +17,7 @@ import typer
 
 from perfmodel.cli.common import ModelOpt, fail, out_dir, save, writing
 from perfmodel.cli.devices import EngineOpt, devices
+from perfmodel.cli.host import HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
 from perfmodel.cli.plan_text import explain, text
 
 Opt = typer.Option
@@ -86,6 +87,10 @@ def plan_cmd(
     progress: Annotated[bool | None, Opt(help=(
         "stages on stderr (default: when stderr is a terminal)"))] = None,
     engine: EngineOpt = "vllm",
+    engine_version: VersionOpt = None,
+    engine_mode: ModeOpt = None,
+    engine_profile: ProfileOpt = None,
+    host_time: HostOnOpt = True,
 ) -> None:
     """Plan a deployment: device, parallelism (TP in a node, wide EP across nodes),
     precision recipe, max batch, replicas, aggregated or disaggregated prefill/decode,
@@ -111,6 +116,8 @@ def plan_cmd(
         hws = devices("--hardware", hardware, engine)
         target = _target(gpus, slo_ttft, slo_tpot, input_len, output_len, trace, rate,
                          length_dist.value, spread)
+        target = replace(target, host=host_profile(engine, engine_version, engine_mode,
+                                                   engine_profile, on=host_time))
         table = None
         if prices is not None:
             from perfmodel.serving.dollars import read_prices

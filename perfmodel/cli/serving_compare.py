@@ -50,6 +50,11 @@ def compare_serving_cmd(
         callback=lambda v: v if v is None else engine_option(v), show_default="each run's own",
         help="price every run with this engine's kernels (vllm, sglang, trtllm) instead of "
              "the one its engine column names")] = None,
+    engine_profile: Annotated[Path | None, typer.Option(
+        help="an engine profile (perfmodel calibrate-serving's) for every run's host time "
+             "instead of the shipped one for its engine and version")] = None,
+    host_time: Annotated[bool, typer.Option(
+        help="add the engine's host time (off: GPU steps only)")] = True,
 ) -> None:
     """Replay measured serving runs (the schema of ../shared/measurements/serving) through
     the simulator and report its error per run and the median over runs."""
@@ -65,6 +70,10 @@ def compare_serving_cmd(
     runs = [r for r in runs if only is None or only in r.id]
     for run in runs if engine is not None else ():
         run.kernels = engine
+    try:
+        serving.set_host(runs, engine_profile, host_time)
+    except SpecError as exc:
+        fail(str(exc))
     if not runs:
         fail(f"--only: no run id contains {only!r}")
     rows = []

@@ -31,6 +31,7 @@ from perfmodel.cli.common import (
     writing,
 )
 from perfmodel.cli.devices import EngineOpt, device
+from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
 
 _TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
 _ENGINE = "engine (vLLM's flag names and defaults)"
@@ -51,6 +52,11 @@ def simulate_cmd(
     model: ModelOpt,
     hardware: HardwareOpt,
     engine_name: EngineOpt = "vllm",       # --engine (``engine`` is the EngineConfig)
+    engine_version: VersionOpt = None,
+    engine_mode: ModeOpt = None,
+    engine_profile: ProfileOpt = None,
+    frontend: FrontendOpt = "http",
+    host_time: HostOnOpt = True,
     trace: Annotated[Path | None, Opt(rich_help_panel=_TRAFFIC, help=(
         "CSV of arrival_s,input_tokens,output_tokens[,prefix_id,prefix_tokens]"))] = None,
     rate: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
@@ -124,7 +130,9 @@ def simulate_cmd(
         layout = plan(tp, pp, ep, dp, attention_dp, 0)
         engine = _engine(max_num_seqs, max_num_batched_tokens, gpu_memory_utilization,
                          block_size, chunked_prefill, prefix_caching, scheduler.value,
-                         cuda_graphs, max_model_len)
+                         cuda_graphs, max_model_len, host_profile(
+                             engine_name, engine_version, engine_mode, engine_profile,
+                             frontend, host_time))
         streams = _traffic(trace, rate, concurrency, num_requests, input_len, output_len,
                            arrival, burstiness, length_dist, spread, lengths_from,
                            shared_prefix, seed)
@@ -201,6 +209,7 @@ def _show(runs: list, fmt: Format, slo_ttft: float | None, slo_tpot: float | Non
                f"({pool.blocks * engine.block_size:,} tokens) after {pool.weights_bytes / 1e9:.2f}"
                f" GB weights and {pool.activation_bytes / 1e9:.2f} GB activations (and any"
                " recurrent state)")
+    typer.echo(f"host time: {engine.host.describe()}")
     for (_, s), (_, res) in zip(points, runs, strict=True):
         typer.echo(tables.summary_table(s, res.label))
     if len(points) > 1:

@@ -7,19 +7,23 @@ measured latencies). A run with request rows is replayed exactly: the requests' 
 send times, through a client that keeps at most the run's cap in flight when its
 ``arrival`` says it had one (the saturated runs fell behind their schedule because of it),
 else their send times; a run without rows is regenerated from its rate and mean lengths.
-Error = predicted / measured - 1. Nothing here is fitted to these runs.
+Each run's engine host time is its engine's shipped profile at the run's
+``engine_version`` (``serving.host_time``), behind an HTTP server unless its ``engine``
+says it ran in process ("in-process" / "no HTTP"). Error = predicted / measured - 1.
+Nothing here is fitted to these runs.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from perfmodel.serving import host_time
 from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.requests import Requests
 from perfmodel.specs.errors import SpecError
@@ -103,6 +107,21 @@ def _kernels(row: dict) -> tuple[str, list]:
     return "vllm", [f"engine {row.get('engine')!r} not known: vLLM's kernels priced"]
 
 
+def _host(row: dict, kernels: str) -> tuple[host_time.HostTime, list]:
+    """The shipped host-time profile of the run's engine at its version, behind its
+    frontend; an engine with no profile (or no version) takes the engine's default."""
+    text = str(row.get("engine", "") or "").lower()
+    frontend = "in-process" if "in-process" in text or "no http" in text else "http"
+    version = str(row.get("engine_version", "") or "")
+    version = version if version and version != "nan" else None
+    try:
+        host = host_time.resolve(kernels, version, frontend=frontend)
+    except SpecError:
+        host = host_time.resolve(kernels, frontend=frontend)
+        return host, [f"engine version {version!r} not read: {host.name} host time"]
+    return host, []
+
+
 def _engine(row: dict) -> EngineConfig:
     def flag(v: object) -> bool:      # "True", "True (vLLM V1 default)", 1
         return str(v).strip().lower().split(" ")[0] in ("true", "1", "yes")
@@ -178,8 +197,10 @@ def _run(row: dict, names: dict, rows: Any | None, files: tuple) -> Run:
     skip = "" if model and hw else \
         f"no shipped spec named for {row['model'] if not model else row['gpu']!r}"
     kernels, named = _kernels(row)
-    return Run(row["id"], model, hw, plan, engine, reqs, measured, skip, notes + more + named,
-               kernels)
+    host, why = _host(row, kernels)
+    engine = replace(engine, host=host)
+    return Run(row["id"], model, hw, plan, engine, reqs, measured, skip,
+               notes + more + named + why, kernels)
 
 
 def load_runs(experiments: str | Path, requests: str | Path | None = None) -> list[Run]:
@@ -302,3 +323,16 @@ def flat(rows: list[dict]) -> list[dict]:
             row.update(_stats(r["measured"], "measured.", keys))
         out.append(dict(row, notes=r["notes"]))
     return out
+
+
+def set_host(runs: list[Run], profile: str | Path | None = None, on: bool = True) -> None:
+    """Every run's host time from ``profile`` (a profile file), or none when not ``on``;
+    else each keeps its engine's shipped profile. A SpecError names a bad file."""
+    if profile is not None and on:
+        host = host_time.load_profile(profile)
+    elif not on:
+        host = host_time.HostTime()
+    else:
+        return
+    for run in runs:
+        run.engine = replace(run.engine, host=host)

@@ -46,6 +46,12 @@ def _summary_extras(summary: dict) -> list[tuple[str, str]]:
               ("peak KV use", f"{summary['peak_kv_use'] * 100:.1f}% of "
                               f"{summary['kv_blocks_total']:,} blocks"),
               ("peak running", f"{summary['peak_running']} sequences")]
+    t = summary.get("engine_time")
+    if t:
+        api = t["api_server_mean_s"] * 1e3
+        extra.append(("engine time", f"GPU {t['gpu_s']:.2f} s + host {t['host_s']:.2f} s "
+                                     f"(first engine); API server {api:.2f} ms and stream "
+                                     f"{t['stream_s'] * 1e3:.2f} ms per request"))
     return extra
 
 
@@ -58,9 +64,12 @@ def requests_csv(result: SimResult) -> str:
 def steps_csv(result: SimResult) -> str:
     """One row per engine step (of the first engine): its start and duration (s), the
     sequences and tokens it ran, its prompt tokens, the KV blocks in use after it, their
-    share of the pool (``kv_use``, 0 to 1) and the requests waiting."""
+    share of the pool (``kv_use``, 0 to 1) and the requests waiting; ``gpu_s`` and
+    ``host_s`` split ``time_s`` into GPU time and the engine's host time."""
     s = result.steps
-    return columns_csv({"start_s": s.start_s, "time_s": s.time_s, "seqs": s.seqs,
+    host = s.host_s if s.host_s is not None else 0.0 * s.time_s
+    return columns_csv({"start_s": s.start_s, "time_s": s.time_s, "gpu_s": s.gpu_s,
+                        "host_s": host, "seqs": s.seqs,
                         "tokens": s.tokens, "prefill_tokens": s.prefill_tokens,
                         "kv_blocks": s.kv_blocks,
                         "kv_use": s.kv_blocks / max(result.kv_blocks_total, 1),

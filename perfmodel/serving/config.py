@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.specs.errors import SpecError
 
 SCHEDULERS = ("continuous", "static")
@@ -20,7 +21,8 @@ class EngineConfig:
     ``scheduler`` "static": the baseline that admits a batch only when the last one has
     finished (no continuous batching); ``cuda_graphs``: pure-decode steps replay a CUDA
     graph (vLLM's default; ``--enforce-eager`` turns it off); ``max_model_len``: 0, the
-    model's context limit."""
+    model's context limit. ``host``: the engine's time outside the GPU
+    (``serving.host_time``; none by default: GPU steps only, as ``perfmodel estimate``)."""
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -31,6 +33,7 @@ class EngineConfig:
     scheduler: str = "continuous"
     cuda_graphs: bool = True
     max_model_len: int = 0
+    host: HostTime = NO_HOST
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -97,11 +97,14 @@ class StepPricer:
         self.skew = float(w.expert_skew)
         self.prefill_timing = int(phase_timing(hw, "prefill", False))
         self.decode_timing = int(phase_timing(hw, "decode", engine.cuda_graphs))
+        self.host = engine.host
+        self.last_host = np.zeros(0)    # the host time in the last ``times``' steps
         self.calls = 0
         self.priced = 0
 
     def times(self, batches: list[Batch]) -> np.ndarray:
-        """Seconds of each batch's step."""
+        """Seconds of each batch's step: its GPU time and the engine's host time that
+        shows (``HostTime.step``; ``last_host`` keeps the latter)."""
         k = len(batches)
         g = max(len(b.ids) for b in batches)
         count = np.zeros((k, g), np.int64)
@@ -119,7 +122,8 @@ class StepPricer:
                           self.dtypes.take(np.zeros(k, np.int64)), timing)
         self.calls += 1
         self.priced += k
-        return cost.time
+        self.last_host = self.host.step(cost.time, count.sum(axis=1))
+        return cost.time + self.last_host
 
 
 def capacity_rps(model: Model, hw: Hardware, plan: Parallelism, w: Workload,

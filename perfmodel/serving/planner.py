@@ -23,6 +23,7 @@ import numpy as np
 
 from perfmodel.serving import planner_search as search
 from perfmodel.serving.dollars import OBJECTIVES, priced
+from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.serving.planner_check import MEASURE, check, unchecked_command
 from perfmodel.serving.planner_search import (  # noqa: F401 - the planner's public names
     LOADS,
@@ -57,7 +58,8 @@ class Target:
     """What the deployment must do: p90 TTFT and TPOT SLOs (seconds), mean prompt and
     output lengths (``length_dist``/``spread`` as ``simulate`` draws them), ``rate``
     (req/s; None: as much as ``gpus`` serve), ``gpus`` at most (None: no ceiling, only
-    with a rate); ``trace``: a trace whose lengths the check draws from."""
+    with a rate); ``trace``: a trace whose lengths the check draws from; ``host``: the
+    engine's host time the simulated check adds (``serving.host_time``)."""
 
     gpus: int | None
     slo_ttft_s: float
@@ -69,6 +71,7 @@ class Target:
     length_dist: str = "fixed"
     spread: float = 0.5
     trace_path: str = ""
+    host: HostTime = NO_HOST        # the engine's host time in the simulated check
 
     def __post_init__(self) -> None:
         for flag, value in (("--slo-ttft", self.slo_ttft_s), ("--slo-tpot", self.slo_tpot_s),

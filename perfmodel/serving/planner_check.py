@@ -67,7 +67,7 @@ def check(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target: Ta
     reqs = generate(n, rate=share, input_len=target.lengths[0], output_len=target.lengths[1],
                     **_lengths(target), seed=seed)
     wl = plan.precision.workload(model)
-    engine = EngineConfig(max_num_seqs=plan.max_num_seqs)
+    engine = EngineConfig(max_num_seqs=plan.max_num_seqs, host=target.host)
     one = plan.parallelism
     if pre:
         res = simulate_disaggregated(model, reqs, Pool(hw, replace(one, dp=pre)),

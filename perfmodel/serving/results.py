@@ -25,7 +25,8 @@ METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
 class StepLog:
     """One entry per engine step: when it started, how long it took, the sequences and
     tokens it ran (``prefill_tokens`` of them prompt tokens), the KV blocks in use after
-    it and the requests waiting."""
+    it and the requests waiting; ``host_s``: the part of ``time_s`` that is the engine's
+    host time (``serving.host_time``), the rest is GPU time."""
 
     start_s: np.ndarray
     time_s: np.ndarray
@@ -34,6 +35,11 @@ class StepLog:
     prefill_tokens: np.ndarray
     kv_blocks: np.ndarray
     waiting: np.ndarray
+    host_s: np.ndarray | None = None
+
+    @property
+    def gpu_s(self) -> np.ndarray:
+        return self.time_s - (0.0 if self.host_s is None else self.host_s)
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,10 +136,24 @@ class SimResult:
                    duration_s=self.duration_s, steps=len(self.steps.start_s),
                    kv_blocks_total=self.kv_blocks_total,
                    peak_kv_use=float(self.steps.kv_blocks.max() / max(self.kv_blocks_total, 1)),
-                   peak_running=int(self.steps.seqs.max()))
+                   peak_running=int(self.steps.seqs.max()),
+                   engine_time=self.engine_time())
         if slo_ttft_s is not None or slo_tpot_s is not None:
             out["goodput_requests_per_s"] = self.goodput(slo_ttft_s, slo_tpot_s)
         return out
+
+    def engine_time(self) -> dict:
+        """The first engine's steps' GPU and host seconds apart (totals), the host
+        profile's name, and the mean per request of the API server's delay and of the
+        stream to the client."""
+        host = self.info.get("host")
+        api = self.info.get("api_server_s", 0.0)
+        steps = self.steps
+        return {"gpu_s": float(steps.gpu_s.sum()),
+                "host_s": float(0.0 if steps.host_s is None else steps.host_s.sum()),
+                "api_server_mean_s": float(np.mean(api)),
+                "stream_s": float(getattr(host, "stream_s", 0.0)),
+                "profile": getattr(host, "name", "none")}
 
     @property
     def itl_max_s(self) -> np.ndarray:

@@ -10,6 +10,11 @@ have changed: a step whose schedule left the waiting queue empty with room to sp
 that arrives while others wait joins the tail of the queue, so it cannot change a step
 until the queue ahead of it has drained: under load most steps are priced in blocks.
 
+The engine's host time (``engine.host``, ``serving.host_time``) is added per step by the
+pricer and per request here: the API server's serial work delays when the engine sees a
+request, and each token reaches the client ``stream_s`` after its step. Under a client's
+cap a request held back is sent when a slot frees and seen by the engine at once.
+
 ``plan.dp`` replicas (and, under data-parallel attention, each of the ``ep`` attention
 devices) run their own engine; requests are dealt to them round-robin in arrival order.
 """
@@ -87,15 +92,40 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     if -(-longest // engine.block_size) > pool.blocks:
         raise SpecError(f"simulate: a request of {longest} tokens needs more KV blocks than "
                         f"the pool's {pool.blocks} on {hw.name}")
+    client, requests = requests, _admitted(requests, engine)
     order = np.argsort(requests.arrival_s, kind="stable")
     parts = [order[e::engines] for e in range(engines)] if not requests.closed_loop else \
         [np.arange(len(requests))[e::engines] for e in range(engines)]
     runs = [_simulate_one(model, hw, one, workload, engine, _subset(requests, idx, engines),
                           pool.blocks, progress) for idx in parts]
-    return _merge(requests, parts, runs, pool.blocks, label,
-                  {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
-                   "engine": engine, "steps_priced": sum(r.pricer.priced for r in runs),
-                   "price_calls": sum(r.pricer.calls for r in runs)})
+    res = _merge(requests, parts, runs, pool.blocks, label,
+                 {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
+                  "engine": engine, "steps_priced": sum(r.pricer.priced for r in runs),
+                  "price_calls": sum(r.pricer.calls for r in runs)})
+    return _client_side(res, client, requests, engine.host)
+
+
+def _admitted(requests: Requests, engine: EngineConfig) -> Requests:
+    """The requests as the engine sees them: after the API server (``HostTime.admit``);
+    a closed loop's think times are left as they are."""
+    if requests.closed_loop:
+        return requests
+    seen = engine.host.admit(requests.arrival_s, requests.input_tokens)
+    return requests if seen is requests.arrival_s else replace(requests, arrival_s=seen)
+
+
+def _client_side(res: SimResult, client: Requests, seen: Requests, host: object
+                 ) -> SimResult:
+    """The engine's times as the client sees them: sent before the API server's delay,
+    every token ``stream_s`` after its step."""
+    if host.none:
+        return res
+    delay = seen.arrival_s - client.arrival_s if not client.closed_loop else 0.0
+    late = host.stream_s
+    return replace(res, requests=client, arrival_s=res.arrival_s - delay,
+                   first_token_s=res.first_token_s + late, finish_s=res.finish_s + late,
+                   token_s=res.token_s + late,
+                   info={**res.info, "host": host, "api_server_s": delay})
 
 
 def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
@@ -130,7 +160,7 @@ def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
         dry = _dry_run(run, guess)
         times = run.pricer.times(dry.plans)
         guess.learn(dry.features, times)
-        stood = _replay(run, dry, times)
+        stood = _replay(run, dry, times, run.pricer.last_host)
         guess.lookahead = int(min(LOOKAHEAD, max(4, 2 * stood)))
         if progress is not None:
             progress(run.done, n)
@@ -239,7 +269,7 @@ def _valid(run: _Run, dry: _Dry, times: np.ndarray) -> tuple[int, int]:
     return len(dry.plans), int(arrivals.open_count(t, arrivals.limit(done)))
 
 
-def _replay(run: _Run, dry: _Dry, times: np.ndarray) -> int:
+def _replay(run: _Run, dry: _Dry, times: np.ndarray, host: np.ndarray) -> int:
     """Commit the steps that stand (how many, returned): the dry run's state when all do
     (less the arrivals it let in early), else the real state run again through them."""
     cut, arrived = _valid(run, dry, times)
@@ -262,7 +292,7 @@ def _replay(run: _Run, dry: _Dry, times: np.ndarray) -> int:
             batch = st.schedule()
             emit, done = st.commit(batch)
             effect = (emit, st.emitted[emit], done, st.pool.used, len(st.waiting))
-        _record(run, batch, effect, float(times[j]), queue_more=not adopt)
+        _record(run, batch, effect, float(times[j]), float(host[j]), queue_more=not adopt)
     return cut
 
 
@@ -286,9 +316,10 @@ def _sent(run: _Run, dry: _Dry, times: np.ndarray, upto: int) -> None:
     arrivals.held_upto = float(starts[last]) if held else -np.inf
 
 
-def _record(run: _Run, batch: object, effect: tuple, dt: float, queue_more: bool) -> None:
-    """Times of a committed step: (emitted, their output counts, finished, KV blocks in
-    use, waiting) from ``effect``."""
+def _record(run: _Run, batch: object, effect: tuple, dt: float, host: float,
+            queue_more: bool) -> None:
+    """Times of a committed step (``host`` of its ``dt`` the engine's host time): (emitted,
+    their output counts, finished, KV blocks in use, waiting) from ``effect``."""
     emit, counts, done, used, waiting = effect
     start, run.t = run.t, run.t + dt
     fresh = batch.ids[np.isnan(run.scheduled_s[batch.ids])]
@@ -304,7 +335,7 @@ def _record(run: _Run, batch: object, effect: tuple, dt: float, queue_more: bool
             run.state.waiting.extend(more)
     run.log.append((start, dt, len(batch.ids), int(batch.new.sum()),
                     int(batch.new[batch.new > 1].sum()) if batch.prefill else 0,
-                    used, waiting))
+                    used, waiting, host))
 
 
 def _merge(requests: Requests, parts: list, runs: list, blocks: int, label: str,
@@ -322,7 +353,8 @@ def _merge(requests: Requests, parts: list, runs: list, blocks: int, label: str,
         for local, i in enumerate(idx.tolist()):
             token_s[offsets[i]:offsets[i + 1]] = \
                 run.token_s[run.token_offsets[local]:run.token_offsets[local + 1]]
-    log = np.array(runs[0].log, dtype=float).reshape(-1, 7)
-    steps = StepLog(log[:, 0], log[:, 1], *(log[:, i].astype(np.int64) for i in range(2, 7)))
+    log = np.array(runs[0].log, dtype=float).reshape(-1, 8)
+    steps = StepLog(log[:, 0], log[:, 1], *(log[:, i].astype(np.int64) for i in range(2, 7)),
+                    host_s=log[:, 7])
     return SimResult(requests, out["arrival_s"], out["scheduled_s"], out["first_token_s"],
                      out["finish_s"], pre, hits, offsets, token_s, steps, blocks, label, info)

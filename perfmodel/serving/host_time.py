@@ -1,0 +1,183 @@
+"""Engine time outside the GPU's kernels: per step (scheduling, input preparation, the
+sampler's CPU side, output processing, and how much of it the engine hides behind the GPU)
+and per request (the API server's serial work before the engine sees a request, and the
+path from the engine's token to the client). The figures live in
+``engine_profiles/<engine>.yaml`` (each with its source, or the statement that it has none),
+by engine, version and mode; ``perfmodel calibrate-serving`` writes a deployment's own.
+
+The one formula home: ``HostTime.step`` (what a step adds to its GPU time),
+``HostTime.admit`` (when the engine sees each request) and ``HostTime.stream_s`` (the
+constant from the engine's token to the client's chunk). ``perfmodel estimate`` prices
+the GPU only; the simulator adds these on top of the same GPU steps, so a lone simulated
+request with ``HostTime()`` (none) costs exactly what the estimate says.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.specs.errors import SpecError
+from perfmodel.specs.fields import Fields, read_mapping
+
+HERE = Path(__file__).parent / "engine_profiles"
+STEP_KEYS = ("step_s", "seq_s", "exposed_s")
+FRONT_KEYS = ("request_s", "prompt_token_s", "stream_s")
+FRONTENDS = ("http", "in-process")
+LIMIT_S = 1.0        # no engine spends a second of host time on one step or request
+
+
+@dataclass(frozen=True)
+class HostTime:
+    """Host time of one engine deployment (seconds). A step of ``n`` sequences does
+    ``step_s + seq_s * n`` of host work; with ``overlap`` it runs while the GPU runs the
+    previous step, so only the excess over the GPU's time shows, plus ``exposed_s`` that no
+    overlap hides. A request spends ``request_s + prompt_token_s * prompt tokens`` in the
+    API server (one process: requests queue for it) before the engine sees it, and each
+    token reaches the client ``stream_s`` after the engine's step ends."""
+
+    step_s: float = 0.0
+    seq_s: float = 0.0
+    exposed_s: float = 0.0
+    overlap: bool = False
+    request_s: float = 0.0
+    prompt_token_s: float = 0.0
+    stream_s: float = 0.0
+    name: str = "none"
+    sources: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def none(self) -> bool:
+        return not any(getattr(self, k) for k in STEP_KEYS + FRONT_KEYS)
+
+    def step(self, gpu_s: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """Host time each step adds to its GPU time ``gpu_s`` (``seqs`` sequences)."""
+        work = self.step_s + self.seq_s * np.asarray(seqs, dtype=float)
+        hidden = np.maximum(work - gpu_s, 0.0) if self.overlap else work
+        return hidden + self.exposed_s
+
+    def admit(self, arrival_s: np.ndarray, input_tokens: np.ndarray) -> np.ndarray:
+        """When the engine sees each request (arrivals sorted): the API server serves them
+        one at a time, first come first served."""
+        work = self.request_s + self.prompt_token_s * np.asarray(input_tokens, dtype=float)
+        if not work.any():
+            return np.asarray(arrival_s, dtype=float)
+        out = np.empty(len(work))
+        free = -np.inf
+        for i, (t, w) in enumerate(zip(np.asarray(arrival_s).tolist(), work.tolist(),
+                                       strict=True)):
+            free = max(t, free) + w
+            out[i] = free
+        return out
+
+    def constants(self) -> dict:
+        """The numbers (and ``overlap``), as a profile file writes them."""
+        return {k: getattr(self, k) for k in (*STEP_KEYS, "overlap", *FRONT_KEYS)}
+
+    def describe(self) -> str:
+        if self.none:
+            return "no host time (GPU steps only)"
+        return (f"{self.name}: step {self.step_s * 1e3:.3g} ms + {self.seq_s * 1e6:.3g} us/seq"
+                f"{' overlapped' if self.overlap else ''}, exposed {self.exposed_s * 1e3:.3g} ms;"
+                f" request {self.request_s * 1e3:.3g} ms + {self.prompt_token_s * 1e6:.3g} "
+                f"us/prompt token, stream {self.stream_s * 1e3:.3g} ms")
+
+
+NO_HOST = HostTime()        # GPU steps only, as ``perfmodel estimate``
+
+
+def _version(text: str, where: str) -> tuple[int, ...]:
+    found = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(text))
+    if not found:
+        raise SpecError(f"{where}: expected a version like 0.24.0, got {text!r}")
+    return tuple(int(p) for p in found.group(1).split("."))
+
+
+@cache
+def _table(engine: str) -> dict:
+    path = HERE / f"{engine}.yaml"
+    if not path.is_file():
+        raise SpecError(f"--engine: no host-time profile for {engine!r} "
+                        f"(shipped: {', '.join(shipped())})")
+    return read_mapping(path)
+
+
+def shipped() -> list[str]:
+    """The engines with a shipped profile."""
+    return sorted(p.stem for p in HERE.glob("*.yaml"))
+
+
+def modes(engine: str) -> list[str]:
+    return list(_table(engine)["modes"])
+
+
+def default_mode(engine: str, version: str | None = None) -> str:
+    """The mode ``engine`` ``version`` runs unless told (its profile's ``versions``)."""
+    table = _table(engine)
+    v = _version(version or table["default_version"], "--engine-version")
+    for rule in table["versions"]:
+        if v >= _version(rule["from"], f"{engine}.yaml: versions.from"):
+            return rule["mode"]
+    return table["versions"][-1]["mode"]
+
+
+def resolve(engine: str = "vllm", version: str | None = None, mode: str | None = None,
+            frontend: str = "http") -> HostTime:
+    """The shipped profile of ``engine`` at ``version`` (default: the profile's
+    ``default_version``), in ``mode`` (default: the version's) behind ``frontend``."""
+    table = _table(engine)
+    mode = mode or default_mode(engine, version)
+    if mode not in table["modes"]:
+        raise SpecError(f"--engine-mode: expected one of {', '.join(table['modes'])} for "
+                        f"{engine}, got {mode!r}")
+    if frontend not in table["frontends"]:
+        raise SpecError(f"--frontend: expected one of {', '.join(FRONTENDS)}, got {frontend!r}")
+    step, front = table["modes"][mode], table["frontends"][frontend]
+    sources = {k: f"{v}" for k, v in {**step.get("sources", {}),
+                                      **front.get("sources", {})}.items()}
+    values = {k: float(step[k]) for k in STEP_KEYS} | {k: float(front[k]) for k in FRONT_KEYS}
+    name = f"{engine} {version or table['default_version']} ({mode}, {frontend})"
+    return HostTime(**values, overlap=bool(step["overlap"]), name=name, sources=sources)
+
+
+def load_profile(path: str | Path) -> HostTime:
+    """An engine profile file (``perfmodel calibrate-serving`` writes them): ``host:`` with
+    every constant of ``HostTime``; other top-level keys are provenance."""
+    path = Path(path)
+    data = read_mapping(path, "an engine profile YAML (perfmodel calibrate-serving --out)")
+    top = Fields(data, f"--engine-profile: {path}")
+    host = top.sub("host")
+    values = {k: host.quantity(k, "s", positive=False, maximum=LIMIT_S)
+              for k in STEP_KEYS + FRONT_KEYS}
+    overlap = host.flag("overlap")
+    host.finish()
+    name = str(data.get("name") or path.stem)
+    return HostTime(**values, overlap=overlap, name=name)
+
+
+def write_profile(path: Path, host: HostTime, provenance: dict) -> None:
+    """``host`` and its provenance as a profile file ``load_profile`` reads."""
+    import yaml
+
+    body = {"name": host.name, "host": host.constants(), **provenance}
+    path.write_text(yaml.safe_dump(body, sort_keys=False, width=92))
+
+
+def with_constants(host: HostTime, **values: float) -> HostTime:
+    """``host`` with some constants replaced (names checked)."""
+    known = {f.name for f in fields(HostTime)}
+    bad = [k for k in values if k not in known]
+    if bad:
+        raise SpecError(f"host time: unknown constant {bad[0]!r}")
+    return replace(host, **values)
+
+
+def as_dict(host: HostTime) -> dict:
+    """Everything but the sources, for a JSON summary."""
+    out = asdict(host)
+    out.pop("sources")
+    return out
