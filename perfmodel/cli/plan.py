@@ -116,8 +116,12 @@ def plan_cmd(
         hws = devices("--hardware", hardware, engine)
         target = _target(gpus, slo_ttft, slo_tpot, input_len, output_len, trace, rate,
                          length_dist.value, spread)
+        flags = " ".join(f"--{k} {v}" for k, v in (
+            ("engine-version", engine_version), ("engine-mode", engine_mode),
+            ("engine-profile", engine_profile)) if v is not None and host_time)
         target = replace(target, host=host_profile(engine, engine_version, engine_mode,
-                                                   engine_profile, on=host_time))
+                                                   engine_profile, on=host_time),
+                         host_flags=flags if host_time else "--no-host-time")
         table = None
         if prices is not None:
             from perfmodel.serving.dollars import read_prices

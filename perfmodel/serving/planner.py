@@ -59,7 +59,8 @@ class Target:
     output lengths (``length_dist``/``spread`` as ``simulate`` draws them), ``rate``
     (req/s; None: as much as ``gpus`` serve), ``gpus`` at most (None: no ceiling, only
     with a rate); ``trace``: a trace whose lengths the check draws from; ``host``: the
-    engine's host time the simulated check adds (``serving.host_time``)."""
+    engine's host time the simulated check of an aggregated plan adds
+    (``serving.host_time``; ``host_flags``: the simulate options naming it)."""
 
     gpus: int | None
     slo_ttft_s: float
@@ -72,6 +73,7 @@ class Target:
     spread: float = 0.5
     trace_path: str = ""
     host: HostTime = NO_HOST        # the engine's host time in the simulated check
+    host_flags: str = ""            # the simulate options that name it
 
     def __post_init__(self) -> None:
         for flag, value in (("--slo-ttft", self.slo_ttft_s), ("--slo-tpot", self.slo_tpot_s),

@@ -67,14 +67,14 @@ def check(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target: Ta
     reqs = generate(n, rate=share, input_len=target.lengths[0], output_len=target.lengths[1],
                     **_lengths(target), seed=seed)
     wl = plan.precision.workload(model)
-    engine = EngineConfig(max_num_seqs=plan.max_num_seqs, host=target.host)
+    engine = EngineConfig(max_num_seqs=plan.max_num_seqs)
     one = plan.parallelism
-    if pre:
+    if pre:         # GPU steps only: the disaggregated simulation takes no host time yet
         res = simulate_disaggregated(model, reqs, Pool(hw, replace(one, dp=pre)),
                                      Pool(hw, replace(one, dp=dec), engine),
                                      plan.link or "network", EngineConfig(), wl)
     else:
-        res = simulate(model, hw, reqs, one, engine, wl)
+        res = simulate(model, hw, reqs, one, replace(engine, host=target.host), wl)
     out = reqs.output_tokens
     tpot = np.where(out > 1, (res.finish_s - res.first_token_s) / np.maximum(out - 1, 1),
                     np.nan)
@@ -161,4 +161,5 @@ def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float,
             f"{plan.precision.simulate_flags()} --max-num-seqs {plan.max_num_seqs} "
             f"--rate {rate:.6g} --num-requests {n} --input-len {target.lengths[0]} "
             f"--output-len {target.lengths[1]} {lengths} --seed {seed} "
-            f"--slo-ttft {target.slo_ttft_s:g} --slo-tpot {target.slo_tpot_s:g}")
+            f"--slo-ttft {target.slo_ttft_s:g} --slo-tpot {target.slo_tpot_s:g}"
+            + (f" {target.host_flags}" if target.host_flags else ""))
