@@ -53,6 +53,7 @@ class Run:
     skip: str = ""
     notes: list = field(default_factory=list)
     kernels: str = "vllm"       # the engine whose kernels price it (its engine column)
+    ttft_floor_s: float = float("nan")  # the run's shortest measured TTFT (its rows')
 
 
 def _names() -> dict:
@@ -199,8 +200,12 @@ def _run(row: dict, names: dict, rows: Any | None, files: tuple) -> Run:
     kernels, named = _kernels(row)
     host, why = _host(row, kernels)
     engine = replace(engine, host=host)
+    floor = float("nan")
+    if rows is not None and "ttft_s" in rows.columns:
+        ok = rows[rows["status"].astype(str).str.strip() == "ok"]
+        floor = float(np.nanmin(_column(ok, "ttft_s"))) if len(ok) else floor
     return Run(row["id"], model, hw, plan, engine, reqs, measured, skip,
-               notes + more + named + why, kernels)
+               notes + more + named + why, kernels, floor)
 
 
 def load_runs(experiments: str | Path, requests: str | Path | None = None) -> list[Run]:

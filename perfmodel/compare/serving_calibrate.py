@@ -11,7 +11,9 @@ simulates the fitting runs once and moves the constants by the measured-minus-si
 gaps (a Gauss-Newton step whose Jacobian is known), bounded to physical ranges; two rounds.
 
 A run has "no queue" when its measured TTFT p90 is within ``LOW_LOAD_SPREAD`` of its p50
-(a queue widens the TTFT distribution); without such a run among the fitting runs the
+(a queue widens the TTFT distribution) and, where its request rows give one, its p50 is
+within ``LOW_LOAD_FLOOR`` of its shortest TTFT (a saturated run's queue is long for every
+request: narrow, but far above the floor); without such a run among the fitting runs the
 request constants keep their shipped values.
 
 Cross-validation by run: the runs sorted by offered rate, every ``every``-th (from the
@@ -29,6 +31,7 @@ from perfmodel.compare.serving import Run, errors, replay
 from perfmodel.serving.host_time import HostTime
 
 LOW_LOAD_SPREAD = 1.25      # measured TTFT p90 / p50 at most, for a run without a queue
+LOW_LOAD_FLOOR = 1.5        # and measured TTFT p50 / the run's shortest TTFT at most
 ROUNDS = 2
 BOUNDS = {"step_s": (0.0, 20e-3), "exposed_s": (0.0, 20e-3), "request_s": (0.0, 0.1),
           "prompt_token_s": (0.0, 50e-6)}
@@ -37,9 +40,12 @@ REPORTED = (("E2E", "e2e_s.mean"), ("TTFT", "ttft_s.mean"), ("TTFT p50", "ttft_s
 
 
 def low_load(run: Run) -> bool:
-    """The run's measured TTFT shows no queue (p90 within ``LOW_LOAD_SPREAD`` of p50)."""
+    """The run's measured TTFT shows no queue (p90 within ``LOW_LOAD_SPREAD`` of p50, p50
+    within ``LOW_LOAD_FLOOR`` of the shortest where the rows give it)."""
     ttft = run.measured.get("ttft_s", {})
-    return "p90" in ttft and ttft["p90"] <= LOW_LOAD_SPREAD * ttft["p50"]
+    floor = run.ttft_floor_s
+    return "p90" in ttft and ttft["p90"] <= LOW_LOAD_SPREAD * ttft["p50"] and \
+        not ttft["p50"] > LOW_LOAD_FLOOR * floor
 
 
 def offered_rate(run: Run) -> float:
