@@ -50,13 +50,19 @@ class _Run:
     log: list = field(default_factory=list)
     t: float = 0.0
     done: int = 0
+    known: int = 0                  # requests placed on this engine so far
+    horizon: float = np.inf         # steps starting from then on wait (lockstep routing)
+    guess: _Guess = field(default_factory=lambda: _Guess())
+    last_done: int = 0              # requests the last committed step finished
+    last_done_tokens: int = 0       # and their prompt + output tokens
+    load_tokens: int = 0            # prompt + output tokens of unfinished requests
 
 
 def simulate(model: Model, hw: Hardware, requests: Requests,
              plan: Parallelism | None = None, engine: EngineConfig | None = None,
              workload: Workload | None = None,
              progress: Callable[[int, int], None] | None = None,
-             label: str = "") -> SimResult:
+             label: str = "", router: str = "round-robin", workers: int = 1) -> SimResult:
     """Serve ``requests`` on ``plan.dp`` replicas of ``model`` on ``hw`` (dtypes from
     ``workload``, default as the checkpoint stores them) with ``engine``'s scheduler.
     ``progress(done, total)`` is called as requests finish."""
@@ -72,7 +78,8 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         raise SpecError(f"simulate: a request of {longest} tokens (input + output) is longer "
                         f"than the context limit {limit} (--max-model-len / the model's "
                         "max_position_embeddings)")
-    if not engine.chunked_prefill and longest > engine.max_num_batched_tokens:
+    if not engine.chunked_prefill and longest > engine.max_num_batched_tokens and \
+            engine.name != "sglang":      # SGLang always takes a prefill batch's first prompt
         raise SpecError(f"--max-num-batched-tokens: {engine.max_num_batched_tokens} cannot hold "
                         f"a request of {longest} tokens whole, which chunked prefill off needs"
                         " (vLLM refuses a budget below max_model_len without chunking)")
@@ -82,14 +89,15 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     if -(-longest // engine.block_size) > pool.blocks:
         raise SpecError(f"simulate: a request of {longest} tokens needs more KV blocks than "
                         f"the pool's {pool.blocks} on {hw.name}")
-    order = np.argsort(requests.arrival_s, kind="stable")
-    parts = [order[e::engines] for e in range(engines)] if not requests.closed_loop else \
-        [np.arange(len(requests))[e::engines] for e in range(engines)]
-    runs = [_simulate_one(model, hw, one, workload, engine, _subset(requests, idx, engines),
-                          pool.blocks, progress) for idx in parts]
+    engine = engine.resolved(pool.blocks, limit)
+    from perfmodel.serving import fleet
+
+    parts, runs = fleet.run_replicas(model, hw, one, workload, engine, requests, engines,
+                                     pool.blocks, router, workers, progress)
     return _merge(requests, parts, runs, pool.blocks, label,
                   {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
-                   "engine": engine, "steps_priced": sum(r.pricer.priced for r in runs),
+                   "engine": engine, "router": router,
+                   "steps_priced": sum(r.pricer.priced for r in runs),
                    "price_calls": sum(r.pricer.calls for r in runs)})
 
 
@@ -98,29 +106,46 @@ def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
         return requests
     users = -(-requests.closed_loop // engines) if requests.closed_loop else 0
     pre = None if requests.prefilled is None else requests.prefilled[idx]
+    session = None if requests.session_id is None else requests.session_id[idx]
     return Requests(requests.arrival_s[idx], requests.input_tokens[idx],
                     requests.output_tokens[idx], requests.prefix_id[idx],
-                    requests.prefix_tokens[idx], users, pre)
+                    requests.prefix_tokens[idx], users, pre, session_id=session)
 
 
 def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                   engine: EngineConfig, requests: Requests, blocks: int,
                   progress: Callable[[int, int], None] | None) -> _Run:
+    run = _start(model, hw, plan, w, engine, requests, blocks)
+    _advance(run, progress)
+    return run
+
+
+def _start(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
+           engine: EngineConfig, requests: Requests, blocks: int) -> _Run:
     n = len(requests)
     offsets = np.concatenate([[0], np.cumsum(requests.output_tokens)])
-    state = EngineState.new(engine, requests.input_tokens, requests.output_tokens,
-                            requests.prefix_id, requests.prefix_tokens, blocks,
-                            requests.prefilled)
+    grows = None if requests.session_id is None else requests.session_id >= 0
+    state = engine.state(requests.input_tokens, requests.output_tokens, requests.prefix_id,
+                         requests.prefix_tokens, blocks, requests.prefilled, grows)
     nan = np.full(n, np.nan)
-    run = _Run(state, StepPricer(model, hw, plan, w, engine), Arrivals(requests), offsets,
-               np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy())
-    guess = _Guess()
-    while run.done < n:
+    return _Run(state, StepPricer(model, hw, plan, w, engine), Arrivals(requests), offsets,
+                np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy(), known=n)
+
+
+def _advance(run: _Run, progress: Callable[[int, int], None] | None = None) -> None:
+    """Run the engine until every request it knows has finished, or (a replica run in
+    lockstep under a router) until its clock reaches ``run.horizon``, the next arrival the
+    router has yet to place: no step that starts at or after it is committed."""
+    guess = run.guess
+    while run.done < run.known and run.t < run.horizon:
         run.state.waiting.extend(run.arrivals.due(run.t))
         if not run.state.running and not run.state.waiting:
-            run.t = run.arrivals.next_time()
-            if not np.isfinite(run.t):
+            t = run.arrivals.next_time()
+            if not np.isfinite(t) and np.isfinite(run.horizon):
+                return
+            if not np.isfinite(t):
                 raise RuntimeError("simulate: requests left that never arrive")
+            run.t = min(t, run.horizon)
             continue
         dry = _dry_run(run, guess)
         times = run.pricer.times(dry.plans)
@@ -128,8 +153,7 @@ def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
         stood = _replay(run, dry, times)
         guess.lookahead = int(min(LOOKAHEAD, max(4, 2 * stood)))
         if progress is not None:
-            progress(run.done, n)
-    return run
+            progress(run.done, run.known)
 
 
 class _Guess:
@@ -203,6 +227,8 @@ def _dry_run(run: _Run, guess: _Guess) -> _Dry:
         dry.features.append(guess.features(batch))
         t += guess(dry.features[-1])
         ended += len(done)
+        if t >= run.horizon:
+            break
         if closed and len(done):
             nxt = list(range(queued, min(queued + len(done), len(sched))))
             queued += len(nxt)
@@ -227,6 +253,8 @@ def _valid(run: _Run, dry: _Dry, times: np.ndarray) -> tuple[int, int]:
     real = arrivals.open_count(np.array(starts), arrivals.limit(np.array(dry.ended)))
     pending = arrivals.pending[0][0] if arrivals.pending else np.inf   # after a think time
     for j, batch in enumerate(dry.plans):
+        if starts[j] >= run.horizon:
+            return j, int(real[j])
         if ((real[j] > dry.seen[j] or (j and starts[j] >= pending)) and batch.open) or \
                 (real[j] < dry.seen[j] and dry.top[j] >= real[j]):
             return j, int(real[j])
@@ -291,9 +319,13 @@ def _record(run: _Run, batch: object, effect: tuple, dt: float, queue_more: bool
     run.token_s[run.token_offsets[emit] + counts - 1] = run.t
     first = emit[np.isnan(run.first_token_s[emit])]
     run.first_token_s[first] = run.t
+    run.last_done, run.last_done_tokens = len(done), 0
     if len(done):
         run.finish_s[done] = run.t
         run.done += len(done)
+        req = run.arrivals.requests
+        run.last_done_tokens = int((req.input_tokens[done] + req.output_tokens[done]).sum())
+        run.load_tokens -= run.last_done_tokens
         more = run.arrivals.finished(run.t, len(done))
         if queue_more:
             run.state.waiting.extend(more)
