@@ -139,3 +139,29 @@ def test_command_lines():
     assert "--schedule-policy lpm" in SGLangConfig(schedule_policy="lpm").flags()
     line = TRTLLMConfig(capacity_scheduler_policy="MAX_UTILIZATION").flags()
     assert "--max_num_tokens 8192" in line and "MAX_UTILIZATION" in line
+
+
+def test_cli_engines_routers_and_conversations():
+    import json
+
+    from typer.testing import CliRunner
+
+    from perfmodel.cli.app import app
+
+    runner = CliRunner()
+    base = ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--no-progress",
+            "--format", "json", "--num-requests", "40", "--input-len", "200",
+            "--output-len", "20"]
+    trt = runner.invoke(app, [*base, "--rate", "5", "--engine", "trtllm",
+                              "--capacity-scheduler-policy", "MAX_UTILIZATION"])
+    assert trt.exit_code == 0, trt.output
+    assert json.loads(trt.stdout[trt.stdout.index("{"):])["n_requests"] == 40
+    talk = runner.invoke(app, [*base, "--rate", "2", "--turns", "4", "--think-time", "5",
+                               "--dp", "2", "--router", "session-affinity"])
+    assert talk.exit_code == 0, talk.output
+    assert json.loads(talk.stdout[talk.stdout.index("{"):])["prefix_hit_rate"] > 0.3
+    wrong = runner.invoke(app, [*base, "--rate", "5", "--schedule-policy", "lpm"])
+    assert wrong.exit_code == 2
+    assert "error: --schedule-policy: applies to --engine sglang, not vllm" in wrong.output
+    bad = runner.invoke(app, [*base, "--rate", "5", "--dp", "2", "--router", "fastest"])
+    assert bad.exit_code == 2 and "error: --router: expected one of" in bad.output

@@ -7,7 +7,7 @@ import pytest
 import perfmodel as pm
 from perfmodel.serving import fleet, sessions, traffic
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.simulate import _simulate_one, simulate
+from perfmodel.serving.simulate import _simulate_one, run_replicas, simulate
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism, Workload
 
@@ -40,8 +40,8 @@ def test_lockstep_is_exact():
     from perfmodel.serving.engine import kv_pool
     engine = EngineConfig()
     blocks = kv_pool(MODEL, HW, one, w, engine).blocks
-    parts, runs = fleet.run_replicas(MODEL, HW, one, w, engine, reqs, 3, blocks,
-                                     "least-tokens", 1, None)
+    parts, runs = run_replicas(MODEL, HW, one, w, engine, reqs, 3, blocks,
+                               "least-tokens", 1, None)
     assert sorted(np.concatenate(parts).tolist()) == list(range(120))
     from perfmodel.serving.simulate import _subset
     for idx, run in zip(parts, runs, strict=True):

@@ -42,40 +42,14 @@ LOAD_AWARE = ("least-requests", "least-tokens")
 _HASH = 0x9E3779B1          # Fibonacci hashing: spreads consecutive ids over the replicas
 
 
-def run_replicas(model: object, hw: object, plan: object, w: object, engine: object,
-                 requests: Requests, engines: int, blocks: int, router: str, workers: int,
-                 progress: Callable[[int, int], None] | None) -> tuple[list, list]:
-    """(each replica's requests, as indices in arrival order; each replica's ``_Run``)."""
-    from perfmodel.serving import simulate as sim
-
+def check(router: str, workers: int, requests: Requests, engines: int) -> None:
     if router not in ROUTERS:
         raise SpecError(f"--router: expected one of {', '.join(ROUTERS)}, got {router!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise SpecError(f"--workers: expected a whole number >= 1, got {workers!r}")
-    if router in LOAD_AWARE and engines > 1:
-        if requests.closed_loop or requests.client_cap:
-            raise SpecError(f"--router {router}: a closed loop or client cap is dealt "
-                            "round-robin only; use --rate or --trace")
-        return _lockstep(model, hw, plan, w, engine, requests, engines, blocks, router,
-                         progress)
-    parts = deal(requests, engines, router)
-    jobs = [(model, hw, plan, w, engine, sim._subset(requests, idx, engines), blocks)
-            for idx in parts]
-    if workers == 1 or engines == 1:
-        return parts, [sim._simulate_one(*job, progress) for job in jobs]
-    import multiprocessing as mp
-
-    with mp.get_context("fork").Pool(min(workers, engines)) as pool:
-        runs = pool.map(_one, jobs, chunksize=1)
-    return parts, runs
-
-
-def _one(job: tuple) -> object:
-    from perfmodel.serving import simulate as sim
-
-    run = sim._simulate_one(*job, None)
-    run.pricer.model = run.pricer.hw = None     # not needed back: keep the pickle small
-    return run
+    if router in LOAD_AWARE and engines > 1 and (requests.closed_loop or requests.client_cap):
+        raise SpecError(f"--router {router}: a closed loop or client cap is dealt "
+                        "round-robin only; use --rate or --trace")
 
 
 def deal(requests: Requests, engines: int, router: str) -> list[np.ndarray]:
@@ -97,13 +71,12 @@ def deal(requests: Requests, engines: int, router: str) -> list[np.ndarray]:
     return [order[target == e] for e in range(engines)]
 
 
-def _lockstep(model: object, hw: object, plan: object, w: object, engine: object,
-              requests: Requests, engines: int, blocks: int, router: str,
-              progress: Callable[[int, int], None] | None) -> tuple[list, list]:
-    from perfmodel.serving import simulate as sim
-
-    runs = [sim._start(model, hw, plan, w, engine, _slots(requests, 64), blocks)
-            for _ in range(engines)]
+def lockstep(start: Callable[[Requests], object], advance: Callable[[object], None],
+             requests: Requests, engines: int, router: str,
+             progress: Callable[[int, int], None] | None) -> tuple[list, list]:
+    """Replicas run in lockstep under a load-aware ``router``: ``start(slots)`` makes an
+    engine's run, ``advance(run)`` runs it to ``run.horizon``."""
+    runs = [start(_slots(requests, 64)) for _ in range(engines)]
     for run in runs:
         run.known = 0
     local: list[list[int]] = [[] for _ in range(engines)]
@@ -114,7 +87,7 @@ def _lockstep(model: object, hw: object, plan: object, w: object, engine: object
         loads = []
         for run in runs:
             run.horizon = t
-            sim._advance(run)
+            advance(run)
             late = run.t > t                # the step that straddles t finishes after it
             if router == "least-requests":
                 loads.append(run.known - run.done + (run.last_done if late else 0))
@@ -127,7 +100,7 @@ def _lockstep(model: object, hw: object, plan: object, w: object, engine: object
             progress(sum(r.done for r in runs), len(requests))
     for run in runs:
         run.horizon = np.inf
-        sim._advance(run)
+        advance(run)
         _trim(run)
     return [np.array(x, np.int64) for x in local], runs
 

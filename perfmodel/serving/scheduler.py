@@ -28,11 +28,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.kvpool import KVPool
+
+EngineSettings = Any    # an engine's settings (``serving.engines``), which import this module
 
 
 @dataclass(eq=False)
@@ -53,7 +55,7 @@ class Batch:
 class EngineState:
     """What the scheduler keeps per request (arrays over all requests) and its queues."""
 
-    engine: EngineConfig
+    engine: EngineSettings
     prompt: np.ndarray
     output: np.ndarray
     prefix: np.ndarray          # shared-prefix id, -1 none
@@ -73,7 +75,7 @@ class EngineState:
     grows: np.ndarray | None = None         # a conversation's turn: its KV extends the chain
 
     @classmethod
-    def new(cls, engine: EngineConfig, prompt: np.ndarray, output: np.ndarray,
+    def new(cls, engine: EngineSettings, prompt: np.ndarray, output: np.ndarray,
             prefix: np.ndarray, prefix_tokens: np.ndarray, blocks: int,
             prefilled: np.ndarray | None = None, grows: np.ndarray | None = None
             ) -> EngineState:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from perfmodel.serving import fleet
 from perfmodel.serving.arrivals import Arrivals
 from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.engine import StepPricer, kv_pool
@@ -90,15 +91,41 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         raise SpecError(f"simulate: a request of {longest} tokens needs more KV blocks than "
                         f"the pool's {pool.blocks} on {hw.name}")
     engine = engine.resolved(pool.blocks, limit)
-    from perfmodel.serving import fleet
-
-    parts, runs = fleet.run_replicas(model, hw, one, workload, engine, requests, engines,
-                                     pool.blocks, router, workers, progress)
+    fleet.check(router, workers, requests, engines)
+    parts, runs = run_replicas(model, hw, one, workload, engine, requests, engines,
+                               pool.blocks, router, workers, progress)
     return _merge(requests, parts, runs, pool.blocks, label,
                   {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
                    "engine": engine, "router": router,
                    "steps_priced": sum(r.pricer.priced for r in runs),
                    "price_calls": sum(r.pricer.calls for r in runs)})
+
+
+def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
+                 engine: EngineConfig, requests: Requests, engines: int, blocks: int,
+                 router: str, workers: int, progress: Callable[[int, int], None] | None
+                 ) -> tuple[list, list]:
+    """(each replica's requests, as indices in arrival order; each replica's ``_Run``):
+    dealt ahead and run apart (in ``workers`` processes), or, under a load-aware router,
+    run in lockstep (``serving.fleet``)."""
+    if router in fleet.LOAD_AWARE and engines > 1:
+        return fleet.lockstep(lambda slots: _start(model, hw, plan, w, engine, slots, blocks),
+                              _advance, requests, engines, router, progress)
+    parts = fleet.deal(requests, engines, router)
+    jobs = [(model, hw, plan, w, engine, _subset(requests, idx, engines), blocks)
+            for idx in parts]
+    if workers == 1 or engines == 1:
+        return parts, [_simulate_one(*job, progress) for job in jobs]
+    import multiprocessing as mp
+
+    with mp.get_context("fork").Pool(min(workers, engines)) as pool:
+        return parts, pool.map(_one, jobs, chunksize=1)
+
+
+def _one(job: tuple) -> _Run:
+    run = _simulate_one(*job, None)
+    run.pricer.model = run.pricer.hw = None     # not needed back: keep the pickle small
+    return run
 
 
 def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
