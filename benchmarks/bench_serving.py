@@ -16,12 +16,11 @@ their capacity, timed with one worker process and with every local core. On a sh
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import perfmodel as pm
 from perfmodel.serving import traffic
-import os
-
 from perfmodel.serving.engines import engine_config
 from perfmodel.serving.simulate import simulate
 from perfmodel.specs.workload import Parallelism
