@@ -1,167 +1,196 @@
-"""The SGLang and TensorRT-LLM schedulers: goldens derived by hand from each engine's source
-(``serving.sglang`` and ``serving.trtllm`` cite the functions), and the places where the
-three engines' rules differ."""
+"""The ``calibration:`` and ``engines:`` blocks of a hardware YAML, and ``--engine``."""
 
-import numpy as np
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
 import pytest
+import yaml
+from typer.testing import CliRunner
 
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engines import engine_config
-from perfmodel.serving.sglang import SGLangConfig
-from perfmodel.serving.trtllm import TRTLLMConfig
+import perfmodel as pm
+from perfmodel.cli.app import app
 from perfmodel.specs.errors import SpecError
+from perfmodel.specs.load import HARDWARE_DIR, load_hardware
+
+runner = CliRunner()
+CAL = {"source": "aiconfigurator-core 0.12.0: systems/data/h100_sxm/*/vllm/0.24.0",
+       "engine": "vllm", "engine_version": "0.24.0", "method": "bounded least squares",
+       "fitted": ["gemm_fraction", "kernel_latency_by_kind.attention"],
+       "rows": {"gemm": 35742, "attention_decode": 1200},
+       "held_out_median_abs_error": {"gemm": 0.061, "attention_decode": 0.09}}
+SGLANG = {"efficiency": {"gemm_fraction": 0.5, "kernel_latency_by_kind": {"attention": 9e-6}},
+          "calibration": {"source": "sglang rows", "engine": "sglang",
+                          "engine_version": "0.5.1"}}
 
 
-def steps(engine, prompt, output, blocks, prefix=None, ptok=None, first=None):
-    """Drive the scheduler alone (no pricing): [(requests, their tokens)] per step. All
-    requests wait from the start, or only ``first`` until it finishes, then the rest."""
-    n = len(prompt)
-    pre = np.full(n, -1, np.int64) if prefix is None else np.array(prefix, np.int64)
-    pt = np.zeros(n, np.int64) if ptok is None else np.array(ptok, np.int64)
-    engine = engine.resolved(blocks, 4096)
-    st = engine.state(np.array(prompt, np.int64), np.array(output, np.int64), pre, pt, blocks)
-    st.waiting.extend(range(n) if first is None else [first])
-    out = []
-    while st.running or st.waiting or getattr(st, "chunked", -1) >= 0:
-        b = st.schedule()
-        out.append((b.ids.tolist(), b.new.tolist()))
-        st.commit(b)
-        if first is not None and not st.running:
-            st.waiting.extend(r for r in range(n) if r != first)
-            first = None
-    return out, st
+def _device(tmp_path: Path, **blocks: object) -> Path:
+    """h100-sxm's file with ``blocks`` added (None removes a block)."""
+    data = yaml.safe_load((HARDWARE_DIR / "h100-sxm.yaml").read_text())
+    data["efficiency"]["kernel_latency_by_kind"] = {"attention": 4e-6, "rms_norm": 3e-6}
+    for key, value in blocks.items():
+        data.pop(key) if value is None else data.__setitem__(key, value)
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
-PROMPTS, OUTPUTS = [6, 10, 3, 4], [3, 2, 2, 2]
+def test_an_engine_block_lays_its_efficiency_over_the_top_level_one(tmp_path):
+    path = _device(tmp_path, calibration=CAL, engines={"sglang": SGLANG})
+    base, sg = load_hardware(path), load_hardware(path, "sglang")
+    assert base.engine == "vllm" and not base.engine_warning
+    assert base.calibration["engine_version"] == "0.24.0"
+    assert sg.engine == "sglang" and not sg.engine_warning
+    assert sg.efficiency.gemm_fraction == 0.5
+    # a per-kind mapping merges kind by kind; every other key is the top level's
+    assert sg.efficiency.kernel_latency_by_kind == {"attention": 9e-6, "rms_norm": 3e-6}
+    assert sg.efficiency.memory_fraction == base.efficiency.memory_fraction
+    assert sg.calibration == SGLANG["calibration"]
+    assert sg.provenance() == {"engine": "sglang", "calibration": {
+        "source": "sglang rows", "engine": "sglang", "engine_version": "0.5.1"}}
+    # the block priced is the engine's: another engine has no block, so the top level's
+    trt = load_hardware(path, "trtllm")
+    assert trt.efficiency == base.efficiency and trt.calibration == base.calibration
+    assert trt.engine_warning == "h100-sxm has no trtllm calibration: vLLM's kernels priced"
 
 
-def test_sglang_golden():
-    """chunked_prefill_size 8, max_prefill_tokens 16, max_running_requests 3, a 64-token
-    pool. Step 1: r0 whole (6; budget: 6 + 3 new + 1 page of 64), r1 cut to the 2 chunk
-    tokens left: it becomes the chunked request. Step 2: the chunked r1 goes first (its 8
-    left), which spends the chunk budget: r2 cannot be cut to 0 tokens. No decode yet:
-    prefill first. Step 3: r2 (one seat left of 3). Step 4: the seats are full, so a
-    decode batch of r0, r1, r2 (r1, r2 finish). Step 5: r3's prefill, not r0's decode.
-    Step 6: r0 and r3 decode and finish."""
-    got, st = steps(SGLangConfig(chunked_prefill_size=8, max_prefill_tokens=16,
-                                 max_running_requests=3), PROMPTS, OUTPUTS, 64)
-    assert got == [([0, 1], [6, 2]), ([1], [8]), ([2], [3]), ([0, 1, 2], [1, 1, 1]),
-                   ([3], [4]), ([0, 3], [1, 1])]
-    assert st.emitted.tolist() == OUTPUTS
+def test_a_shipped_device_without_engine_blocks_warns_once():
+    hw = pm.hardware("h100-sxm", engine="sglang")
+    assert hw.efficiency == pm.hardware("h100-sxm").efficiency
+    assert hw.engine_warning == "h100-sxm has no sglang calibration: vLLM's kernels priced"
+    assert hw.provenance() == {"engine": "sglang", "calibration": None}
 
 
-def test_trtllm_golden():
-    """GUARANTEED_NO_EVICT, max_batch_size 3, max_num_tokens 12, 4-token blocks, chunked
-    prefill, 16 blocks. Step 1: capacity lets r0, r1, r2 in (3 + 3 + 2 blocks to
-    completion of 16; the batch is full); the micro-batch has 12 tokens for 19 prompt
-    tokens: r0 all 6, r1 6 cut to a block multiple (4), r2 the 2 left cut to 0 (waits).
-    Step 2: r0 decodes (1), r1's last 6 and r2's 3 (10 of 11 left). Step 3: three decodes
-    (r3 has no seat). Steps 4-5: r3."""
-    got, st = steps(TRTLLMConfig(max_batch_size=3, max_num_tokens=12, tokens_per_block=4,
-                                 enable_chunked_prefill=True), PROMPTS, OUTPUTS, 16)
-    assert got == [([0, 1], [6, 4]), ([0, 1, 2], [1, 6, 3]), ([0, 1, 2], [1, 1, 1]),
-                   ([3], [4]), ([3], [1])]
-    assert st.emitted.tolist() == OUTPUTS
+def test_the_top_level_engine_is_the_calibrations(tmp_path):
+    """A file fitted to SGLang's kernels: sglang asks for no warning, vllm gets one."""
+    path = _device(tmp_path, calibration=CAL | {"engine": "sglang"})
+    assert not load_hardware(path, "sglang").engine_warning
+    assert "no vllm calibration: SGLang's kernels priced" in load_hardware(path).engine_warning
 
 
-def test_vllm_chunks_where_trtllm_aligns_to_blocks():
-    got, _ = steps(EngineConfig(max_num_seqs=3, max_num_batched_tokens=12, block_size=4),
-                   PROMPTS, OUTPUTS, 16)
-    assert got[0] == ([0, 1], [6, 6])       # vLLM cuts r1 to the 6 tokens left, unaligned
+def test_a_variant_inherits_its_bases_engines(tmp_path):
+    _device(tmp_path, engines={"sglang": SGLANG})
+    child = tmp_path / "child.yaml"
+    child.write_text("version: 1\nbase: gpu.yaml\nname: child\nengines:\n  trtllm:\n"
+                     "    efficiency: {gemm_fraction: 0.7}\n")
+    assert load_hardware(child, "sglang").efficiency.gemm_fraction == 0.5
+    assert load_hardware(child, "trtllm").efficiency.gemm_fraction == 0.7
 
 
-def test_overload_preempts_only_where_the_rule_allows():
-    """Four 8-token prompts of 8 outputs in 8 blocks of 4: vLLM admits all four and
-    preempts as decodes grow; TensorRT-LLM's GUARANTEED_NO_EVICT admits two (4 blocks each
-    to completion) and never preempts, MAX_UTILIZATION pauses; SGLang reserves the output
-    at admission (new-token ratio) and takes one at a time."""
-    prompts, outputs = [8] * 4, [8] * 4
-    pre = {}
-    for name, engine, blocks in (
-            ("vllm", EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=4), 8),
-            ("sglang", SGLangConfig(page_size=4, max_running_requests=4), 8),
-            ("no-evict", TRTLLMConfig(tokens_per_block=4), 8),
-            ("max-util", TRTLLMConfig(tokens_per_block=4,
-                                      capacity_scheduler_policy="MAX_UTILIZATION"), 8)):
-        got, st = steps(engine, prompts, outputs, blocks)
-        assert st.emitted.tolist() == outputs
-        pre[name] = (int(st.preemptions.sum()), len(got[0][0]))
-    assert pre == {"vllm": (2, 4), "sglang": (0, 1), "no-evict": (0, 2), "max-util": (2, 4)}
+@pytest.mark.parametrize(("blocks", "match"), [
+    ({"engines": {"sglangg": SGLANG}}, r"engines\.sglangg: expected an engine: .*'sglang'"),
+    ({"engines": {"sglang": {"effciency": {}}}}, r"engines\.sglang\.effciency: unknown field"),
+    ({"engines": {"sglang": {"efficiency": {"gemm_fraction": 2}}}},
+     r"engines\.sglang\.efficiency\.gemm_fraction: expected a finite value of at most 1"),
+    ({"engines": {"trtllm": {"efficiency": {"gemm_fractoin": 0.5}}}},
+     r"engines\.trtllm\.efficiency\.gemm_fractoin: unknown field"),
+    ({"engines": {"sglang": {"calibration": {"engine": "vllm"}}}},
+     r"engines\.sglang\.calibration\.engine: expected sglang"),
+    ({"engines": {}}, r"engines: expected at least one engine block"),
+    ({"calibration": {"sorce": "x"}}, r"calibration\.sorce: unknown field.*'source'"),
+    ({"calibration": {"engine": "tgi"}}, r"calibration\.engine: expected one of vllm"),
+    ({"calibration": {"engine_version": 0.24}}, r"calibration\.engine_version: expected text"),
+    ({"calibration": {"rows": {"gemms": 3}}}, r"calibration\.rows\.gemms: expected an error"),
+    ({"calibration": {"rows": {"gemm": -3}}}, r"calibration\.rows\.gemm: expected an integer"),
+    ({"calibration": {"held_out_median_abs_error": {"gemm": "x"}}},
+     r"held_out_median_abs_error\.gemm"),
+    ({"calibration": {"fitted": ["gemm_fractoin"]}}, r"calibration\.fitted: .*'gemm_fraction'"),
+    ({"calibration": ["x"]}, r"calibration: expected a mapping"),
+])
+def test_bad_blocks_are_one_line_errors_naming_the_field(tmp_path, blocks, match):
+    """Every engine's blocks are checked, whichever engine is asked for."""
+    path = _device(tmp_path, **blocks)
+    with pytest.raises(SpecError, match=match) as err:
+        load_hardware(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
-def test_sglang_retracts_fewest_outputs_first():
-    """A pool too small for the decodes: the running request with the fewest output tokens
-    is retracted (to the tail of the queue) and recomputed later."""
-    _, st = steps(SGLangConfig(page_size=1, max_running_requests=4,
-                             schedule_conservativeness=0.01), [8] * 4, [12] * 4, 40)
-    assert st.emitted.tolist() == [12] * 4
-    assert st.preemptions.sum() > 0
-    assert st.preemptions[0] == 0            # the first admitted has the most outputs
+def test_an_unknown_engine_is_a_one_line_error():
+    with pytest.raises(SpecError, match=r"--engine: expected one of vllm, sglang, trtllm, "
+                                        r"got 'sglng'; did you mean 'sglang'"):
+        pm.hardware("h100-sxm", engine="sglng")
 
 
-def test_shared_prefix_hits_differ_by_granularity_and_skip():
-    """A 40-token shared prefix of 60-token prompts. All arriving at once: TensorRT-LLM
-    holds back r1 and r2 a step (``beneficialToSkip``) so they reuse r0's block (32
-    tokens); vLLM and SGLang (fcfs) compute all three. After r0 has finished: vLLM hits 2
-    blocks of 16 (32 tokens), SGLang the whole 40 (token pages)."""
-    kw = dict(prefix=[0, 0, 0], ptok=[40, 40, 40])
-    _, st = steps(TRTLLMConfig(), [60] * 3, [2] * 3, 100, **kw)
-    assert st.hit_tokens.tolist() == [0, 32, 32]
-    _, st = steps(EngineConfig(), [60] * 3, [2] * 3, 100, **kw)
-    assert st.hit_tokens.tolist() == [0, 0, 0]
-    _, st = steps(EngineConfig(), [60] * 3, [2] * 3, 100, first=0, **kw)
-    assert st.hit_tokens.tolist() == [0, 32, 32]
-    _, st = steps(SGLangConfig(), [60] * 3, [2] * 3, 1000, first=0, **kw)
-    assert st.hit_tokens.tolist() == [0, 40, 40]
+def test_perfmodel_calibrates_block_still_loads():
+    """``perfmodel calibrate``'s provenance (host, threads, fitted values) is a calibration."""
+    hw = pm.load_hardware("reports/cpu/hardware.yaml")
+    assert hw.calibration["threads"] == 2 and hw.calibration["fit_shapes"]
 
 
-def test_sglang_lpm_puts_the_longest_cached_prefix_first():
-    kw = dict(prefix=[0, -1, 0], ptok=[40, 0, 40], first=0)
-    fcfs, _ = steps(SGLangConfig(chunked_prefill_size=64), [60] * 3, [2] * 3, 1000, **kw)
-    lpm, _ = steps(SGLangConfig(chunked_prefill_size=64, schedule_policy="lpm"), [60] * 3,
-                   [2] * 3, 1000, **kw)
-    assert fcfs[2] == ([1, 2], [60, 4])     # r1 whole, r2's 20 uncached cut to 4
-    assert lpm[2] == ([2, 1], [20, 44])     # r2 (40 cached) first, r1 cut to 44
+def test_estimate_engine_option_warns_and_json_carries_it(tmp_path):
+    base = ["estimate", "-m", "llama-3-8b", "-H", "h100-sxm", "--gen", "4"]
+    result = runner.invoke(app, [*base, "--engine", "sglang"])
+    assert result.exit_code == 0, result.output
+    assert "h100-sxm has no sglang calibration: vLLM's kernels priced" in result.output
+    path = _device(tmp_path, calibration=CAL, engines={"sglang": SGLANG})
+    result = runner.invoke(app, [*base[:4], str(path), "--gen", "4", "--engine", "sglang",
+                                 "-f", "json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["engine"] == "sglang" and out["calibration"]["engine_version"] == "0.5.1"
+    assert not any("calibration" in w for w in out["warnings"])
+    plain = json.loads(runner.invoke(app, [*base[:4], str(path), "--gen", "4", "-f",
+                                           "json"]).output)
+    assert plain["engine"] == "vllm" and plain["calibration"]["source"] == CAL["source"]
+    assert out["tpot_s"] > plain["tpot_s"]       # a slower GEMM fraction
 
 
-@pytest.mark.parametrize("name,flags,field", [
-    ("sglang", {"schedule_policy": "sjf"}, "--schedule-policy"),
-    ("sglang", {"chunked_prefill_size": 0}, "--chunked-prefill-size"),
-    ("trtllm", {"capacity_scheduler_policy": "FOO"}, "--capacity-scheduler-policy"),
-    ("trtllm", {"max_num_tokens": 0}, "--max-num-tokens"),
-    ("vllm-x", {}, "--engine")])
-def test_bad_engine_flags(name, flags, field):
-    with pytest.raises(SpecError, match=field):
-        engine_config(name, **flags)
+def test_bad_engine_option_is_exit_2():
+    result = runner.invoke(app, ["estimate", "-m", "llama-3-8b", "-H", "h100-sxm",
+                                 "--engine", "tgi"])
+    assert result.exit_code == 2 and "--engine" in result.output
 
 
-def test_command_lines():
-    assert "--schedule-policy lpm" in SGLangConfig(schedule_policy="lpm").flags()
-    line = TRTLLMConfig(capacity_scheduler_policy="MAX_UTILIZATION").flags()
-    assert "--max_num_tokens 8192" in line and "MAX_UTILIZATION" in line
+@pytest.mark.parametrize(("args", "extra"), [
+    (["roofline", "-m", "llama-3-8b", "-H", "h100-sxm,a100-80gb-sxm", "--batch", "1"],
+     ["--out", "r.png"]),
+    (["sweep", "-m", "llama-3-8b", "-H", "h100-sxm", "--batch", "1", "--context", "128",
+      "--gen", "2", "--no-figures"], ["--out", "s"]),
+])
+def test_figure_commands_take_engine_and_warn_once_per_device(tmp_path, args, extra):
+    result = runner.invoke(app, [*args, extra[0], str(tmp_path / extra[1]),
+                                 "--engine", "trtllm"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("has no trtllm calibration: vLLM's kernels priced") == \
+        args[4].count(",") + 1
 
 
-def test_cli_engines_routers_and_conversations():
-    import json
+def test_compare_serving_prices_each_run_with_its_engine_column():
+    from perfmodel.compare.serving import _kernels
 
-    from typer.testing import CliRunner
+    assert _kernels({"engine": "vLLM (AsyncLLM in-process)"}) == ("vllm", [])
+    assert _kernels({"engine": "SGLang"}) == ("sglang", [])
+    assert _kernels({"engine": "TensorRT-LLM"}) == ("trtllm", [])
+    name, notes = _kernels({"engine": "tgi"})
+    assert name == "vllm" and "'tgi' not known" in notes[0]
 
-    from perfmodel.cli.app import app
 
-    runner = CliRunner()
-    base = ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--no-progress",
-            "--format", "json", "--num-requests", "40", "--input-len", "200",
-            "--output-len", "20"]
-    trt = runner.invoke(app, [*base, "--rate", "5", "--engine", "trtllm",
-                              "--capacity-scheduler-policy", "MAX_UTILIZATION"])
-    assert trt.exit_code == 0, trt.output
-    assert json.loads(trt.stdout[trt.stdout.index("{"):])["n_requests"] == 40
-    talk = runner.invoke(app, [*base, "--rate", "2", "--turns", "4", "--think-time", "5",
-                               "--dp", "2", "--router", "session-affinity"])
-    assert talk.exit_code == 0, talk.output
-    assert json.loads(talk.stdout[talk.stdout.index("{"):])["prefix_hit_rate"] > 0.3
-    wrong = runner.invoke(app, [*base, "--rate", "5", "--schedule-policy", "lpm"])
-    assert wrong.exit_code == 2
-    assert "error: --schedule-policy: applies to --engine sglang, not vllm" in wrong.output
-    bad = runner.invoke(app, [*base, "--rate", "5", "--dp", "2", "--router", "fastest"])
-    assert bad.exit_code == 2 and "error: --router: expected one of" in bad.output
+def test_harness_compare_prices_the_engine_asked_for(tmp_path):
+    """``compare --engine``: another engine's efficiency block prices every row; a device
+    without one warns once on stderr and prices its own figures."""
+    from perfmodel.cli.app import load_plugins
+
+    load_plugins(app)
+    csv = tmp_path / "m.csv"
+    csv.write_text("device,source,model,tp,op,dtype,m,n,k,batch,q_len,kv_len,n_heads,"
+                   "n_kv_heads,head_dim,measured_s,measured_std_s\n"
+                   "h100,t,m-a,1,gemm,bf16,4096,4096,4096,,,,,,,0.0002,\n")
+    path = _device(tmp_path, engines={"sglang": SGLANG})
+    out = {}
+    for engine in ("vllm", "sglang"):
+        result = runner.invoke(app, ["compare", str(csv), "-H", str(path), "--any-device",
+                                     "--engine", engine, "--out",
+                                     str(tmp_path / f"{engine}.csv")])
+        assert result.exit_code == 0, result.output
+        out[engine] = _predicted(tmp_path / f"{engine}.csv")
+    assert out["sglang"] > out["vllm"]        # gemm_fraction 0.5 against the file's own
+    result = runner.invoke(app, ["compare", str(csv), "-H", "h100-sxm", "--engine", "trtllm"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("h100-sxm has no trtllm calibration") == 1
+
+
+def _predicted(path: Path) -> float:
+    import csv as csv_module
+
+    return float(next(csv_module.DictReader(path.open()))["predicted_s"])
