@@ -121,3 +121,11 @@ def test_bad_fleet_options(kw, match):
     reqs = traffic.generate(4, rate=1, input_len=10, output_len=2)
     with pytest.raises(SpecError, match=match):
         simulate(MODEL, HW, reqs, Parallelism(dp=2), **kw)
+
+
+@pytest.mark.parametrize("kw,match", [({"turns": 0}, "--turns"),
+                                      ({"turns": 2, "think_time": -1.0}, "--think-time"),
+                                      ({"turns": 2, "shared_prefix": 10}, "--turns")])
+def test_bad_conversation_options(kw, match):
+    with pytest.raises(SpecError, match=match):
+        traffic.generate(10, rate=1.0, input_len=50, output_len=5, **kw)
