@@ -129,3 +129,25 @@ def test_bad_fleet_options(kw, match):
 def test_bad_conversation_options(kw, match):
     with pytest.raises(SpecError, match=match):
         traffic.generate(10, rate=1.0, input_len=50, output_len=5, **kw)
+
+
+def test_dp_attention_ranks_step_in_lockstep():
+    """Two ranks of an MoE replica under data-parallel attention: r0 (a 2,000-token
+    prompt) on rank 0, r1 (100 tokens) on rank 1. Every step of rank 1 starts when one of
+    rank 0's does and lasts as long (the slower rank's time); r1's first token comes with
+    r0's, its 100-token prefill paced by the 2,000-token one."""
+    from perfmodel.serving.config import EngineConfig
+    from perfmodel.serving.engine import kv_pool
+
+    model = pm.model("qwen3-30b-a3b")
+    plan = Parallelism(ep=2, attention_dp=True)
+    reqs = Requests.of([0.0, 0.0], [2000, 100], [50, 5])
+    res = simulate(model, HW, reqs, plan)
+    assert res.first_token_s[1] == pytest.approx(res.first_token_s[0])
+    w, engine = Workload.for_model(model), EngineConfig()
+    blocks = kv_pool(model, HW, plan, w, engine).blocks
+    _, runs = run_replicas(model, HW, plan, w, engine, reqs, 2, blocks, "round-robin", 1,
+                           None)
+    lead = {round(s[0], 12): s[1] for s in runs[0].log}
+    for start, dt, *_ in runs[1].log:
+        assert lead[round(start, 12)] == dt

@@ -42,7 +42,8 @@ LOAD_AWARE = ("least-requests", "least-tokens")
 _HASH = 0x9E3779B1          # Fibonacci hashing: spreads consecutive ids over the replicas
 
 
-def check(router: str, workers: int, requests: Requests, engines: int) -> None:
+def check(router: str, workers: int, requests: Requests, engines: int,
+          attention_ways: int = 1) -> None:
     if router not in ROUTERS:
         raise SpecError(f"--router: expected one of {', '.join(ROUTERS)}, got {router!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -50,6 +51,9 @@ def check(router: str, workers: int, requests: Requests, engines: int) -> None:
     if router in LOAD_AWARE and engines > 1 and (requests.closed_loop or requests.client_cap):
         raise SpecError(f"--router {router}: a closed loop or client cap is dealt "
                         "round-robin only; use --rate or --trace")
+    if router in LOAD_AWARE and attention_ways > 1:
+        raise SpecError(f"--router {router}: not simulated with --attention-dp (its ranks "
+                        "step in lockstep); use round-robin or an affinity router")
 
 
 def deal(requests: Requests, engines: int, router: str) -> list[np.ndarray]:
@@ -173,3 +177,42 @@ def _trim(run: object) -> None:
     run.state.preemptions = run.state.preemptions[:k]
     run.state.hit_tokens = run.state.hit_tokens[:k]
     run.token_offsets = run.token_offsets[:k + 1]
+
+
+def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = None) -> None:
+    """The data-parallel attention ranks of one replica of an MoE model step together: each
+    step every rank forms its own batch, an idle rank runs a dummy batch (one decode
+    token, as SGLang's and vLLM's DP-attention ranks do to join the expert layer's
+    collectives), and the step lasts as long as the slowest rank's (the expert layer
+    waits for every rank's tokens). ``record(run, batch, effect, dt, queue_more)`` is the
+    simulator's bookkeeping of a committed step."""
+    from perfmodel.serving.scheduler import Batch
+
+    one = np.ones(1, np.int64)
+    dummy = Batch(np.zeros(1, np.int64), one, one, False, False, 0)
+    pricer = runs[0].pricer
+    while any(r.done < r.known for r in runs):
+        t = runs[0].t
+        batches = []
+        for run in runs:
+            run.state.waiting.extend(run.arrivals.due(t))
+            busy = run.state.running or run.state.waiting
+            batches.append(run.state.schedule() if busy else None)
+        if all(b is None for b in batches):
+            t = min(r.arrivals.next_time() for r in runs)
+            if not np.isfinite(t):
+                raise RuntimeError("simulate: requests left that never arrive")
+            for run in runs:
+                run.t = t
+            continue
+        dt = float(pricer.times([b if b is not None else dummy for b in batches]).max())
+        for run, batch in zip(runs, batches, strict=True):
+            if batch is None:
+                run.t += dt
+                continue
+            emit, done = run.state.commit(batch)
+            effect = (emit, run.state.emitted[emit], done, run.state.pool.used,
+                      len(run.state.waiting))
+            record(run, batch, effect, dt, queue_more=True)
+        if progress is not None:
+            progress(sum(r.done for r in runs), sum(r.known for r in runs))

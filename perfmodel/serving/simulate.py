@@ -91,7 +91,7 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         raise SpecError(f"simulate: a request of {longest} tokens needs more KV blocks than "
                         f"the pool's {pool.blocks} on {hw.name}")
     engine = engine.resolved(pool.blocks, limit)
-    fleet.check(router, workers, requests, engines)
+    fleet.check(router, workers, requests, engines, plan.attention_ways)
     parts, runs = run_replicas(model, hw, one, workload, engine, requests, engines,
                                pool.blocks, router, workers, progress)
     return _merge(requests, parts, runs, pool.blocks, label,
@@ -108,6 +108,14 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     """(each replica's requests, as indices in arrival order; each replica's ``_Run``):
     dealt ahead and run apart (in ``workers`` processes), or, under a load-aware router,
     run in lockstep (``serving.fleet``)."""
+    ways = plan.attention_ways
+    if ways > 1:            # data-parallel attention: each replica's ranks in lockstep
+        parts = fleet.deal(requests, engines, router)
+        runs = [_start(model, hw, plan, w, engine, _subset(requests, idx, engines), blocks)
+                for idx in parts]
+        for g in range(0, engines, ways):
+            fleet.ranks_lockstep(runs[g:g + ways], _record, progress)
+        return parts, runs
     if router in fleet.LOAD_AWARE and engines > 1:
         return fleet.lockstep(lambda slots: _start(model, hw, plan, w, engine, slots, blocks),
                               _advance, requests, engines, router, progress)
