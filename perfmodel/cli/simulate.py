@@ -55,7 +55,8 @@ def simulate_cmd(
     hardware: HardwareOpt,
     engine_name: EngineOpt = "vllm",       # --engine (``engine`` is the EngineConfig)
     trace: Annotated[Path | None, Opt(rich_help_panel=_TRAFFIC, help=(
-        "CSV of arrival_s,input_tokens,output_tokens[,prefix_id,prefix_tokens]"))] = None,
+        "CSV of arrival_s,input_tokens,output_tokens[,prefix_id,prefix_tokens]"
+        "[,session_id,turn]"))] = None,
     rate: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
         "requests per second; several, comma-separated, draw latency against load"))] = None,
     concurrency: Annotated[int, Opt(min=0, rich_help_panel=_TRAFFIC, help=(
