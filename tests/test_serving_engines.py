@@ -165,3 +165,33 @@ def test_cli_engines_routers_and_conversations():
     assert "error: --schedule-policy: applies to --engine sglang, not vllm" in wrong.output
     bad = runner.invoke(app, [*base, "--rate", "5", "--dp", "2", "--router", "fastest"])
     assert bad.exit_code == 2 and "error: --router: expected one of" in bad.output
+
+
+@pytest.mark.parametrize("name,flags", [
+    ("sglang", {}), ("sglang", {"schedule_policy": "lpm", "chunked_prefill_size": 256}),
+    ("trtllm", {}), ("trtllm", {"capacity_scheduler_policy": "MAX_UTILIZATION",
+                                "enable_chunked_prefill": True, "max_num_tokens": 512})])
+def test_priced_ahead_equals_step_by_step(name, flags, monkeypatch):
+    """The simulator prices steps ahead from dry runs and keeps those no arrival changed
+    (``Batch.open``); with one step at a time the run must be the same."""
+    import perfmodel as pm
+    from perfmodel.serving import simulate as sim
+    from perfmodel.serving import traffic
+
+    model, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
+    reqs = traffic.generate(80, rate=60, input_len=400, output_len=40, shared_prefix=64,
+                            length_dist="lognormal", seed=5)
+    engine = engine_config(name, **flags)
+    ahead = sim.simulate(model, hw, reqs, engine=engine)
+    monkeypatch.setattr(sim, "LOOKAHEAD", 1)
+    monkeypatch.setattr(sim._Guess, "__init__", _one_step_guess(sim._Guess.__init__))
+    alone = sim.simulate(model, hw, reqs, engine=engine)
+    np.testing.assert_allclose(ahead.first_token_s, alone.first_token_s, rtol=1e-12)
+    np.testing.assert_allclose(ahead.token_s, alone.token_s, rtol=1e-12)
+
+
+def _one_step_guess(init):
+    def patched(self):
+        init(self)
+        self.lookahead = 1
+    return patched

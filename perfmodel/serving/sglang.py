@@ -174,6 +174,11 @@ class SGLangState(EngineState):
         return new
 
     @property
+    def _reorders(self) -> bool:
+        """Under lpm an arrival may sort ahead of the queue: every step is open to it."""
+        return self.engine.schedule_policy == "lpm"
+
+    @property
     def _init_ratio(self) -> float:
         return min(INIT_NEW_TOKEN_RATIO * self.engine.schedule_conservativeness, 1.0)
 
@@ -215,7 +220,7 @@ class SGLangState(EngineState):
                 ids, new = np.concatenate([ids, run]), np.concatenate([new, more])
         room = len(self.running) < cap and b.state(self.pool.free) == "continue"
         return Batch(ids, new, self.computed[ids] + new, True,
-                     room and not self.waiting and self.chunked < 0, 0)
+                     (room and not self.waiting and self.chunked < 0) or self._reorders, 0)
 
     def _add_chunked(self, b: _Budget, ids: list, new: list) -> None:
         r = self.chunked
@@ -334,7 +339,7 @@ class SGLangState(EngineState):
         ones = np.ones(len(run), np.int64)
         room = len(self.running) < self.engine.max_running_requests
         return Batch(run, ones, self.computed[run] + 1, False,
-                     not self.waiting and room, retracted)
+                     (not self.waiting and room) or self._reorders, retracted)
 
     def _retract(self, r: int) -> None:
         """``release_req``: its KV freed without saving it to the tree (its shared prefix

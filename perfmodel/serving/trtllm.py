@@ -131,8 +131,11 @@ class TRTLLMConfig:
 class TRTLLMState(EngineState):
     """``running``: requests started (context in flight or generating), in start order."""
 
+    exhausted: bool = True
+
     def schedule(self) -> Batch | None:
-        if self.engine.capacity_scheduler_policy == "GUARANTEED_NO_EVICT":
+        self.exhausted = True   # the capacity pass saw the whole queue (a newcomer would
+        if self.engine.capacity_scheduler_policy == "GUARANTEED_NO_EVICT":  # be seen too)
             fit, started, preempted = *self._no_evict(), 0
         else:
             fit, started, preempted = self._max_utilization()
@@ -142,7 +145,7 @@ class TRTLLMState(EngineState):
         room = len(self.running) < self.engine.max_batch_size and \
             int(new.sum()) < self.engine.max_num_tokens
         return Batch(ids, new, self.computed[ids] + new, bool((new > 1).any()),
-                     admitted_all and not self.waiting and room, preempted)
+                     admitted_all and self.exhausted and room, preempted)
 
     def _held(self, r: np.ndarray) -> np.ndarray:
         return self.own[r] + self.shared[r]
@@ -156,11 +159,13 @@ class TRTLLMState(EngineState):
         new, contributing = [], self._contributing(run)
         for r in self.waiting:
             if len(run) + len(new) >= cap:
+                self.exhausted = False
                 break
             if self._skip(r, contributing):
                 continue
             need = int(self.blocks_for(self.prompt[r] + self.output[r]))
             if need > reserve:
+                self.exhausted = False
                 break
             reserve -= need
             new.append(r)
@@ -217,6 +222,7 @@ class TRTLLMState(EngineState):
                 continue
             last = next((j for j in range(end - 1, i - 1, -1) if started[j]), -1)
             if last < 0:
+                self.exhausted = False
                 break
             spare += int(self.own[active[last]])
             self.preempt(int(active[last]))
