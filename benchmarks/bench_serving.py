@@ -2,23 +2,28 @@
 time, and what priced them (steps priced ahead per ``price_step`` call, steps priced but not
 kept).
 
-    python benchmarks/bench_serving.py [--quick]
+    python benchmarks/bench_serving.py [--quick] [--fleet N]
 
 Not a test: prints the numbers the README quotes. The headline case is the issue's: 10,000
 requests of mixed lengths (log-normal, mean 512 prompt / 256 output tokens, sigma 0.5) on
 Llama-3-8B on one H100 SXM, Poisson arrivals near saturation (the simulated engine serves
-about 34 requests/s). On a shared 2-core machine wall times move by 10-30% between runs.
+about 34 requests/s). The same 10,000 requests under SGLang's and TensorRT-LLM's schedulers
+follow. ``--fleet N``: N requests (10^6 in the README) over 16 round-robin replicas at half
+their capacity, timed with one worker process and with every local core. On a shared
+2-core machine wall times move by 10-30% between runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import perfmodel as pm
 from perfmodel.serving import traffic
-from perfmodel.serving.config import EngineConfig
+from perfmodel.serving.engines import engine_config
 from perfmodel.serving.simulate import simulate
+from perfmodel.specs.workload import Parallelism
 
 CASES = (  # label, model, requests, rate, input, output, dist, engine
     ("10k mixed, near saturation", "llama-3-8b", 10_000, 34.0, 512, 256, "lognormal", {}),
@@ -26,6 +31,10 @@ CASES = (  # label, model, requests, rate, input, output, dist, engine
     ("10k mixed, overload x1.5", "llama-3-8b", 10_000, 51.0, 512, 256, "lognormal", {}),
     ("2k static batching", "llama-3-8b", 2_000, 20.0, 512, 256, "lognormal",
      {"scheduler": "static", "max_num_seqs": 64}),
+    ("10k mixed, sglang", "llama-3-8b", 10_000, 34.0, 512, 256, "lognormal",
+     {"name": "sglang"}),
+    ("10k mixed, trtllm", "llama-3-8b", 10_000, 34.0, 512, 256, "lognormal",
+     {"name": "trtllm"}),
 )
 
 
@@ -35,7 +44,8 @@ def run(label: str, name: str, n: int, rate: float, inp: int, out: int, dist: st
                             seed=0)
     model, hw = pm.model(name), pm.hardware("h100-sxm")
     start = time.perf_counter()
-    res = simulate(model, hw, reqs, engine=EngineConfig(**engine))
+    flags = dict(engine)
+    res = simulate(model, hw, reqs, engine=engine_config(flags.pop("name", "vllm"), **flags))
     wall = time.perf_counter() - start
     steps = len(res.steps.start_s)
     priced, calls = res.info["steps_priced"], res.info["price_calls"]
@@ -47,9 +57,27 @@ def run(label: str, name: str, n: int, rate: float, inp: int, out: int, dist: st
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the headline case only")
+    parser.add_argument("--fleet", type=int, default=0, help="requests over 16 replicas")
     args = parser.parse_args()
+    if args.fleet:
+        fleet(args.fleet)
+        return
     for case in CASES[:1] if args.quick else CASES:
         run(*case)
+
+
+def fleet(n: int, replicas: int = 16) -> None:
+    """``n`` requests over ``replicas`` round-robin replicas at 17 req/s each, timed with one
+    worker and with every core (replicas share no state: ``serving.simulate.run_replicas``)."""
+    reqs = traffic.generate(n, rate=17.0 * replicas, input_len=512, output_len=256,
+                            length_dist="lognormal", seed=0)
+    model, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
+    for workers in sorted({1, os.cpu_count() or 1}):
+        start = time.perf_counter()
+        res = simulate(model, hw, reqs, Parallelism(dp=replicas), workers=workers)
+        wall = time.perf_counter() - start
+        print(f"{n:,} requests, {replicas} replicas, {workers} worker(s): {wall:7.1f} s "
+              f"({n / wall:,.0f} requests/s; simulated {res.duration_s:,.0f} s)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Module level: typer and the standard library only (``perfmodel --help`` stays fa
 ``from __future__ import annotations``: typer reads the Annotated option types.
 """
 
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,6 +36,9 @@ from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, Vers
 
 _TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
 _ENGINE = "engine (vLLM's flag names and defaults)"
+_SGL = "--engine sglang (SGLang's flag names; unset: its defaults)"
+_TRT = "--engine trtllm (TensorRT-LLM's option names; unset: its defaults)"
+_FLEET = "replicas and conversations"
 Opt = typer.Option
 
 
@@ -58,7 +62,8 @@ def simulate_cmd(
     frontend: FrontendOpt = "http",
     host_time: HostOnOpt = True,
     trace: Annotated[Path | None, Opt(rich_help_panel=_TRAFFIC, help=(
-        "CSV of arrival_s,input_tokens,output_tokens[,prefix_id,prefix_tokens]"))] = None,
+        "CSV of arrival_s,input_tokens,output_tokens[,prefix_id,prefix_tokens]"
+        "[,session_id,turn]"))] = None,
     rate: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
         "requests per second; several, comma-separated, draw latency against load"))] = None,
     concurrency: Annotated[int, Opt(min=0, rich_help_panel=_TRAFFIC, help=(
@@ -96,6 +101,40 @@ def simulate_cmd(
                            ] = True,
     max_model_len: Annotated[int, Opt(min=0, rich_help_panel=_ENGINE,
                                       help="0: the model's context limit")] = 0,
+    chunked_prefill_size: Annotated[int | None, Opt(rich_help_panel=_SGL,
+                                                    help="-1: off (default 8192)")] = None,
+    max_prefill_tokens: Annotated[int | None, Opt(rich_help_panel=_SGL)] = None,
+    max_running_requests: Annotated[int | None, Opt(rich_help_panel=_SGL, help=(
+        "unset: SGLang's rule from the KV pool"))] = None,
+    schedule_policy: Annotated[str | None, Opt(rich_help_panel=_SGL, help="fcfs | lpm")
+                               ] = None,
+    schedule_conservativeness: Annotated[float | None, Opt(rich_help_panel=_SGL)] = None,
+    page_size: Annotated[int | None, Opt(rich_help_panel=_SGL)] = None,
+    mem_fraction_static: Annotated[float | None, Opt(rich_help_panel=_SGL)] = None,
+    enable_mixed_chunk: Annotated[bool | None, Opt(rich_help_panel=_SGL)] = None,
+    disable_radix_cache: Annotated[bool | None, Opt(rich_help_panel=_SGL)] = None,
+    max_num_tokens: Annotated[int | None, Opt(rich_help_panel=_TRT, help="default 8192")
+                              ] = None,
+    max_batch_size: Annotated[int | None, Opt(rich_help_panel=_TRT, help="default 2048")
+                              ] = None,
+    capacity_scheduler_policy: Annotated[str | None, Opt(rich_help_panel=_TRT, help=(
+        "GUARANTEED_NO_EVICT (default) | MAX_UTILIZATION"))] = None,
+    enable_chunked_prefill: Annotated[bool | None, Opt(rich_help_panel=_TRT)] = None,
+    tokens_per_block: Annotated[int | None, Opt(rich_help_panel=_TRT)] = None,
+    kv_cache_free_gpu_memory_fraction: Annotated[float | None, Opt(rich_help_panel=_TRT)
+                                                 ] = None,
+    router: Annotated[str, Opt(rich_help_panel=_FLEET, help=(
+        "round-robin | least-requests | least-tokens | session-affinity | prefix-affinity"
+        " (across --dp replicas)"))] = "round-robin",
+    workers: Annotated[int, Opt(rich_help_panel=_FLEET, help=(
+        "processes simulating replicas at once (routers that read only the request)"))
+                       ] = 1,
+    turns: Annotated[int, Opt(rich_help_panel=_FLEET, help=(
+        "turns per conversation (--rate): each turn's prompt extends the last"))] = 1,
+    think_time: Annotated[float, Opt(rich_help_panel=_FLEET, help=(
+        "seconds between a conversation's turns"))] = 0.0,
+    turn_growth: Annotated[int | None, Opt(rich_help_panel=_FLEET, help=(
+        "mean new tokens a later turn adds (default --input-len)"))] = None,
     weights_dtype: WeightsOpt = None,
     quantize_lm_head: QuantizeHead = None,
     act_dtype: DtypeOpt = "bf16",
@@ -128,15 +167,15 @@ def simulate_cmd(
         wl = workload(m, 1, input_len, output_len, weights_dtype, act_dtype, kv_dtype,
                       quantize_lm_head=quantize_lm_head)
         layout = plan(tp, pp, ep, dp, attention_dp, 0)
-        engine = _engine(max_num_seqs, max_num_batched_tokens, gpu_memory_utilization,
-                         block_size, chunked_prefill, prefix_caching, scheduler.value,
-                         cuda_graphs, max_model_len, host_profile(
-                             engine_name, engine_version, engine_mode, engine_profile,
-                             frontend, host_time))
+        values = locals()
+        engine = _engine(engine_name, values)
+        engine = replace(engine, host=host_profile(engine_name, engine_version, engine_mode,
+                                                   engine_profile, frontend, host_time))
         streams = _traffic(trace, rate, concurrency, num_requests, input_len, output_len,
                            arrival, burstiness, length_dist, spread, lengths_from,
-                           shared_prefix, seed)
-        runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label))
+                           shared_prefix, seed, (turns, think_time, turn_growth))
+        runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label,
+                         (router, workers)))
                 for r, reqs, label in streams]
     except SpecError as exc:
         fail(str(exc))
@@ -145,16 +184,40 @@ def simulate_cmd(
         _write(out, runs, slo_ttft, slo_tpot, dpi, _capacity(m, hw, layout, wl, engine))
 
 
-def _engine(*values: Any) -> Any:
-    from perfmodel.serving.config import EngineConfig
+_FLAGS = {"vllm": ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                   "block_size", "chunked_prefill", "prefix_caching", "scheduler",
+                   "cuda_graphs", "max_model_len"),
+          "sglang": ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests",
+                     "schedule_policy", "schedule_conservativeness", "page_size",
+                     "mem_fraction_static", "enable_mixed_chunk", "disable_radix_cache"),
+          "trtllm": ("max_num_tokens", "max_batch_size", "capacity_scheduler_policy",
+                     "enable_chunked_prefill", "tokens_per_block",
+                     "kv_cache_free_gpu_memory_fraction")}
 
-    return EngineConfig(*values)
+
+def _engine(name: str, values: dict) -> Any:
+    """The engine's settings from its own flags; another engine's flag is refused."""
+    from perfmodel.serving.engines import engine_config
+
+    for other, flags in _FLAGS.items():
+        given = [f for f in flags if other != "vllm" and values[f] is not None]
+        if other != name and given:
+            fail(f"--{given[0].replace('_', '-')}: applies to --engine {other}, not {name}")
+    flags = {f: values[f] for f in _FLAGS[name]}
+    if name == "vllm":
+        flags["scheduler"] = values["scheduler"].value
+    else:
+        flags["cuda_graphs" if name == "trtllm" else "disable_cuda_graph"] = \
+            values["cuda_graphs"] if name == "trtllm" else not values["cuda_graphs"]
+        flags["max_seq_len" if name == "trtllm" else "context_length"] = \
+            values["max_model_len"] or None
+    return engine_config(name, **flags)
 
 
 def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
              input_len: int, output_len: int, arrival: str, burstiness: float,
              length_dist: str, spread: float, lengths_from: Path | None,
-             shared_prefix: int, seed: int) -> list:
+             shared_prefix: int, seed: int, talk: tuple = (1, 0.0, None)) -> list:
     """[(offered rate or None, Requests, label)]: one stream, or one per --rate."""
     from perfmodel.serving import traffic
 
@@ -166,6 +229,8 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
     lengths = traffic.read_trace(lengths_from) if lengths_from is not None else None
     common = dict(input_len=input_len, output_len=output_len, length_dist=length_dist,
                   spread=spread, lengths_from=lengths, shared_prefix=shared_prefix, seed=seed)
+    if talk != (1, 0.0, None):
+        common.update(turns=talk[0], think_time=talk[1], turn_growth=talk[2])
     if concurrency:
         return [(None, traffic.generate(n, concurrency=concurrency, **common),
                  f"{concurrency} users")]
@@ -178,18 +243,19 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
 
 
 def _run(m: Any, hw: Any, reqs: Any, layout: Any, engine: Any, wl: Any, progress: bool,
-         label: str) -> Any:
+         label: str, fleet: tuple = ("round-robin", 1)) -> Any:
     from perfmodel.serving.simulate import simulate
 
+    extra = {"router": fleet[0], "workers": fleet[1]}
     if not progress:
-        return simulate(m, hw, reqs, layout, engine, wl, label=label)
+        return simulate(m, hw, reqs, layout, engine, wl, label=label, **extra)
     from tqdm import tqdm
 
     with tqdm(total=len(reqs), desc=label, unit="req", leave=False, mininterval=0.5,
               disable=None) as bar:
         def tick(done: int, total: int) -> None:
             bar.update(done - bar.n)
-        return simulate(m, hw, reqs, layout, engine, wl, tick, label)
+        return simulate(m, hw, reqs, layout, engine, wl, tick, label, **extra)
 
 
 def _show(runs: list, fmt: Format, slo_ttft: float | None, slo_tpot: float | None,
@@ -204,6 +270,7 @@ def _show(runs: list, fmt: Format, slo_ttft: float | None, slo_tpot: float | Non
             typer.echo(tables.summary_json({"runs": [dict(s, rate=r) for r, s in points]}))
         return
     pool = runs[0][1].info["kv_pool"]
+    engine = runs[0][1].info["engine"]          # with what the engine derives at start-up
     typer.echo(f"{m.name} on {hw.name}, {layout.describe() or 'one device'}; {engine.flags()}")
     typer.echo(f"KV pool {pool.blocks} blocks of {engine.block_size} tokens "
                f"({pool.blocks * engine.block_size:,} tokens) after {pool.weights_bytes / 1e9:.2f}"

@@ -41,7 +41,9 @@ def _summary_extras(summary: dict) -> list[tuple[str, str]]:
                                  "the SLOs"))
     extra += [("requests", f"{summary['n_requests']:,} ({summary['n_preempted']} preempted, "
                            f"{summary['preemptions']} preemptions)"),
-              ("prefix hits", f"{summary['prefix_hit_tokens']:,} tokens"),
+              ("prefix hits", f"{summary['prefix_hit_tokens']:,} tokens"
+                              + (f" ({summary['prefix_hit_rate']:.1%} of prompt tokens)"
+                                 if summary.get("prefix_hit_tokens") else "")),
               ("steps", f"{summary['steps']:,} over {summary['duration_s']:.1f} s"),
               ("peak KV use", f"{summary['peak_kv_use'] * 100:.1f}% of "
                               f"{summary['kv_blocks_total']:,} blocks"),

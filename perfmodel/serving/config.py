@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfmodel.cost.memory import usable_bytes
 from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.specs.errors import SpecError
+from perfmodel.specs.hardware import Hardware
 
 SCHEDULERS = ("continuous", "static")
 
@@ -35,6 +37,8 @@ class EngineConfig:
     max_model_len: int = 0
     host: HostTime = NO_HOST
 
+    name = "vllm"
+
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if int(getattr(self, name)) < 1:
@@ -52,6 +56,21 @@ class EngineConfig:
                             f"{self.scheduler!r}")
         if self.max_model_len < 0:
             raise SpecError(f"--max-model-len: expected >= 0, got {self.max_model_len}")
+
+    def kv_bytes(self, hw: Hardware, weights: float, acts: float) -> float:
+        """vLLM's rule: ``gpu_memory_utilization`` x memory, less the runtime's reserve, the
+        weights and the profile run's activations."""
+        return float(usable_bytes(hw, self.gpu_memory_utilization)) - weights - acts
+
+    def resolved(self, blocks: int, context_len: int) -> EngineConfig:
+        """The settings with what the engine derives at start-up filled in (none here)."""
+        return self
+
+    def state(self, *args: object, **kw: object) -> object:
+        """The scheduler's state for a stream of requests (``serving.scheduler``)."""
+        from perfmodel.serving.scheduler import EngineState
+
+        return EngineState.new(self, *args, **kw)
 
     def flags(self) -> str:
         """The same settings as ``vllm serve`` flags."""

@@ -74,7 +74,7 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     state, conv = recurrent_state_per_sequence(model, plan.tp)
     acts += (state + conv * float(kvb[0])) * engine.max_num_seqs
     per_block = float(kv_bytes_per_token(model, plan.tp, kvb)[0]) * engine.block_size / plan.pp
-    left = usable - weights - acts
+    left = engine.kv_bytes(hw, weights, acts)
     if left < per_block:
         raise SpecError(
             f"simulate: {model.name} does not fit on {hw.name} "

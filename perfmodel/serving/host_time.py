@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.serving.requests import Requests
+from perfmodel.serving.results import SimResult
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.fields import Fields, read_mapping
 
@@ -181,3 +183,27 @@ def as_dict(host: HostTime) -> dict:
     out = asdict(host)
     out.pop("sources")
     return out
+
+
+def admitted(requests: Requests, host: HostTime) -> Requests:
+    """The requests as the engine sees them: after the API server (``HostTime.admit``);
+    a closed loop's think times are left as they are."""
+    if requests.closed_loop:
+        return requests
+    seen = host.admit(requests.arrival_s, requests.input_tokens)
+    return requests if seen is requests.arrival_s else replace(requests, arrival_s=seen)
+
+
+def client_side(res: SimResult, client: Requests, seen: Requests, host: HostTime
+                ) -> SimResult:
+    """A simulated run's times as the client sees them: its requests sent before the API
+    server's delay (``seen``: as the engine saw them), every token ``stream_s`` after its
+    step."""
+    if host.none:
+        return res
+    delay = seen.arrival_s - client.arrival_s if not client.closed_loop else 0.0
+    late = host.stream_s
+    return replace(res, requests=client, arrival_s=res.arrival_s - delay,
+                   first_token_s=res.first_token_s + late, finish_s=res.finish_s + late,
+                   token_s=res.token_s + late,
+                   info={**res.info, "host": host, "api_server_s": delay})

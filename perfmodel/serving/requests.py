@@ -20,7 +20,11 @@ class Requests:
     request, computed elsewhere (a disaggregated decode instance's requests), or None.
     ``client_cap`` > 0: the client keeps at most that many requests in flight, sending one
     that is due only when an earlier one has finished (a load generator's concurrency
-    limit, as ``vllm bench serve --max-concurrency`` has)."""
+    limit, as ``vllm bench serve --max-concurrency`` has). ``session_id`` (-1: none) and
+    ``turn``: a conversation's turns; a turn's prompt is the conversation so far (its
+    shared prefix, ``prefix_id`` the session's chain) and its own new message; the KV of a
+    finished turn stays cached as the chain the next turn asks for (``serving.traffic``
+    sets them from a trace's ``session_id,turn`` columns or ``generate(turns=...)``)."""
 
     arrival_s: np.ndarray
     input_tokens: np.ndarray
@@ -30,6 +34,8 @@ class Requests:
     closed_loop: int = 0
     prefilled: np.ndarray | None = None
     client_cap: int = 0
+    session_id: np.ndarray | None = None
+    turn: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)

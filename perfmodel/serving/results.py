@@ -133,6 +133,8 @@ class SimResult:
                    n_preempted=int((self.preemptions > 0).sum()),
                    preemptions=int(self.preemptions.sum()),
                    prefix_hit_tokens=int(self.prefix_hit_tokens.sum()),
+                   prefix_hit_rate=float(self.prefix_hit_tokens.sum()
+                                         / max(int(self.requests.input_tokens.sum()), 1)),
                    duration_s=self.duration_s, steps=len(self.steps.start_s),
                    kv_blocks_total=self.kv_blocks_total,
                    peak_kv_use=float(self.steps.kv_blocks.max() / max(self.kv_blocks_total, 1)),

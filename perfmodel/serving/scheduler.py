@@ -28,11 +28,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.kvpool import KVPool
+
+EngineSettings = Any    # an engine's settings (``serving.engines``), which import this module
 
 
 @dataclass(eq=False)
@@ -53,7 +55,7 @@ class Batch:
 class EngineState:
     """What the scheduler keeps per request (arrays over all requests) and its queues."""
 
-    engine: EngineConfig
+    engine: EngineSettings
     prompt: np.ndarray
     output: np.ndarray
     prefix: np.ndarray          # shared-prefix id, -1 none
@@ -70,24 +72,27 @@ class EngineState:
     padded: np.ndarray          # static batching: finished, kept as padding
     sharing: bool = False       # some request has a shared prefix of a full block
     prefilled: np.ndarray | None = None     # prompt tokens computed elsewhere (their KV came)
+    grows: np.ndarray | None = None         # a conversation's turn: its KV extends the chain
 
     @classmethod
-    def new(cls, engine: EngineConfig, prompt: np.ndarray, output: np.ndarray,
+    def new(cls, engine: EngineSettings, prompt: np.ndarray, output: np.ndarray,
             prefix: np.ndarray, prefix_tokens: np.ndarray, blocks: int,
-            prefilled: np.ndarray | None = None) -> EngineState:
+            prefilled: np.ndarray | None = None, grows: np.ndarray | None = None
+            ) -> EngineState:
         n = len(prompt)
         zeros = [np.zeros(n, np.int64) for _ in range(6)]
         full = prefix_tokens // engine.block_size
         return cls(engine, prompt, output, prefix, full, KVPool(blocks), *zeros, [], deque(),
-                   np.zeros(n, dtype=bool), bool(full.any()), prefilled)
+                   np.zeros(n, dtype=bool), bool(full.any()) or grows is not None, prefilled,
+                   grows)
 
     def copy(self) -> EngineState:
-        return EngineState(self.engine, self.prompt, self.output, self.prefix,
+        return type(self)(self.engine, self.prompt, self.output, self.prefix,
                            self.prefix_full, self.pool.copy(), self.computed.copy(),
                            self.emitted.copy(), self.own.copy(), self.shared.copy(),
                            self.preemptions.copy(), self.hit_tokens.copy(),
                            list(self.running), deque(self.waiting), self.padded.copy(),
-                           self.sharing, self.prefilled)
+                           self.sharing, self.prefilled, self.grows)
 
     def blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.engine.block_size)
@@ -255,6 +260,9 @@ class EngineState:
 
     def finish(self, r: int) -> None:
         self.running.remove(r)
+        if self.grows is not None and self.grows[r] and self.engine.prefix_caching:
+            self._grow_chain(r)
+            return
         self.pool.release(int(self.own[r]))
         if self.shared[r]:
             self.pool.dereference(int(self.prefix[r]))
@@ -270,3 +278,26 @@ class EngineState:
             if self.pool.publish(int(self.prefix[r]), int(self.prefix_full[r])):
                 self.own[r] -= self.prefix_full[r]
                 self.shared[r] = self.prefix_full[r]
+
+    def _grow_chain(self, r: int) -> None:
+        """A conversation's turn finished: its prompt and output so far (full blocks of the
+        computed tokens) become its session's cached chain, the prefix the next turn asks
+        for (vLLM caches every full block, output included; SGLang's ``cache_finished_req``
+        inserts the whole sequence into the radix tree). The chain cannot grow while another
+        turn of the session still shares it: then the blocks are freed uncached."""
+        p, own, shared = int(self.prefix[r]), int(self.own[r]), int(self.shared[r])
+        full = max(min(int(self.computed[r]) // self.engine.block_size - shared, own), 0)
+        self.own[r] = self.shared[r] = 0
+        if shared:
+            held = self.pool.active[p]
+            held[1] -= 1
+            if held[1] > 0:
+                self.pool.release(own)
+                return
+            del self.pool.active[p]
+        elif p in self.pool.active:
+            self.pool.release(own)
+            return
+        self.pool.forget(("p", p))
+        self.pool.release(own - full)
+        self.pool.release(shared + full, ("p", p))

@@ -1,6 +1,6 @@
 """The discrete-event simulation of serving engines: requests arrive, queue, run in the
 steps the scheduler forms (``serving.scheduler``), and leave; each step is priced by the
-core (``serving.engine.StepPricer``).
+core (``serving.engine.StepPricer``, with the engine's host time: ``serving.host_time``).
 
 Steps are priced ahead, many per ``price_step`` call: the scheduler is run forward on a
 copy of the engine's state as if no further request arrived, the steps it forms are
@@ -9,11 +9,6 @@ have changed: a step whose schedule left the waiting queue empty with room to sp
 (``Batch.open``) starting after a request the dry run did not see had arrived. A request
 that arrives while others wait joins the tail of the queue, so it cannot change a step
 until the queue ahead of it has drained: under load most steps are priced in blocks.
-
-The engine's host time (``engine.host``, ``serving.host_time``) is added per step by the
-pricer and per request here: the API server's serial work delays when the engine sees a
-request, and each token reaches the client ``stream_s`` after its step. Under a client's
-cap a request held back is sent when a slot frees and seen by the engine at once.
 
 ``plan.dp`` replicas (and, under data-parallel attention, each of the ``ep`` attention
 devices) run their own engine; requests are dealt to them round-robin in arrival order.
@@ -26,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from perfmodel.serving import fleet, host_time
 from perfmodel.serving.arrivals import Arrivals
 from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.engine import StepPricer, kv_pool
@@ -55,13 +51,19 @@ class _Run:
     log: list = field(default_factory=list)
     t: float = 0.0
     done: int = 0
+    known: int = 0                  # requests placed on this engine so far
+    horizon: float = np.inf         # steps starting from then on wait (lockstep routing)
+    guess: _Guess = field(default_factory=lambda: _Guess())
+    last_done: int = 0              # requests the last committed step finished
+    last_done_tokens: int = 0       # and their prompt + output tokens
+    load_tokens: int = 0            # prompt + output tokens of unfinished requests
 
 
 def simulate(model: Model, hw: Hardware, requests: Requests,
              plan: Parallelism | None = None, engine: EngineConfig | None = None,
              workload: Workload | None = None,
              progress: Callable[[int, int], None] | None = None,
-             label: str = "") -> SimResult:
+             label: str = "", router: str = "round-robin", workers: int = 1) -> SimResult:
     """Serve ``requests`` on ``plan.dp`` replicas of ``model`` on ``hw`` (dtypes from
     ``workload``, default as the checkpoint stores them) with ``engine``'s scheduler.
     ``progress(done, total)`` is called as requests finish."""
@@ -77,7 +79,8 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         raise SpecError(f"simulate: a request of {longest} tokens (input + output) is longer "
                         f"than the context limit {limit} (--max-model-len / the model's "
                         "max_position_embeddings)")
-    if not engine.chunked_prefill and longest > engine.max_num_batched_tokens:
+    if not engine.chunked_prefill and longest > engine.max_num_batched_tokens and \
+            engine.name != "sglang":      # SGLang always takes a prefill batch's first prompt
         raise SpecError(f"--max-num-batched-tokens: {engine.max_num_batched_tokens} cannot hold "
                         f"a request of {longest} tokens whole, which chunked prefill off needs"
                         " (vLLM refuses a budget below max_model_len without chunking)")
@@ -92,40 +95,52 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     if -(-longest // engine.block_size) > pool.blocks:
         raise SpecError(f"simulate: a request of {longest} tokens needs more KV blocks than "
                         f"the pool's {pool.blocks} on {hw.name}")
-    client, requests = requests, _admitted(requests, engine)
-    order = np.argsort(requests.arrival_s, kind="stable")
-    parts = [order[e::engines] for e in range(engines)] if not requests.closed_loop else \
-        [np.arange(len(requests))[e::engines] for e in range(engines)]
-    runs = [_simulate_one(model, hw, one, workload, engine, _subset(requests, idx, engines),
-                          pool.blocks, progress) for idx in parts]
+    engine = engine.resolved(pool.blocks, limit)
+    fleet.check(router, workers, requests, engines, plan.attention_ways)
+    client, requests = requests, host_time.admitted(requests, engine.host)
+    parts, runs = run_replicas(model, hw, one, workload, engine, requests, engines,
+                               pool.blocks, router, workers, progress)
     res = _merge(requests, parts, runs, pool.blocks, label,
                  {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
-                  "engine": engine, "steps_priced": sum(r.pricer.priced for r in runs),
+                  "engine": engine, "router": router,
+                  "steps_priced": sum(r.pricer.priced for r in runs),
                   "price_calls": sum(r.pricer.calls for r in runs)})
-    return _client_side(res, client, requests, engine.host)
+    return host_time.client_side(res, client, requests, engine.host)
 
 
-def _admitted(requests: Requests, engine: EngineConfig) -> Requests:
-    """The requests as the engine sees them: after the API server (``HostTime.admit``);
-    a closed loop's think times are left as they are."""
-    if requests.closed_loop:
-        return requests
-    seen = engine.host.admit(requests.arrival_s, requests.input_tokens)
-    return requests if seen is requests.arrival_s else replace(requests, arrival_s=seen)
+def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
+                 engine: EngineConfig, requests: Requests, engines: int, blocks: int,
+                 router: str, workers: int, progress: Callable[[int, int], None] | None
+                 ) -> tuple[list, list]:
+    """(each replica's requests, as indices in arrival order; each replica's ``_Run``):
+    dealt ahead and run apart (in ``workers`` processes), or, under a load-aware router,
+    run in lockstep (``serving.fleet``)."""
+    ways = plan.attention_ways
+    if ways > 1:            # data-parallel attention: each replica's ranks in lockstep
+        parts = fleet.deal(requests, engines, router)
+        runs = [_start(model, hw, plan, w, engine, _subset(requests, idx, engines), blocks)
+                for idx in parts]
+        for g in range(0, engines, ways):
+            fleet.ranks_lockstep(runs[g:g + ways], _record, progress)
+        return parts, runs
+    if router in fleet.LOAD_AWARE and engines > 1:
+        return fleet.lockstep(lambda slots: _start(model, hw, plan, w, engine, slots, blocks),
+                              _advance, requests, engines, router, progress)
+    parts = fleet.deal(requests, engines, router)
+    jobs = [(model, hw, plan, w, engine, _subset(requests, idx, engines), blocks)
+            for idx in parts]
+    if workers == 1 or engines == 1:
+        return parts, [_simulate_one(*job, progress) for job in jobs]
+    import multiprocessing as mp
+
+    with mp.get_context("fork").Pool(min(workers, engines)) as pool:
+        return parts, pool.map(_one, jobs, chunksize=1)
 
 
-def _client_side(res: SimResult, client: Requests, seen: Requests, host: object
-                 ) -> SimResult:
-    """The engine's times as the client sees them: sent before the API server's delay,
-    every token ``stream_s`` after its step."""
-    if host.none:
-        return res
-    delay = seen.arrival_s - client.arrival_s if not client.closed_loop else 0.0
-    late = host.stream_s
-    return replace(res, requests=client, arrival_s=res.arrival_s - delay,
-                   first_token_s=res.first_token_s + late, finish_s=res.finish_s + late,
-                   token_s=res.token_s + late,
-                   info={**res.info, "host": host, "api_server_s": delay})
+def _one(job: tuple) -> _Run:
+    run = _simulate_one(*job, None)
+    run.pricer.model = run.pricer.hw = None     # not needed back: keep the pickle small
+    return run
 
 
 def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
@@ -133,29 +148,46 @@ def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
         return requests
     users = -(-requests.closed_loop // engines) if requests.closed_loop else 0
     pre = None if requests.prefilled is None else requests.prefilled[idx]
+    session = None if requests.session_id is None else requests.session_id[idx]
     return Requests(requests.arrival_s[idx], requests.input_tokens[idx],
                     requests.output_tokens[idx], requests.prefix_id[idx],
-                    requests.prefix_tokens[idx], users, pre)
+                    requests.prefix_tokens[idx], users, pre, session_id=session)
 
 
 def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                   engine: EngineConfig, requests: Requests, blocks: int,
                   progress: Callable[[int, int], None] | None) -> _Run:
+    run = _start(model, hw, plan, w, engine, requests, blocks)
+    _advance(run, progress)
+    return run
+
+
+def _start(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
+           engine: EngineConfig, requests: Requests, blocks: int) -> _Run:
     n = len(requests)
     offsets = np.concatenate([[0], np.cumsum(requests.output_tokens)])
-    state = EngineState.new(engine, requests.input_tokens, requests.output_tokens,
-                            requests.prefix_id, requests.prefix_tokens, blocks,
-                            requests.prefilled)
+    grows = None if requests.session_id is None else requests.session_id >= 0
+    state = engine.state(requests.input_tokens, requests.output_tokens, requests.prefix_id,
+                         requests.prefix_tokens, blocks, requests.prefilled, grows)
     nan = np.full(n, np.nan)
-    run = _Run(state, StepPricer(model, hw, plan, w, engine), Arrivals(requests), offsets,
-               np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy())
-    guess = _Guess()
-    while run.done < n:
+    return _Run(state, StepPricer(model, hw, plan, w, engine), Arrivals(requests), offsets,
+                np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy(), known=n)
+
+
+def _advance(run: _Run, progress: Callable[[int, int], None] | None = None) -> None:
+    """Run the engine until every request it knows has finished, or (a replica run in
+    lockstep under a router) until its clock reaches ``run.horizon``, the next arrival the
+    router has yet to place: no step that starts at or after it is committed."""
+    guess = run.guess
+    while run.done < run.known and run.t < run.horizon:
         run.state.waiting.extend(run.arrivals.due(run.t))
         if not run.state.running and not run.state.waiting:
-            run.t = run.arrivals.next_time()
-            if not np.isfinite(run.t):
+            t = run.arrivals.next_time()
+            if not np.isfinite(t) and np.isfinite(run.horizon):
+                return
+            if not np.isfinite(t):
                 raise RuntimeError("simulate: requests left that never arrive")
+            run.t = min(t, run.horizon)
             continue
         dry = _dry_run(run, guess)
         times = run.pricer.times(dry.plans)
@@ -163,8 +195,7 @@ def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
         stood = _replay(run, dry, times, run.pricer.last_host)
         guess.lookahead = int(min(LOOKAHEAD, max(4, 2 * stood)))
         if progress is not None:
-            progress(run.done, n)
-    return run
+            progress(run.done, run.known)
 
 
 class _Guess:
@@ -238,6 +269,8 @@ def _dry_run(run: _Run, guess: _Guess) -> _Dry:
         dry.features.append(guess.features(batch))
         t += guess(dry.features[-1])
         ended += len(done)
+        if t >= run.horizon:
+            break
         if closed and len(done):
             nxt = list(range(queued, min(queued + len(done), len(sched))))
             queued += len(nxt)
@@ -262,6 +295,8 @@ def _valid(run: _Run, dry: _Dry, times: np.ndarray) -> tuple[int, int]:
     real = arrivals.open_count(np.array(starts), arrivals.limit(np.array(dry.ended)))
     pending = arrivals.pending[0][0] if arrivals.pending else np.inf   # after a think time
     for j, batch in enumerate(dry.plans):
+        if starts[j] >= run.horizon:
+            return j, int(real[j])
         if ((real[j] > dry.seen[j] or (j and starts[j] >= pending)) and batch.open) or \
                 (real[j] < dry.seen[j] and dry.top[j] >= real[j]):
             return j, int(real[j])
@@ -292,7 +327,7 @@ def _replay(run: _Run, dry: _Dry, times: np.ndarray, host: np.ndarray) -> int:
             batch = st.schedule()
             emit, done = st.commit(batch)
             effect = (emit, st.emitted[emit], done, st.pool.used, len(st.waiting))
-        _record(run, batch, effect, float(times[j]), float(host[j]), queue_more=not adopt)
+        _record(run, batch, effect, float(times[j]), not adopt, float(host[j]))
     return cut
 
 
@@ -316,8 +351,8 @@ def _sent(run: _Run, dry: _Dry, times: np.ndarray, upto: int) -> None:
     arrivals.held_upto = float(starts[last]) if held else -np.inf
 
 
-def _record(run: _Run, batch: object, effect: tuple, dt: float, host: float,
-            queue_more: bool) -> None:
+def _record(run: _Run, batch: object, effect: tuple, dt: float, queue_more: bool,
+            host: float = 0.0) -> None:
     """Times of a committed step (``host`` of its ``dt`` the engine's host time): (emitted,
     their output counts, finished, KV blocks in use, waiting) from ``effect``."""
     emit, counts, done, used, waiting = effect
@@ -327,9 +362,13 @@ def _record(run: _Run, batch: object, effect: tuple, dt: float, host: float,
     run.token_s[run.token_offsets[emit] + counts - 1] = run.t
     first = emit[np.isnan(run.first_token_s[emit])]
     run.first_token_s[first] = run.t
+    run.last_done, run.last_done_tokens = len(done), 0
     if len(done):
         run.finish_s[done] = run.t
         run.done += len(done)
+        req = run.arrivals.requests
+        run.last_done_tokens = int((req.input_tokens[done] + req.output_tokens[done]).sum())
+        run.load_tokens -= run.last_done_tokens
         more = run.arrivals.finished(run.t, len(done))
         if queue_more:
             run.state.waiting.extend(more)

@@ -23,7 +23,9 @@ LENGTH_DISTS = ("fixed", "uniform", "lognormal", "empirical")
 DEFAULT_SPREAD = 0.5   # uniform: +-50% around the mean; lognormal: sigma 0.5 (CV 0.53)
 COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 PREFIX_COLUMNS = ("prefix_id", "prefix_tokens")
-_COLUMN_LIST = "arrival_s, input_tokens, output_tokens[, prefix_id, prefix_tokens]"
+SESSION_COLUMNS = ("session_id", "turn")
+_COLUMN_LIST = ("arrival_s, input_tokens, output_tokens[, prefix_id, prefix_tokens]"
+                "[, session_id, turn]")
 _EXPECTED = f"expected {_COLUMN_LIST}"
 
 
@@ -31,7 +33,8 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
              arrival: str = "poisson", burstiness: float = 1.0, input_len: int,
              output_len: int, length_dist: str = "fixed", spread: float = DEFAULT_SPREAD,
              lengths_from: Requests | None = None, shared_prefix: int = 0,
-             seed: int = 0) -> Requests:
+             seed: int = 0, turns: int = 1, think_time: float = 0.0,
+             turn_growth: int | None = None) -> Requests:
     """``n`` requests, open loop at ``rate`` req/s or closed loop with ``concurrency`` users.
 
     Arrivals (open loop; the first arrives one gap after t=0), as vLLM's ``vllm bench
@@ -52,6 +55,11 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
     ``shared_prefix`` S > 0: every prompt is one shared S-token system prompt followed by the
     request's own tokens, so input = S + own length (prefix_id 0, prefix_tokens S).
 
+    ``turns`` > 1: conversations of that many turns (``serving.sessions.generate``; the
+    sessions start at ``rate / turns`` per second, so requests arrive at about ``rate``;
+    a later turn adds the last answer and ``turn_growth`` new tokens, mean, default
+    ``input_len``, drawn as inputs are, from a fourth spawned generator).
+
     One seed gives one stream; arrivals, input and output lengths each draw from their own
     ``np.random.default_rng`` spawned from ``np.random.SeedSequence(seed)``, so a new rate
     keeps the lengths and a new output length keeps the inputs and arrivals.
@@ -64,6 +72,11 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     inputs, outputs = _lengths(n, length_dist, input_len, output_len, spread, lengths_from,
                                input_rng, output_rng)
+    if turns != 1 or think_time or turn_growth is not None:
+        return _conversations(n, rate, arrival, burstiness, dist_args=(
+            length_dist, spread), inputs=inputs, outputs=outputs, seed=seed, turns=turns,
+            think_time=think_time, turn_growth=turn_growth or input_len,
+            arrival_rng=arrival_rng, concurrency=concurrency, shared_prefix=shared_prefix)
     if rate is None:
         times = np.zeros(n)
     else:
@@ -71,6 +84,31 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
     prefix_id = np.full(n, 0 if shared_prefix else -1, np.int64)
     return Requests(times, inputs + shared_prefix, outputs, prefix_id,
                     np.full(n, shared_prefix, np.int64), concurrency)
+
+
+def _conversations(n: int, rate: float | None, arrival: str, burstiness: float, *,
+                   dist_args: tuple, inputs: np.ndarray, outputs: np.ndarray, seed: int,
+                   turns: int, think_time: float, turn_growth: int,
+                   arrival_rng: np.random.Generator, concurrency: int,
+                   shared_prefix: int) -> Requests:
+    from perfmodel.serving import sessions
+
+    sessions.check(turns, think_time, turn_growth)
+    if rate is None or concurrency or shared_prefix:
+        raise SpecError("--turns: conversations need --rate (open loop) and no "
+                        "--shared-prefix (a turn's prefix is the conversation so far)")
+    count = -(-n // turns)
+    starts = _arrival_times(count, rate / turns, arrival, burstiness, arrival_rng)
+    growth_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[3])
+    growth = _sample(n, dist_args[0] if dist_args[0] != "empirical" else "fixed",
+                     turn_growth, dist_args[1], growth_rng)
+    pad = count * turns - n         # the last session is cut short to give n requests
+    full = [np.concatenate([a, a[:pad]]) for a in (inputs, growth, outputs)]
+    reqs = sessions.generate(starts, *full[:2], full[2], turns, think_time)
+    keep = np.sort(np.argsort(reqs.session_id * turns + reqs.turn, kind="stable")[:n])
+    return Requests(reqs.arrival_s[keep], reqs.input_tokens[keep], reqs.output_tokens[keep],
+                    reqs.prefix_id[keep], reqs.prefix_tokens[keep],
+                    session_id=reqs.session_id[keep], turn=reqs.turn[keep])
 
 
 def _check_int(value: object, flag: str, minimum: int) -> None:
@@ -216,7 +254,7 @@ def _parse_trace(path: Path) -> Requests:
 
 def _columns(path: Path, header: list[str]) -> dict[str, int]:
     """Column name -> position; a missing, unknown or repeated column is an error."""
-    known = COLUMNS + PREFIX_COLUMNS
+    known = COLUMNS + PREFIX_COLUMNS + SESSION_COLUMNS
     for i, name in enumerate(header):
         if name not in known:
             raise SpecError(f"{path}: unknown column {name!r}{did_you_mean(name, known)} "
@@ -229,6 +267,8 @@ def _columns(path: Path, header: list[str]) -> dict[str, int]:
     if (PREFIX_COLUMNS[0] in header) != (PREFIX_COLUMNS[1] in header):
         given, other = PREFIX_COLUMNS if PREFIX_COLUMNS[0] in header else PREFIX_COLUMNS[::-1]
         raise SpecError(f"{path}: missing column {other!r}: {given!r} needs it ({_EXPECTED})")
+    if (SESSION_COLUMNS[0] in header) != (SESSION_COLUMNS[1] in header):
+        raise SpecError(f"{path}: columns 'session_id' and 'turn' go together ({_EXPECTED})")
     return {name: i for i, name in enumerate(header)}
 
 
@@ -241,6 +281,8 @@ class _Table:
         self.tokens: tuple[list[int], list[int], list[int]] = ([], [], [])
         self.prefix: list[str] = []
         self.prefix_seen: dict[str, tuple[int, int]] = {}   # id -> (tokens, row)
+        self.session: list[str] = []
+        self.turn: list[int] = []
 
     def where(self, column: str, line: int) -> str:
         return f"{self.path}: column {column!r}, row {line}"
@@ -255,6 +297,10 @@ class _Table:
         self.tokens[0].append(inputs)
         self.tokens[1].append(_tokens(cell["output_tokens"], self.where("output_tokens", line),
                                       1))
+        if "session_id" in cell:
+            self.session.append(cell["session_id"])
+            self.turn.append(_tokens(cell["turn"], self.where("turn", line), 0)
+                             if cell["session_id"] else 0)
         prefix_id = cell.get("prefix_id", "")
         self.prefix.append(prefix_id)
         self.tokens[2].append(self.prefix_tokens(line, prefix_id, cell.get("prefix_tokens", ""),
@@ -282,8 +328,14 @@ class _Table:
         ids: dict[str, int] = {}
         prefix_id = [ids.setdefault(x, len(ids)) if x else -1 for x in labels]
         inputs, outputs, prefix_tokens = (np.asarray(t, np.int64)[order] for t in self.tokens)
-        return Requests.of(np.asarray(self.arrival)[order], inputs, outputs, prefix_id,
+        reqs = Requests.of(np.asarray(self.arrival)[order], inputs, outputs, prefix_id,
                            prefix_tokens)
+        if not self.session:
+            return reqs
+        from perfmodel.serving import sessions
+
+        return sessions.attach(reqs, [self.session[i] for i in order],
+                               [self.turn[i] for i in order], str(self.path))
 
 
 def _number(text: str, where: str, expected: str) -> float:
