@@ -185,6 +185,12 @@ class Interconnect:
     # network figure, so a plan spanning nodes is refused rather than guessed
     network_bytes_per_s: float = 0.0
     network_latency_s: float = 0.0
+    # the serving engine's own all-reduce for small messages inside an NVLink node (vLLM's
+    # and SGLang's custom all-reduce): used below max_bytes (0: none, NCCL always) over
+    # 2, 4, 6 or 8 devices; fixed cost and the share of link_bytes_per_s it reaches
+    custom_all_reduce_max_bytes: float = 0.0
+    custom_all_reduce_latency_s: float = 0.0
+    custom_all_reduce_fraction: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,12 @@ def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
         network_bytes_per_s=f.quantity("network_bytes_per_s", "bytes_per_s", 0.0,
                                        positive=False),
         network_latency_s=f.quantity("network_latency_s", "s", 0.0, positive=False),
+        custom_all_reduce_max_bytes=f.quantity("custom_all_reduce_max_bytes", "bytes", 0.0,
+                                               positive=False),
+        custom_all_reduce_latency_s=f.quantity("custom_all_reduce_latency_s", "s", 0.0,
+                                               positive=False),
+        custom_all_reduce_fraction=f.quantity("custom_all_reduce_fraction", "number", 1.0,
+                                              maximum=1.0),
     )
     _sources(f, "interconnect", sources)
     f.finish()
