@@ -139,8 +139,9 @@ def blocks(cal: Calibration, source: str) -> dict:
                                     cal.before.items()},
         "held_out_median_abs_error": {k: round(v["median_abs"], 3) for k, v in
                                       cal.held.items()},
-        "command": f"perfmodel calibrate --from aiconfigurator -H {cal.name} "
-                   f"--engine {cal.engine}",
+        "command": "perfmodel calibrate --from aiconfigurator --all --write-hardware "
+                   "(before: the file's constants when it ran, the datasheet defaults on the "
+                   "first run)",
     }
     if cal.lodo:
         calibration["leave_one_device_out_median_abs_error"] = {

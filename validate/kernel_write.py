@@ -87,10 +87,10 @@ def _set_kind(lines: list[str], key: str, kind: str, value: object) -> None:
     i = head + 1
     while i < end and lines[i].startswith("    "):
         if lines[i].startswith(f"    {kind}:"):
-            lines[i] = f"    {kind}: {_shown(key, value)}\n"
+            lines[i] = f"    {kind}: {_shown('kernel_latency_s', value)}\n"
             return
         i += 1
-    lines.insert(head + 1, f"    {kind}: {_shown(key, value)}\n")
+    lines.insert(head + 1, f"    {kind}: {_shown('kernel_latency_s', value)}\n")
 
 
 def _note_source(lines: list[str], block: str, keys: list[str]) -> None:
@@ -98,8 +98,14 @@ def _note_source(lines: list[str], block: str, keys: list[str]) -> None:
     for i in range(start, end):
         if lines[i].startswith('  source: "'):
             body = lines[i][len('  source: "'):]
-            body = re.sub(r"^vLLM kernel fit \(.*?\) for [^;]*; the other figures: ", "", body)
-            lines[i] = '  source: "' + NOTE.format(keys=", ".join(keys)) + body
+            body = re.sub(r"^vLLM kernel fit \(.*?\) for [^;]*; the other figures: "
+                          r"(custom_all_reduce_max_bytes: [^;]*; )?", "", body)
+            fitted = [k for k in keys if k != "custom_all_reduce_max_bytes"]
+            note = NOTE.format(keys=", ".join(fitted))
+            if len(fitted) < len(keys):
+                note += ("custom_all_reduce_max_bytes: vLLM's CustomAllreduce max_size, 8192 "
+                         "* 1024 (distributed/device_communicators/custom_all_reduce.py); ")
+            lines[i] = '  source: "' + note + body
             return
 
 
