@@ -88,9 +88,9 @@ def load_sets(hardware: str, engine: str = "vllm", root: Path | None = None,
                               "bf16", src)
     attn_dir = newest(base / "attention" / engine)
     if attn_dir is not None:
-        parts = [_read(p) for p in (attn_dir / "context_attention_perf.parquet",
-                                    attn_dir / "generation_attention_perf.parquet")
-                 if p.exists()]
+        parts = [_main_kernel(_read(p), versions, p.stem.split("_")[0])
+                 for p in (attn_dir / "context_attention_perf.parquet",
+                           attn_dir / "generation_attention_perf.parquet") if p.exists()]
         if parts:
             import pandas as pd
 
@@ -108,6 +108,18 @@ def load_sets(hardware: str, engine: str = "vllm", root: Path | None = None,
     sets += _collectives(base, engine, versions)
     sets = [s for s in sets if len(s)]
     return sets, {"versions": versions, "rows": {s.error_class: len(s) for s in sets}}
+
+
+def _main_kernel(df, versions: dict[str, str], phase: str):
+    """The rows of the table's most measured kernel: a collector may time two backends on
+    the same shapes (FlashAttention-2 and FlashInfer on Ada), and one model prices one
+    kernel; the one kept is named in the provenance."""
+    df = df[df["head_dim"] <= 256]
+    if "kernel_source" not in df.columns or df.empty:
+        return df
+    main = df["kernel_source"].value_counts().index[0]
+    versions[f"attention_{phase}_kernel"] = main
+    return df[df["kernel_source"] == main]
 
 
 def _collectives(base: Path, engine: str, versions: dict[str, str]) -> list[KernelSet]:

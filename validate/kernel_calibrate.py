@@ -120,7 +120,10 @@ def blocks(cal: Calibration, source: str) -> dict:
         if name in INTERCONNECT:
             link[name] = _round(value)
         elif "." in name:
-            eff.setdefault("kernel_latency_by_kind", {})[name.split(".")[1]] = _round(value)
+            base, kind = name.split(".")
+            table = "kernel_latency_by_kind" if base == "kernel_latency_s" \
+                else "kernel_memory_fraction"
+            eff.setdefault(table, {})[kind] = _round(value)
         else:
             eff[name] = _round(value)
     if any(k.startswith("custom_all_reduce") for k in link):

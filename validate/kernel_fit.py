@@ -44,6 +44,11 @@ PARAMETERS: dict[str, tuple[float, float, str]] = {
                                       "rate (up to about an L2)"),
     "kernel_latency_s": (0.5e-6, 10e-6, "device fixed cost of one kernel (ramp, tail)"),
     "attention_fraction": (0.3, 0.95, "FlashAttention MMA share of dense peak"),
+    "attention_program_keys": (1.0, 4096.0, "work of one attention program beyond its keys "
+                                            "(queries, page table, output), in keys"),
+    "memory_fraction.attention": (0.6, 0.98, "attention's KV streaming, share of HBM peak"),
+    "attention_head_dim_half": (1.0, 512.0, "per-score softmax work beyond the MMAs, in "
+                                            "head_dim units"),
     "kernel_latency_s.attention": (0.5e-6, 30e-6, "fixed cost of the attention call (cache "
                                                  "write, scheduler metadata, kernel, "
                                                  "combine)"),
@@ -60,6 +65,9 @@ STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("gemv", "gemm"), ("gemm_fraction", "gemm_k_half", "memory_fraction",
                         "kernel_latency_s")),
     (("attention_decode", "attention_prefill"), ("attention_fraction",
+                                                 "attention_program_keys",
+                                                 "attention_head_dim_half",
+                                                 "memory_fraction.attention",
                                                  "kernel_latency_s.attention")),
     (("collective",), ("collective_fraction", "collective_latency_s",
                        "custom_all_reduce_fraction", "custom_all_reduce_latency_s")),
@@ -103,6 +111,8 @@ def subsample(s: KernelSet, max_rows: int = MAX_ROWS, seed: int = 0) -> KernelSe
 # of the calibration reproduces the shipped values)
 START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          "memory_half_bytes": 1e6, "kernel_latency_s": 2e-6, "attention_fraction": 0.6,
+         "attention_program_keys": 64.0, "attention_head_dim_half": 32.0,
+         "memory_fraction.attention": 0.85,
          "kernel_latency_s.attention": 5e-6, "collective_fraction": 0.7,
          "collective_latency_s": 8e-6, "custom_all_reduce_fraction": 0.3,
          "custom_all_reduce_latency_s": 5e-6}

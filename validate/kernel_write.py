@@ -110,10 +110,14 @@ def _note_source(lines: list[str], block: str, keys: list[str]) -> None:
 
 
 def _strip_top(lines: list[str], key: str) -> list[str]:
-    if f"{key}:\n" not in lines:
+    """``lines`` without the top-level block ``key`` (block or one-line flow style)."""
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"{key}:")), None)
+    if start is None:
         return lines
-    start, end = _block_span(lines, key)
-    return lines[:start - 1] + lines[end:]
+    end = start + 1
+    while end < len(lines) and lines[end].startswith(" "):
+        end += 1
+    return lines[:start] + lines[end:]
 
 
 def shipped_text(text: str, blocks: dict, engines: dict | None = None) -> str:
