@@ -78,19 +78,23 @@ def _shown(key: str, value: object) -> object:
     return value
 
 
+def _kind_value(key: str, value: object) -> object:
+    return _shown("kernel_latency_s", value) if key == "kernel_latency_by_kind" else value
+
+
 def _set_kind(lines: list[str], key: str, kind: str, value: object) -> None:
     start, end = _block_span(lines, "efficiency")
     head = next((i for i in range(start, end) if lines[i] == f"  {key}:\n"), None)
     if head is None:
-        _set(lines, "efficiency", key, f"{{{kind}: {_shown('kernel_latency_s', value)}}}")
+        _set(lines, "efficiency", key, f"{{{kind}: {_kind_value(key, value)}}}")
         return
     i = head + 1
     while i < end and lines[i].startswith("    "):
         if lines[i].startswith(f"    {kind}:"):
-            lines[i] = f"    {kind}: {_shown('kernel_latency_s', value)}\n"
+            lines[i] = f"    {kind}: {_kind_value(key, value)}\n"
             return
         i += 1
-    lines.insert(head + 1, f"    {kind}: {_shown('kernel_latency_s', value)}\n")
+    lines.insert(head + 1, f"    {kind}: {_kind_value(key, value)}\n")
 
 
 def _note_source(lines: list[str], block: str, keys: list[str]) -> None:

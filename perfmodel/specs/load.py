@@ -268,11 +268,13 @@ def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float
     kinds allowed are the registry's (``specs.kinds``)."""
     if f is None:
         return {}
-    kinds = OWN_FRACTION if memory_only else OWN_LATENCY
+    # attention streams its KV cache at a fraction of its own (calibrate --from fits it)
+    kinds = (*OWN_FRACTION, "attention") if memory_only else OWN_LATENCY
     out = {}
     for kind in list(f.data):
         if kind not in kinds:
-            what = "a memory-bound kernel kind" if memory_only else "a kernel kind"
+            what = "a memory-bound kernel kind or attention" if memory_only \
+                else "a kernel kind"
             raise f.error(kind, f"expected {what}: {', '.join(kinds)}")
         out[kind] = f.quantity(kind, unit, maximum=1.0) if unit == "number" \
             else f.quantity(kind, unit, positive=False)
