@@ -14,8 +14,9 @@ import perfmodel as pm
 from perfmodel.cli.app import app
 from perfmodel.cost.params import stage_layers
 from perfmodel.schedules.pipeline import trip_seconds
+from tests.datasheet import datasheet
 
-H100 = pm.hardware("h100-sxm")
+H100 = datasheet("h100-sxm")
 LLAMA = pm.model("llama-3-70b")          # 80 layers, d 8192
 
 
@@ -98,7 +99,7 @@ def test_cli_pipeline_and_replicas():
 
 # --- expert parallelism inside the tensor-parallel group ----------------------------------
 
-DSV3, H200 = pm.model("deepseek-v3"), pm.hardware("h200-sxm")
+DSV3, H200 = pm.model("deepseek-v3"), datasheet("h200-sxm")
 
 
 def _moe(batch, plan, skew=0.0, prompt=2048, gen=16):

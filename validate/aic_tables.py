@@ -144,5 +144,7 @@ def _collectives(base: Path, engine: str, versions: dict[str, str]) -> list[Kern
     if not frames:
         return []
     df = pd.concat(frames, ignore_index=True)
-    return [collective_set(df["num_gpus"], df["message_size"], df["algorithm"],
+    # message_size counts elements, not bytes: collect_nccl.py logs size // bytes_per_element
+    # of nccl-tests' byte size, collect_all_reduce.py the element count of its bf16 tensor
+    return [collective_set(df["num_gpus"], df["message_size"] * 2.0, df["algorithm"],
                            df["latency"].to_numpy() * 1e-3, f"{base.name}/comm")]
