@@ -14,7 +14,7 @@ from perfmodel.cost.roofline import op_time
 from perfmodel.specs.dtypes import CODE, weight_bytes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.load import load_hardware
-from tests.datasheet import datasheet
+from tests.datasheet import datasheet, datasheet_path
 
 H100 = datasheet("h100-sxm")
 NO_DEQUANT = dataclasses.replace(H100, efficiency=dataclasses.replace(H100.efficiency,
@@ -133,7 +133,7 @@ def test_through_the_estimate() -> None:
 
 
 def test_loader_checks(tmp_path: object) -> None:
-    text = (pm.specs.load.datasheet_path("h100-sxm")).read_text()
+    text = datasheet_path("h100-sxm").read_text()
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("    int8: {", "    bf16: {"))
     with pytest.raises(SpecError, match=r"dequant\.bf16"):

@@ -58,7 +58,8 @@ def _synthetic(hw):
     q = rng.choice([1, 1, 512, 2048], 300)
     kv = np.maximum(q, rng.choice([1, 1024, 8192], 300))
     h = rng.choice([8, 16, 24, 32, 40, 48, 64], 300)
-    sets += attention_sets(b, q, kv, h, h // 8, np.full(300, 128), np.zeros(300),
+    hd = rng.choice([64, 128, 256], 300)
+    sets += attention_sets(b, q, kv, h, h // 8, hd, np.zeros(300),
                            np.full(300, 2.0), np.ones(300))
     sizes = 2.0 ** np.arange(10, 28)
     dev = np.repeat([2, 4, 8], len(sizes))
@@ -68,7 +69,8 @@ def _synthetic(hw):
 
 
 TRUE = {"gemm_fraction": 0.85, "gemm_k_half": 64.0, "memory_fraction": 0.8,
-        "kernel_latency_s": 3e-6, "attention_fraction": 0.55,
+        "kernel_latency_s": 3e-6, "attention_fraction": 0.55, "attention_program_keys": 200.0,
+        "attention_head_dim_half": 40.0, "memory_fraction.attention": 0.8,
         "kernel_latency_s.attention": 9e-6, "collective_fraction": 0.6,
         "collective_latency_s": 9e-6, "custom_all_reduce_fraction": 0.3,
         "custom_all_reduce_latency_s": 4e-6}

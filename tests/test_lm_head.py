@@ -224,7 +224,7 @@ def test_sweep_dimension(tmp_path):
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
     assert [(r["workload_quantize_lm_head"], r["workload_batch"]) for r in rows] == \
         [("False", "1"), ("False", "8"), ("True", "1"), ("True", "8")]
-    ref = pm.estimate(datasheet("h100-sxm"), pm.model("llama-3-8b"), pm.Workload(
+    ref = pm.estimate(pm.hardware("h100-sxm"), pm.model("llama-3-8b"), pm.Workload(
         batch=8, prompt_len=512, weights_dtype="int4", weight_group_size=64,
         quantize_lm_head=True))
     assert float(rows[3]["tpot_s"]) == pytest.approx(ref.tpot_s, rel=1e-9)
