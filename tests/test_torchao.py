@@ -80,9 +80,10 @@ def test_against_torchao(weights: str) -> None:
     """Within 10% of the paper on its own GPU. Measured with the datasheet constants: bf16
     -6.8%, int4 +4.6%, int8 -0.1%, fp8 +1.0%; with vLLM's fitted ones (NOT_MET): bf16
     -14.3%, int4 -8.0%, int8 -10.8%, fp8 -9.8%. With the head quantized as TorchAO
-    quantizes it, the quantized rows rose by 5-9% and the errors no longer share a sign: bf16 is short (the non-GEMM kernels priced
-    unfused, where Inductor fuses the norms and rotary into their neighbours, would explain
-    a short-fall on every row), int4 now over-predicts, so its speed-up over bf16 is 2.28x
-    against TorchAO's 2.03x (not measured here: no GPU)."""
+    quantizes it, the quantized rows rose by 5-9% and the errors no longer share a sign:
+    bf16 is short (the non-GEMM kernels priced unfused, where Inductor fuses the norms and
+    rotary into their neighbours, would explain a short-fall on every row), int4 now
+    over-predicts (datasheet constants), so its speed-up over bf16 is 2.28x against
+    TorchAO's 2.03x (not measured here: no GPU)."""
     got = _tokens_per_s("h100-sxm-meta", weights)
     assert got == pytest.approx(TORCHAO[weights], rel=0.10)
