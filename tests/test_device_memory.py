@@ -30,6 +30,7 @@ def one(model, hw, **workload):
     ("a100-80gb-sxm", 81920), ("a100-40gb-sxm", 40960), ("h100-sxm", 81559),
     ("h200-sxm", 143771), ("b200", 183359), ("l4", 23034), ("l40s", 46068),
     ("mi300x", 196592), ("rtx-4090", 24564), ("rtx-pro-6000", 97887),
+    ("b300", 275040), ("gb200", 189471), ("gb300", 284208), ("a30", 24258),
 ])
 def test_capacity_is_the_driver_total(name, mib):
     """nvidia-smi / rocm-smi totals in MiB (sources in hardware/README.md), not datasheet GB."""

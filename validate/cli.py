@@ -17,6 +17,8 @@ from typing import Annotated
 import typer
 
 from perfmodel.cli.common import command_line, fail, out_dir, out_file, writing
+from perfmodel.cli.devices import EngineOpt
+from perfmodel.cli.devices import device as load_device
 
 
 class DeviceKind(str, Enum):
@@ -156,6 +158,7 @@ def validate(
     hardware: Annotated[str, typer.Option("--hardware", "-H",
                                           help="hardware name or YAML to predict with")],
     device: DeviceOpt = DeviceKind.cpu,
+    engine: EngineOpt = "vllm",
     suite: SuiteOpt = SuiteName.quick,
     out: Annotated[Path, typer.Option(help="report folder")] = Path("runs/validation"),
     threads: ThreadsOpt = None,
@@ -164,10 +167,10 @@ def validate(
     plots: Annotated[bool, typer.Option(help="write the PNG figures")] = True,
 ) -> None:
     """Measure a suite (resuming DIR/measurements.csv), predict it, write the report."""
-    from perfmodel.specs import SpecError, load
+    from perfmodel.specs import SpecError
 
     try:
-        hw = load.hardware(hardware)
+        hw = load_device(hardware, engine)
     except SpecError as exc:
         fail(str(exc))
     out_dir(out)
@@ -177,7 +180,8 @@ def validate(
     from validate.runner import default_passes, run_suite
     from validate.suites import validation_suite
 
-    command = command_line("validate", device=device, hardware=hardware, suite=suite, out=out,
+    command = command_line("validate", device=device, hardware=hardware,
+                           engine=None if engine == "vllm" else engine, suite=suite, out=out,
                            threads=threads, passes=passes)
     try:
         dev = open_device(device.value, threads)
@@ -260,6 +264,7 @@ def _calibrate_split(rows: list[dict], hw, timing: str, calibrate_on: float | No
 def compare(
     measured: Annotated[Path, typer.Argument(help="measurement CSV (shared schema)")],
     hardware: Annotated[str, typer.Option("--hardware", "-H", help="hardware name or YAML")],
+    engine: EngineOpt = "vllm",
     out: Annotated[Path | None, typer.Option(help="write every row with predicted_s and "
                                              "error")] = None,
     plot: Annotated[Path | None, typer.Option(help="predicted-vs-measured PNG")] = None,
@@ -286,11 +291,11 @@ def compare(
 ) -> None:
     """Predict every row of a measurement CSV and print the error per class and regime."""
     from perfmodel.compare import check_device, drop_unsupported, predict_rows, read_measurements
-    from perfmodel.specs import SpecError, load
+    from perfmodel.specs import SpecError
 
     _check_compare_options(calibrate_on, split_by, exclude_fitted_shapes, out, plot, summary)
     try:
-        hw = load.hardware(hardware)
+        hw = load_device(hardware, engine)
         if attention_append_kv:
             hw = replace(hw, efficiency=replace(hw.efficiency, attention_append_kv=True))
         rows = read_measurements(measured, device_filter)

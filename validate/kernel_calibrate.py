@@ -130,27 +130,30 @@ def blocks(cal: Calibration, source: str) -> dict:
         link["custom_all_reduce_max_bytes"] = int(cal.fitted.interconnect
                                                   .custom_all_reduce_max_bytes)
     versions = cal.provenance["versions"]
+
+    def per_class(table: dict) -> str:
+        return ", ".join(f"{k} {v['median_abs']:.1%}" for k, v in table.items())
+
+    note = (f"median |predicted/measured - 1| before (the file's constants when the fit ran): "
+            f"{per_class(cal.before)}; bounds: "
+            + "; ".join(f"{n} {PARAMETERS[n][0]:.3g}-{PARAMETERS[n][1]:.3g}"
+                        for n in sorted(cal.values)))
+    if cal.lodo:
+        fitted_on = next(iter(cal.lodo.values()))["fitted_on"]
+        note += (f"; leave one device out (fitted on {', '.join(fitted_on)} only): "
+                 f"{per_class(cal.lodo)}")
     calibration = {
         "source": f"{source} ({', '.join(f'{k} {v}' for k, v in versions.items())})",
         "engine": cal.engine,
         "engine_version": versions.get("gemm") or versions.get("attention") or "",
         "method": METHOD,
-        "fitted": sorted(cal.values),
-        "bounds": {n: [PARAMETERS[n][0], PARAMETERS[n][1]] for n in sorted(cal.values)},
+        "fitted": {n: float(f"{v:.4g}") for n, v in sorted(cal.values.items())},
         "rows": dict(cal.provenance["rows"]),
-        "before_median_abs_error": {k: round(v["median_abs"], 3) for k, v in
-                                    cal.before.items()},
         "held_out_median_abs_error": {k: round(v["median_abs"], 3) for k, v in
                                       cal.held.items()},
-        "command": "perfmodel calibrate --from aiconfigurator --all --write-hardware "
-                   "(before: the file's constants when it ran, the datasheet defaults on the "
-                   "first run)",
+        "command": "perfmodel calibrate --from aiconfigurator --all --write-hardware",
+        "note": note,
     }
-    if cal.lodo:
-        calibration["leave_one_device_out_median_abs_error"] = {
-            k: round(v["median_abs"], 3) for k, v in cal.lodo.items()}
-        calibration["leave_one_device_out_fitted_on"] = next(iter(cal.lodo.values()))[
-            "fitted_on"]
     uncertainty = {
         "source": f"held-out residuals, 5-fold by shape, {source} {cal.engine}",
         "error_q10": {k: round(v["q10"], 3) for k, v in cal.held.items()},

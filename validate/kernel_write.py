@@ -143,7 +143,9 @@ def shipped_text(text: str, blocks: dict, engines: dict | None = None) -> str:
     out = "".join(lines).rstrip("\n") + "\n"
     extra = {k: blocks[k] for k in ("calibration", "uncertainty") if k in HARDWARE_KEYS}
     if engines and "engines" in HARDWARE_KEYS:
-        extra["engines"] = engines
+        extra["engines"] = {name: {k: v for k, v in block.items()
+                                   if k != "uncertainty" or k in HARDWARE_KEYS}
+                            for name, block in engines.items()}
     return out + (_dump(extra) if extra else "")
 
 
@@ -156,4 +158,6 @@ def pending_blocks(blocks: dict, engines: dict | None = None) -> dict:
     out = {k: blocks[k] for k in ("uncertainty",) if k not in HARDWARE_KEYS}
     if engines and "engines" not in HARDWARE_KEYS:
         out["engines"] = engines
+    elif engines and "uncertainty" not in HARDWARE_KEYS:
+        out["engines.*.uncertainty"] = {n: b.get("uncertainty") for n, b in engines.items()}
     return out

@@ -51,6 +51,7 @@ from perfmodel.cli.common import (
     weights_format,
     workload,
 )
+from perfmodel.cli.devices import EngineOpt
 
 
 class Format(str, Enum):
@@ -63,6 +64,7 @@ class Format(str, Enum):
 def estimate(
     model: ModelOpt,
     hardware: HardwareOpt,
+    engine: EngineOpt = "vllm",
     batch: Batch = 1,
     prompt: Prompt = 512,
     gen: Gen = 128,
@@ -117,7 +119,7 @@ def estimate(
                       kv_group_size=kv_group_size,
                       kv_scale_bytes=kv_scale_bytes, **fmt_fields)
         layout = plan(tp, pp, ep, dp, attention_dp, expert_replicas)
-        result = run(load.hardware(hardware), m, wl, layout, spec, diffuse)
+        result = run(load.hardware(hardware, engine), m, wl, layout, spec, diffuse)
     except SpecError as exc:
         fail(str(exc))
     if fmt is Format.json:

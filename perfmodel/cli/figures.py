@@ -43,6 +43,7 @@ from perfmodel.cli.common import (
     workload,
     writing,
 )
+from perfmodel.cli.devices import EngineOpt, devices
 
 MAX_DPI = 1200   # a 12 x 8 inch figure at 1200 dpi is already 138 megapixels
 DEFAULT_KV_MODELS = "llama-2-13b,llama-3-70b,falcon-7b,deepseek-v3,mistral-7b,gemma-2-9b"
@@ -70,6 +71,7 @@ def roofline_cmd(
     model: Annotated[str, typer.Option("--model", "-m", help="model name or file")],
     hardware: Devices,
     out: Annotated[Path, typer.Option(help="figure file, .png or .svg")],
+    engine: EngineOpt = "vllm",
     batch: Annotated[str, typer.Option(help="batch sizes, comma list")] = "1,128",
     phase: Annotated[PhaseChoice, typer.Option(help="which steps to plot")] = PhaseChoice.both,
     prompt: Prompt = 512, gen: Gen = 128, weights_dtype: WeightsOpt = None,
@@ -79,7 +81,7 @@ def roofline_cmd(
     """Roofline figure: every operator of a prefill and a decode step on each device."""
     out_file(out, "--out", (".png", ".svg"))
     batches = ints("--batch", batch)
-    devices = names("--hardware", hardware)
+    names("--hardware", hardware)             # a bad list fails before any work
     from perfmodel.report import plots
     from perfmodel.specs import load
     from perfmodel.specs.errors import SpecError
@@ -87,7 +89,7 @@ def roofline_cmd(
     phases = ("prefill", "decode") if phase is PhaseChoice.both else (phase.value,)
     try:
         m = load.model(model)
-        hws = [load.hardware(h) for h in devices]
+        hws = devices("--hardware", hardware, engine)
         wls = [workload(m, b, prompt, gen, weights_dtype, act_dtype, kv_dtype,
                         cuda_graphs=cuda_graphs) for b in batches]
         par = plan(tp)
@@ -106,6 +108,7 @@ def sweep_cmd(
     model: Models,
     hardware: Devices,
     out: Annotated[Path, typer.Option(help="output directory (CSV and figures)")],
+    engine: EngineOpt = "vllm",
     batch: Annotated[str, typer.Option(help="batch sizes, comma list")] =
         "1,2,4,8,16,32,64,128,256",
     context: Annotated[str, typer.Option("--context", "--prompt",
@@ -179,7 +182,7 @@ def sweep_cmd(
 
     try:
         models = load_models("--model", model)
-        hws = [load.hardware(h) for h in names("--hardware", hardware)]
+        hws = devices("--hardware", hardware, engine)
         kv_list, left_out = _splittable([load.model(n) for n in names("--kv-models", kv_models)
                                          if n not in {m.name for m in models}], tp)
         # the KV and max-batch tables: the first weights and KV-cache choice of each axis

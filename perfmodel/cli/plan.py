@@ -15,7 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from perfmodel.cli.common import ModelOpt, fail, names, out_dir, save, writing
+from perfmodel.cli.common import ModelOpt, fail, out_dir, save, writing
+from perfmodel.cli.devices import EngineOpt, devices
 
 Opt = typer.Option
 NIXL = "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'"
@@ -52,6 +53,7 @@ def plan_cmd(
     rank: Annotated[Rank, Opt(help=(
         "pick the winner by output tokens/s per GPU, or per dollar (cost: needs a price: "
         "block in every hardware file)"))] = Rank.gpu,
+    engine: EngineOpt = "vllm",
 ) -> None:
     """Plan a deployment: device, tensor parallelism, weights dtype, max batch, and
     aggregated or disaggregated prefill/decode, for the most output tokens per GPU (or per
@@ -66,9 +68,9 @@ def plan_cmd(
         out_dir(out)
     try:
         m = load.model(model)
-        devices = [load.hardware(h) for h in names("--hardware", hardware)]
+        hws = devices("--hardware", hardware, engine)
         target = _target(gpus, slo_ttft, slo_tpot, input_len, output_len, trace)
-        result = planner.plan(m, devices, target, requests, seed, rank=rank.value)
+        result = planner.plan(m, hws, target, requests, seed, rank=rank.value)
     except SpecError as exc:
         fail(str(exc))
     report = summary(result)

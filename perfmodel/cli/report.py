@@ -52,6 +52,7 @@ from perfmodel.cli.common import (
     workload,
     writing,
 )
+from perfmodel.cli.devices import EngineOpt
 from perfmodel.cli.figures import Dpi, FigFormat, Fmt, Models
 
 
@@ -59,6 +60,7 @@ def report_cmd(
     model: Models,
     hardware: Annotated[str, typer.Option("--hardware", "-H", help="hardware name or file")],
     out: Annotated[Path, typer.Option(help="output directory (report.md, report.html, ...)")],
+    engine: EngineOpt = "vllm",
     batch: Batch = 1,
     prompt: Prompt = 512, gen: Gen = 128, weights_dtype: WeightsOpt = None,
     weights_format_name: WeightsFormatOpt = None,
@@ -100,7 +102,8 @@ def report_cmd(
     drafting = {"draft": draft, "draft_k": draft_k, "acceptance": acceptance,
                 "mtp_depth": mtp_depth, "draft_heads": draft_heads}
     command = command_line(
-        "report", model=model, hardware=hardware, batch=batch, prompt=prompt, gen=gen,
+        "report", model=model, hardware=hardware,
+        engine=None if engine == "vllm" else engine, batch=batch, prompt=prompt, gen=gen,
         weights_dtype=weights_dtype, weights_format=weights_format_name, act_dtype=act_dtype,
         kv_dtype=kv_dtype, **layout, group_size=group_size, cuda_graphs=cuda_graphs,
         memory_fraction=memory_fraction, kv_block=kv_block, **levers, **drafting,
@@ -115,7 +118,7 @@ def report_cmd(
         if spec is not None and len(models) > 1:
             fail("--draft / --mtp-depth / --draft-heads: speculative decoding is shown in a "
                  "single-model report; expected one --model")
-        hw = load.hardware(hardware)
+        hw = load.hardware(hardware, engine)
         wl = workload(models[0], batch, prompt, gen, weights_dtype, act_dtype, kv_dtype, group_size,
                       cuda_graphs, memory_fraction, kv_block, **levers, **fmt_fields)
         par = plan(**layout)

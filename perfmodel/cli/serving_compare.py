@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from perfmodel.cli.common import fail, out_dir, writing
+from perfmodel.cli.devices import engine_option
 
 
 class Format(str, Enum):
@@ -45,6 +46,10 @@ def compare_serving_cmd(
         help="folder for report.md, runs.json and runs.csv")] = None,
     progress: Annotated[bool, typer.Option(help="name each run on stderr as it starts")
                         ] = True,
+    engine: Annotated[str | None, typer.Option(
+        callback=lambda v: v if v is None else engine_option(v), show_default="each run's own",
+        help="price every run with this engine's kernels (vllm, sglang, trtllm) instead of "
+             "the one its engine column names")] = None,
 ) -> None:
     """Replay measured serving runs (the schema of ../shared/measurements/serving) through
     the simulator and report its error per run and the median over runs."""
@@ -58,6 +63,8 @@ def compare_serving_cmd(
     except SpecError as exc:
         fail(str(exc))
     runs = [r for r in runs if only is None or only in r.id]
+    for run in runs if engine is not None else ():
+        run.kernels = engine
     if not runs:
         fail(f"--only: no run id contains {only!r}")
     rows = []

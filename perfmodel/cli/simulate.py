@@ -30,6 +30,7 @@ from perfmodel.cli.common import (
     workload,
     writing,
 )
+from perfmodel.cli.devices import EngineOpt, device
 
 _TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
 _ENGINE = "engine (vLLM's flag names and defaults)"
@@ -49,6 +50,7 @@ class Scheduler(str, Enum):
 def simulate_cmd(
     model: ModelOpt,
     hardware: HardwareOpt,
+    engine_name: EngineOpt = "vllm",       # --engine (``engine`` is the EngineConfig)
     trace: Annotated[Path | None, Opt(rich_help_panel=_TRAFFIC, help=(
         "CSV of arrival_s,input_tokens,output_tokens[,prefix_id,prefix_tokens]"))] = None,
     rate: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
@@ -116,7 +118,7 @@ def simulate_cmd(
     if out is not None:
         out_dir(out)
     try:
-        m, hw = load.model(model), load.hardware(hardware)
+        m, hw = load.model(model), device(hardware, engine_name)
         wl = workload(m, 1, input_len, output_len, weights_dtype, act_dtype, kv_dtype,
                       quantize_lm_head=quantize_lm_head)
         layout = plan(tp, pp, ep, dp, attention_dp, 0)

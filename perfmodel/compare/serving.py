@@ -48,6 +48,7 @@ class Run:
     measured: dict
     skip: str = ""
     notes: list = field(default_factory=list)
+    kernels: str = "vllm"       # the engine whose kernels price it (its engine column)
 
 
 def _names() -> dict:
@@ -89,6 +90,17 @@ def _plan(row: dict) -> tuple[Parallelism, list]:
                 [f"expert parallel over {tp * dp} GPUs with data-parallel attention (vLLM "
                  "--enable-expert-parallel with --data-parallel-size)"])
     return Parallelism(tp=tp, dp=dp), []
+
+
+def _kernels(row: dict) -> tuple[str, list]:
+    """(the engine of the run's ``engine`` column as ``specs.engines`` names it, notes):
+    "vLLM (AsyncLLM ...)" is vllm; an engine not known is priced as vLLM, noted."""
+    text = str(row.get("engine", "") or "").strip().lower()
+    for prefix, name in (("vllm", "vllm"), ("sglang", "sglang"), ("tensorrt", "trtllm"),
+                         ("trtllm", "trtllm")):
+        if text.startswith(prefix):
+            return name, []
+    return "vllm", [f"engine {row.get('engine')!r} not known: vLLM's kernels priced"]
 
 
 def _engine(row: dict) -> EngineConfig:
@@ -165,7 +177,9 @@ def _run(row: dict, names: dict, rows: Any | None, files: tuple) -> Run:
     hw = names["hardware"].get(row["gpu"], "")
     skip = "" if model and hw else \
         f"no shipped spec named for {row['model'] if not model else row['gpu']!r}"
-    return Run(row["id"], model, hw, plan, engine, reqs, measured, skip, notes + more)
+    kernels, named = _kernels(row)
+    return Run(row["id"], model, hw, plan, engine, reqs, measured, skip, notes + more + named,
+               kernels)
 
 
 def load_runs(experiments: str | Path, requests: str | Path | None = None) -> list[Run]:
@@ -202,7 +216,9 @@ def replay(run: Run, progress: object = None, simulate: Callable | None = None) 
     if simulate is None:
         from perfmodel.serving.simulate import simulate
 
-    model, hw = pm.model(run.model), pm.hardware(run.hardware)
+    model, hw = pm.model(run.model), pm.hardware(run.hardware, engine=run.kernels)
+    if hw.engine_warning and hw.engine_warning not in run.notes:
+        run.notes.append(hw.engine_warning)
     return simulate(model, hw, run.requests, run.plan, run.engine, progress=progress,
                     label=run.id).summary()
 
@@ -236,6 +252,7 @@ def compare(runs: list[Run], progress: object = None, simulate: Callable | None 
             rows.append(dict(row, skipped=str(exc).split(" (shipped:")[0]))
             continue
         row["predicted"], row["measured"] = predicted, run.measured
+        row["engine"], row["notes"] = run.kernels, "; ".join(run.notes)
         row.update(errors(predicted, run.measured))
         rows.append(row)
     return rows

@@ -6,7 +6,7 @@ a step's prefill chunks and its decodes at different contexts in one launch).
 - Decode groups (q_len = 1, and a few new tokens on a longer cache: ``_short``) share one
   pool of programs. With
   ``attention_decode_pack_gqa`` (FlashAttention), a program holds the query heads of one
-  KV head of one sequence (``decode_programs``), its rows padded to
+  KV head of one sequence (``packed_programs``), its rows padded to
   ``attention_decode_tile_q`` (FlashAttention-3 packs a KV group's heads into the rows of
   its kBlockM = 128-row tile for head_dim 128: hopper/tile_size.h, pack_gqa) or, unset, to
   the smallest power of two from 16 up to 128; when the pool fills
@@ -31,6 +31,7 @@ import numpy as np
 
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
+    SPLIT_FULL,
     _keys,
     _pad,
     append_kv_rows,
@@ -51,6 +52,30 @@ from perfmodel.cost.timebase import (
 from perfmodel.specs.hardware import Hardware
 
 
+def packed_programs(q_len: np.ndarray, heads: np.ndarray, kv_heads: np.ndarray
+                    ) -> np.ndarray:
+    """Decode programs of one sequence with GQA packing, before any key split: the
+    ``q_len`` x heads-per-KV-head query rows of each KV head, in tiles of 128 rows."""
+    rows = q_len * np.floor_divide(heads, kv_heads)
+    return decode_programs(rows * kv_heads, kv_heads)
+
+
+def split_tile(hw: Hardware, pool: np.ndarray, head_dim: np.ndarray) -> np.ndarray:
+    """Keys per tile of a decode pool of ``pool`` programs whose count sets its key split,
+    0 where the split cannot change: without GQA packing (the kernel never splits), or when
+    the pool fills the units (``kv_splits`` keeps one split, ``SPLIT_FULL``).
+
+    The one rule of where a decode step's attention time bends as its context grows: its
+    key split is a function of ceil(keys / this tile) alone, so the split, and with it the
+    efficiency and the fixed cost, changes only between a multiple of the tile and the
+    next context. ``decode_pool`` prices by it; ``schedules.decode`` samples its multiples
+    to sum the decode steps exactly (tests/test_decode_sum.py holds the two together)."""
+    if not hw.efficiency.attention_decode_pack_gqa:
+        return np.zeros(np.broadcast_shapes(np.shape(pool), np.shape(head_dim)))
+    return np.where(np.asarray(pool) < SPLIT_FULL * hw.compute_units,
+                    decode_kv_tile(head_dim), 0)
+
+
 def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(compute efficiency, key splits) of the decode groups of each instance."""
@@ -58,14 +83,16 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
     keys = _keys(op.kv_len, op.g("window"))
     if eff.attention_decode_pack_gqa:
         rows = op.g("q_len") * np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
-        per_seq = decode_programs(rows * op.g("n_kv_heads"), op.g("n_kv_heads"))
-        programs = op.batch * per_seq * decode
-        longest_tiles = (np.ceil(keys / decode_kv_tile(op.g("qk_dim"))) * decode).max(axis=-1)
+        programs = op.batch * packed_programs(op.g("q_len"), op.g("n_heads"),
+                                              op.g("n_kv_heads")) * decode
         pool = programs.sum(axis=-1)
-        splits = kv_splits(np.maximum(pool, 1), np.maximum(longest_tiles, 1), units)
+        tile = split_tile(hw, pool[..., None], op.g("qk_dim"))
+        tiles = np.where(tile > 0, np.ceil(keys / np.maximum(tile, 1)), 1.0)
+        splits = kv_splits(np.maximum(pool, 1), np.maximum((tiles * decode).max(axis=-1), 1),
+                           units)
         work = np.broadcast_to(programs * keys, decode.shape)
-        tile = eff.attention_decode_tile_q
-        fill = np.broadcast_to(rows / (np.ceil(rows / tile) * tile) if tile
+        row_tile = eff.attention_decode_tile_q
+        fill = np.broadcast_to(rows / (np.ceil(rows / row_tile) * row_tile) if row_tile
                                else _pad(rows, 128)[0], decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
     else:

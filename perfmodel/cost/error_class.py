@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel.cost.ops import Attention, Gemm, OpRecord, kind_names
-from perfmodel.specs.kinds import KINDS
+from perfmodel.specs.kinds import ERROR_CLASSES, KINDS
+
+__all__ = ["ERROR_CLASSES", "GEMV_ROWS", "error_class"]
 
 GEMV_ROWS = 64
-ERROR_CLASSES = ("gemv", "gemm", "moe", "attention_prefill", "attention_decode", "collective",
-                 "memory", "host")
 
 
 def error_class(op: OpRecord) -> np.ndarray:

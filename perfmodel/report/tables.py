@@ -182,7 +182,8 @@ def to_json(e: Estimate, with_ops: bool = False) -> str:
 def flat_record(e: Estimate) -> dict:
     """One flat row (scalars only) for CSV and sweeps."""
     d = e.to_dict()
-    row = {k: v for k, v in d.items() if not isinstance(v, (dict, list))}
+    # the calibration's provenance is a block (JSON); a row keeps the engine it names
+    row = {k: v for k, v in d.items() if not isinstance(v, (dict, list)) and k != "calibration"}
     row["warnings"] = "; ".join(d["warnings"])
     row["kv_cache_bytes_per_sequence"] = e.memory.kv_cache_bytes_per_sequence
     row["usable_bytes"] = e.memory.usable_bytes

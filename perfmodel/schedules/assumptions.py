@@ -67,6 +67,8 @@ def assumptions(hw: Hardware, model: Model, w: Workloads,
     """Every assumption that applies to at least one configuration of ``w``."""
     out = _rates(hw, w) + _checkpoint(model, w) + _quant_formats(model, w)
     out += _dispatch_reach(hw, model, w, plan)
+    if hw.engine_warning:
+        out.append((np.ones(np.shape(w.batch), dtype=bool), hw.engine_warning))
     ways = plan.attention_ways if plan is not None else 1
     idle = w.batch < ways
     if idle.any():

@@ -3,9 +3,9 @@
 Only the context operators (attention, MLA's form-dependent projections) change from step
 to step; the others are priced once and multiplied by the step count. A context operator's
 time is piecewise linear in the context: its FLOPs and bytes grow linearly (until a window
-is full), its efficiency changes only where the key-tile count changes the flash-decoding
-split (multiples of the split kernel's key tile, and only while the programs leave the
-compute units short), and the roofline's max() terms bend where compute meets memory, where
+is full), its efficiency changes only where the flash-decoding split can (past multiples of
+``cost.attention.split_tile``, the pricing's own rule, not re-derived here), and the
+roofline's max() terms bend where compute meets memory, where
 the device time meets the launch overhead and where the bound label changes. Between such
 points the sum over integer contexts is exact from the end points,
 sum_{c=a}^{b} f(c) = (b - a + 1) (f(a) + f(b)) / 2, which is a weighted sum over the points
@@ -21,10 +21,10 @@ import itertools
 
 import numpy as np
 
+from perfmodel.cost.attention import packed_programs, split_tile
 from perfmodel.cost.layers import AttentionSpec, mla_absorbed, step_template
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.step import Dtypes, Step, StepCost, price_step
-from perfmodel.cost.tiling import SPLIT_FULL, decode_kv_tile, decode_programs
 from perfmodel.cost.timebase import BOUNDS
 from perfmodel.schedules.phases import PhaseCost
 from perfmodel.specs.hardware import Hardware
@@ -60,15 +60,15 @@ def _samples(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, c0: np
     cfg, ctx = [rest, rest, every_cfg], [c0[rest], c1[rest], every_ctx]
     specs = [s for s in step_template(model, plan.tp, plan.ep, plan.attention_dp)
              if isinstance(s, AttentionSpec)]
-    units = hw.compute_units
-    if hw.efficiency.attention_decode_pack_gqa:
-        for s in specs:
-            split = w.batch[rest] * decode_programs(s.heads, s.kv_heads) < SPLIT_FULL * units
-            own, lo, hi = rest[split], c0[rest][split], c1[rest][split]
-            tile = int(decode_kv_tile(s.qk_dim))
-            who, m = _ranges(own, -(-lo // tile), (hi - 1) // tile)
-            cfg += [who, who]
-            ctx += [m * tile, m * tile + 1]
+    for s in specs:       # the key split changes only past a multiple of split_tile
+        tile = split_tile(hw, w.batch[rest] * packed_programs(1, s.heads, s.kv_heads),
+                          s.qk_dim).astype(np.int64)
+        split = tile > 0
+        own, lo, hi, tile = rest[split], c0[rest][split], c1[rest][split], tile[split]
+        who, m = _ranges(own, -(-lo // tile), (hi - 1) // tile)
+        step = np.repeat(tile, np.maximum((hi - 1) // tile - -(-lo // tile) + 1, 0))
+        cfg += [who, who]
+        ctx += [m * step, m * step + 1]
     for window in {s.window for s in specs if s.window}:
         inside = (c0[rest] <= window) & (window < c1[rest])
         cfg += [rest[inside]] * 2

@@ -253,6 +253,7 @@ class Estimate:
         mem = asdict(self.memory)
         out = {
             "model": self.model.name, "hardware": self.hardware.name,
+            **self.hardware.provenance(),
             "workload": asdict(self.workload), "parallelism": asdict(self.plan),
             "params_total": self.params_total, "params_active": self.params_active,
             "weights_bytes": self.memory.weights_bytes,

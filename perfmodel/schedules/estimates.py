@@ -154,6 +154,7 @@ class Estimates:
         n, mem, w = len(self), self.memory, self.workloads
         out: dict[str, np.ndarray | list] = {
             "model": [self.model.name] * n, "hardware": [self.hardware.name] * n,
+            "engine": [self.hardware.engine] * n,
             "params_total": np.full(n, self.params_total),
             "params_active": np.full(n, self.params_active),
             "weights_bytes": mem.weights_bytes,

@@ -26,8 +26,10 @@ class Fields:
     """A mapping being read: typed getters that name ``file: path.field`` in errors."""
 
     def __init__(self, data: Any, file: str, path: str = "",
-                 allowed: tuple[str, ...] | None = None) -> None:
-        self.file, self.path = file, path
+                 allowed: tuple[str, ...] | None = None,
+                 renamed: dict[str, str] | None = None) -> None:
+        # renamed: key -> the path its errors name (a block taken from elsewhere in the file)
+        self.file, self.path, self.renamed = file, path, renamed or {}
         if not isinstance(data, dict):
             raise self.error("", f"expected a mapping, got {type(data).__name__}")
         self.data, self.used, self.allowed = data, set(), allowed
@@ -37,7 +39,8 @@ class Fields:
             self.used = set()
 
     def error(self, key: str, what: str) -> SpecError:
-        where = ".".join(p for p in (self.path, key) if p) or "(top level)"
+        where = self.renamed.get(key) or ".".join(p for p in (self.path, key) if p) \
+            or "(top level)"
         return SpecError(f"{self.file}: {where}: {what}")
 
     def has(self, key: str) -> bool:
@@ -64,7 +67,8 @@ class Fields:
         if not required and not self.has(key):
             self.used.add(key)
             return None
-        return Fields(self.raw(key), self.file, ".".join(p for p in (self.path, key) if p))
+        return Fields(self.raw(key), self.file, self.renamed.get(key)
+                      or ".".join(p for p in (self.path, key) if p))
 
     def text(self, key: str, default: Any = ..., choices: tuple[str, ...] | None = None) -> str:
         value = self.raw(key, default)

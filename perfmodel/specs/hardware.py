@@ -219,7 +219,13 @@ class Hardware:
     vendor: str = "other"
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)
+    # how the efficiency figures were measured or fitted (the ``calibration:`` block of the
+    # engine priced, ``specs.engines``), None for datasheet and benchmark figures
     calibration: dict | None = None
+    # the serving engine whose kernels are priced (vllm, sglang, trtllm) and, when the file
+    # has no figures of that engine's own, the one line that says whose were priced instead
+    engine: str = "vllm"
+    engine_warning: str = ""
     # device memory the serving engine never gets: the CUDA / ROCm context plus library
     # workspaces (cuBLAS, NCCL) that vLLM counts as non-torch memory; 0 where the runtime's
     # own limit already excludes it (TPU bytes_limit). cost.memory.usable_bytes subtracts it
@@ -229,6 +235,13 @@ class Hardware:
     price_per_hour: float | None = None
     # derived tables the cost model keeps per device (a fresh one for every copy)
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def provenance(self) -> dict:
+        """The engine priced and where the efficiency figures come from: the calibration's
+        source, engine and engine version (None: datasheet and benchmark figures)."""
+        cal = self.calibration or {}
+        kept = {k: cal[k] for k in ("source", "engine", "engine_version") if k in cal}
+        return {"engine": self.engine, "calibration": kept or None}
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s at ``dtype``: the rate of ``rate_dtype(dtype)``."""

@@ -104,6 +104,10 @@ OWN_LATENCY = tuple(k for k, v in KINDS.items() if v.own_latency)
 # kinds ``compare`` predicts from measurement rows
 ROW_KINDS = tuple(k for k, v in KINDS.items() if v.row is not None)
 OP_CLASSES = tuple(dict.fromkeys(v.op_class for v in KINDS.values()))
+# the classes measured error is grouped in (``cost.error_class`` assigns them; declared
+# here so that a hardware file's per-class blocks can be checked while it is read)
+ERROR_CLASSES = ("gemv", "gemm", "moe", "attention_prefill", "attention_decode", "collective",
+                 "memory", "host")
 POINTWISE_CODE = {k: i for i, k in enumerate(POINTWISE)}
 
 

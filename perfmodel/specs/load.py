@@ -11,6 +11,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from perfmodel.specs import engines
 from perfmodel.specs.dtypes import DTYPE_BYTES, DTYPES
 from perfmodel.specs.errors import SpecError, did_you_mean
 from perfmodel.specs.fields import Fields, read_mapping
@@ -25,7 +26,7 @@ MODELS_DIR = ROOT / "models"
 
 
 HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
-                 "interconnect", "efficiency", "calibration", "price")
+                 "interconnect", "efficiency", "calibration", "price", "engines")
 # how a vendor's devices run a recurrent layer's chunked scan when the file does not say
 # (``efficiency.scan_kernel``): mamba_ssm's and FLA's Triton kernels run on CUDA and ROCm;
 # a TPU runs the scan as compiled XLA (or Pallas) programs, no operator dispatched from the
@@ -47,12 +48,26 @@ MODEL_EXPECTED = "a model YAML or a config.json"
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
-def load_hardware(path: str | Path) -> Hardware:
-    """Read one hardware YAML (schema in hardware/README.md; .yaml, .yml, or .json)."""
+def load_hardware(path: str | Path, engine: str = engines.DEFAULT_ENGINE) -> Hardware:
+    """Read one hardware YAML (schema in hardware/README.md; .yaml, .yml, or .json) as
+    ``engine`` (vllm, sglang, trtllm) runs it: its ``engines.<engine>`` block laid over the
+    top-level figures (``specs.engines``). Every engine's blocks are checked, not only the
+    one asked for."""
+    engine = engines.check_engine(engine)
     path = _user_path(path, "hardware", f"a path to {HARDWARE_EXPECTED}")
     _check_suffix(path, "a hardware YAML", "the same schema in JSON")
     data = _with_base(read_mapping(path, HARDWARE_EXPECTED), path)
-    f = Fields(data, str(path), allowed=HARDWARE_KEYS)
+    out = None
+    for name in dict.fromkeys([engine, *engines.listed(data, str(path))]):
+        view, renamed, warning = engines.view(data, str(path), name)
+        hw = _hardware(Fields(view, str(path), allowed=HARDWARE_KEYS, renamed=renamed), name)
+        out = out or replace(hw, engine_warning=warning)
+    return out
+
+
+def _hardware(f: Fields, engine: str) -> Hardware:
+    """The Hardware of one engine's view of a file (``engines.view``). Its top-level
+    ``uncertainty:`` (when read) is already that engine's block, its path in ``f.renamed``."""
     check_version(f)
     sources: dict[str, str] = {}
     compute = f.sub("compute")
@@ -87,8 +102,9 @@ def load_hardware(path: str | Path) -> Hardware:
         description=f.text("description", ""), peak_flops_per_s=peaks,
         memory_bytes=capacity, memory_bytes_per_s=bandwidth, compute_units=units_count,
         l2_bytes=l2, interconnect=link, efficiency=eff, sources=sources,
-        calibration=f.raw("calibration", None), runtime_reserved_bytes=reserved,
-        price_per_hour=price,
+        calibration=engines.calibration(f.sub("calibration", required=False),
+                                        engine if "calibration" in f.renamed else None),
+        runtime_reserved_bytes=reserved, price_per_hour=price, engine=engine,
     )
     f.finish()
     return hw
@@ -116,7 +132,10 @@ def _with_base(data: dict, path: Path) -> dict:
         raise SpecError(f"{path}: base: {base_path} has a base of its own; expected a file "
                         f"without one")
     for key, value in data.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if key in ("engines", "calibration") and isinstance(value, dict):
+            # an engine's block replaces the base's of that engine; a calibration, the base's
+            merged[key] = (merged.get(key) or {}) | value if key == "engines" else value
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             if "source" not in value:
                 raise SpecError(f"{path}: {key}.source: a block changed over base {base!r} "
                                 f"needs its own source")
@@ -369,9 +388,10 @@ def shipped(directory: Path) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.yaml"))
 
 
-def hardware(name_or_path: str | Path) -> Hardware:
-    """A shipped hardware name (file stem in hardware/) or a path to a hardware YAML."""
-    return load_hardware(_resolve(name_or_path, HARDWARE_DIR, "hardware"))
+def hardware(name_or_path: str | Path, engine: str = engines.DEFAULT_ENGINE) -> Hardware:
+    """A shipped hardware name (file stem in hardware/) or a path to a hardware YAML, as
+    ``engine`` (vllm, sglang, trtllm) runs it (``load_hardware``)."""
+    return load_hardware(_resolve(name_or_path, HARDWARE_DIR, "hardware"), engine)
 
 
 def model(name_or_path: str | Path) -> Model:
