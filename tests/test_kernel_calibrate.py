@@ -133,3 +133,24 @@ def test_variant_text_loads_over_its_base(tmp_path) -> None:
     hw = load_hardware(path)
     assert hw.efficiency.gemm_fraction == 0.9
     assert hw.memory_bytes_per_s == pm.hardware("h100-sxm").memory_bytes_per_s
+
+
+def test_calibrate_from_mistakes_are_one_line(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from perfmodel.cli.app import app, load_plugins
+
+    load_plugins(app)
+    runner = CliRunner()
+    cases = [
+        (["--from", str(tmp_path), "-H", "h100-sxm"], "--from: "),
+        (["--from", "aiconfigurator"], "--hardware: expected the shipped device"),
+        (["--from", "aiconfigurator", "-H", "h100-sxm", "--write-hardware"],
+         "--write-hardware: expected --all"),
+        (["--from", "aiconfigurator", "-H", "mi300x"], "--hardware: mi300x: no aiconfigurator"),
+        (["--from", "aiconfigurator", "-H", "h100-sxm", "--engine", "tgi"], "--engine: "),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, ["calibrate", *args, "--out", str(tmp_path / "x.yaml")])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output and "Traceback" not in result.output
