@@ -152,6 +152,30 @@ def constants_table(results: list[dict]) -> str:
     return markdown_table(["constant", *(c[0] for c in cols)], body)
 
 
+VALIDATION = {"h200": "reports/h200/full/validation/measurements.csv",
+              "h100": "reports/h100/validation/measurements.csv"}
+
+
+def validation_table(results: list[dict]) -> str:
+    """The harness's full validation suite (``perfmodel validate --device cuda``: GPU-width
+    Llama layers' kernels, held out from calibration) predicted with both files, as
+    ``validate.report`` scores it."""
+    from perfmodel.compare import read_measurements
+    from validate.report import kernel_predictions, target_lines
+
+    body = []
+    for res in results:
+        rows = read_measurements(ROOT / VALIDATION[res["device"].key], devices=["hardware"])
+        for name in FILES:
+            df = kernel_predictions(rows, res["files"][name])
+            held = df[df["heldout"] & ~df["contended"]]
+            body.append([res["device"].key.upper(), name,
+                         *(line.split(": ", 1)[1].replace("median |error| ", "")
+                           for line in target_lines(held))])
+    return markdown_table(["device", "file", "GEMMs: median abs error, p90 (n)",
+                           "memory-bound (non-GEMM)", "all"], body)
+
+
 def probe_launches(results: list[dict]) -> str:
     lines = []
     for res in results:
@@ -173,7 +197,12 @@ def write_readme(results: list[dict]) -> str:
              "elementwise pass (4096 and 8192 wide), `context` of decode attention (batch "
              "1-128, three head layouts).", "", family_table(results, True), "",
              mechanism_tables(results),
-             "## Whole steps: summary", "", step_summary(results), ""]
+             "## Whole steps: summary", "", step_summary(results), "",
+             "## The harness's validation suite", "",
+             "`perfmodel validate --device cuda --suite full` measured on each GPU "
+             f"(`{VALIDATION['h200']}`, `{VALIDATION['h100']}`), predicted with each file "
+             "as `validate/report.py` scores it (kernels whose shape was fitted left out):",
+             "", validation_table(results), ""]
     for res in results:
         parts += [f"## Whole steps on the {res['device'].label}", "", step_table(res), ""]
     parts += ["## Constants: shipped against calibrated, H100 against H200", "",
