@@ -91,6 +91,20 @@ def test_moe_row_is_two_grouped_gemms_and_the_activation():
         2 * 4096 * 2 * (2 * 7168 * 4096 + 4096 * 7168))
     ep = row_parts([row | {"ep": "4"}])[0][1]
     assert float(ep.groups[0]) == pytest.approx(2.0)     # 8 experts over 4 devices
+    assert float(ep.m[0] * ep.groups[0]) == pytest.approx(4096 * 2 / 4)
+
+
+def test_skewed_expert_parallel_moe_prices_the_busiest_device():
+    # Zipf s = 1.2 over 8 experts, top-2: the two hottest (on device 0 of 4, contiguous
+    # ids, as the collector places them) hold p1 + p2 of the 2 picks per token
+    from perfmodel.cost.routing import zipf_popularity
+
+    p = zipf_popularity(8, 2, 1.2)
+    row = {"op": "moe", "dtype": "bf16", "m": "4096", "n": "4096", "k": "7168",
+           "experts": "8", "topk": "2", "ep": "4", "skew": "1.2", "measured_s": "1e-3"}
+    up = row_parts([row])[0][1]
+    assert float(up.m[0] * up.groups[0]) == pytest.approx(4096 * (p[0] + p[1]))
+    assert float(up.m[0] * up.groups[0]) > 4096 * 2 / 4     # busier than the mean device
 
 
 @pytest.mark.parametrize(("column", "value", "message"), [

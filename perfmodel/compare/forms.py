@@ -16,9 +16,10 @@ measured call ran more than one kernel, companion records whose times add to it:
   V, as a backend's forward does: a ``KvWrite`` of batch x q_len tokens);
 - ``moe``: a MoE layer of ``m`` tokens, hidden size ``n``, expert width ``k`` per device,
   ``experts`` experts picked ``topk`` at a time, ``ep`` devices of expert parallelism and
-  Zipf routing skew ``skew`` (``cost.routing``): the up/gate grouped GEMM over the experts
-  touched, the gated activation and the down grouped GEMM, as ``cost.layers`` prices a MoE
-  block; ``weight_dtype``, ``weight_format`` and ``act_quant`` as for a GEMM (both GEMMs);
+  Zipf routing skew ``skew`` (``cost.routing``), on the busiest device (``busiest_rank``):
+  the up/gate grouped GEMM over the experts it touches, the gated activation and the down
+  grouped GEMM, as ``cost.layers`` prices a MoE block; ``weight_dtype``, ``weight_format``
+  and ``act_quant`` as for a GEMM (both GEMMs);
 - ``all_reduce`` / ``all_to_all``: ``bytes`` per device over ``n_devices``; nodes are
   ceil(n_devices / the device's ``interconnect.max_devices``) (``cost.collectives``).
 """
@@ -27,12 +28,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 import numpy as np
 
-from perfmodel.cost.layers import experts_touched
 from perfmodel.cost.ops import AllReduce, AllToAll, Attention, Gemm, KvWrite, OpRecord, pointwise
 from perfmodel.cost.quantize import ActQuant
+from perfmodel.cost.routing import expected_distinct, zipf_popularity
 from perfmodel.specs.dtypes import BYTES, CODE, WEIGHT_FORMATS, weight_bytes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
@@ -147,17 +149,16 @@ def moe_parts(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np.
     experts, topk = col("experts"), col("topk")
     ep = np.maximum(_numbers(rows, "ep", 1.0, where, line), 1.0)
     skew = _numbers(rows, "skew", 0.0, where, line)
-    touched = np.array([float(np.ravel(experts_touched(int(e), int(t), np.array([x]), s))[0])
-                        for e, t, x, s in zip(experts, topk, tokens, skew, strict=True)])
-    expert_rows = tokens * topk / touched       # mean rows of each expert touched
-    groups = touched / ep                       # the experts touched on one device
+    pairs, groups = np.array([busiest_rank(int(e), int(t), x, s, int(d)) for e, t, x, s, d
+                              in zip(experts, topk, tokens, skew, ep, strict=True)]).T
+    expert_rows = pairs / groups                # mean rows of each expert it touches
+    local = pairs
     wb, stored = _weights(rows, dtype, where, line)
     ab = BYTES[dtype]
     up = Gemm(m=expert_rows, n=2 * width, k=hidden, groups=groups, weight_bytes=wb,
               act_bytes=ab, dtype=dtype, weight_dtype=stored)
     down = Gemm(m=expert_rows, n=hidden, k=width, groups=groups, weight_bytes=wb,
                 act_bytes=ab, dtype=dtype, weight_dtype=stored)
-    local = tokens * topk / ep
     parts: list[Part] = [(up, True), (pointwise("silu_and_mul", local, width), False),
                          (down, False)]
     mode = _act_quant(rows, where, line)
@@ -165,6 +166,23 @@ def moe_parts(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np.
         parts += [(_quant_pass(tokens, hidden, dtype, mode), False),
                   (_quant_pass(local, width, dtype, mode), False)]
     return parts
+
+
+@lru_cache(maxsize=256)
+def _popularity(n_experts: int, top_k: int, skew: float) -> np.ndarray:
+    return zipf_popularity(n_experts, top_k, skew)
+
+
+def busiest_rank(n_experts: int, top_k: int, tokens: float, skew: float, ep: int
+                 ) -> tuple[float, float]:
+    """(token-expert pairs, experts touched) on the busiest of ``ep`` devices holding
+    contiguous experts, the hottest together (aiconfigurator's collector gives EP rank 0,
+    the one it times, the most loaded experts): the hottest E / ep experts of Zipf routing
+    with exponent ``skew`` (``cost.routing``), T x their popularity and their expected
+    distinct count (at least one)."""
+    p = _popularity(n_experts, top_k, float(skew))[: max(n_experts // ep, 1)]
+    touched = float(expected_distinct(p, tokens))
+    return tokens * float(p.sum()), max(touched, 1.0)
 
 
 def collective_parts(kind: str, rows: Sequence[dict], col: Callable[[str], np.ndarray],
