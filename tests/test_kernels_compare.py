@@ -24,7 +24,7 @@ def gemm(m, **extra):
 ATT = {"op": "attention", "dtype": "bf16", "batch": "8", "q_len": "1", "kv_len": "2048",
        "n_heads": "32", "n_kv_heads": "8", "head_dim": "128", "kv_write": "1",
        "timing": "kernel", "engine": "vllm", "device": "h100-sxm"}
-AR = {"op": "all_reduce", "dtype": "bf16", "bytes": "8192", "n_devices": "4",
+AR = {"op": "all_reduce", "dtype": "bf16", "message_bytes": "32768", "n_devices": "4",
       "algorithm": "custom", "timing": "kernel", "engine": "vllm", "device": "h100-sxm"}
 
 

@@ -20,7 +20,7 @@ def test_all_reduce_row_by_hand_from_the_yaml():
     link = H100.interconnect
     assert (link.link_bytes_per_s, link.latency_s, link.collective_latency_s,
             H100.efficiency.collective_fraction) == (450e9, 0.6e-6, 6.6e-6, 0.82)
-    row = {"op": "all_reduce", "bytes": "8192", "n_devices": "4", "measured_s": "4.6e-6"}
+    row = {"op": "all_reduce", "message_bytes": "8192", "n_devices": "4", "measured_s": "4.6e-6"}
     [out] = predict_rows([row], H100, "kernel")
     # ring: 6.6 us + 2(n-1) hops of 0.6 us + 2(n-1)/n x 8 KB at 82% of 450 GB/s (the tree,
     # 6.6 + 2 x 3 x 0.6 us + 8 KB at half that rate, is slower by 11 ns)

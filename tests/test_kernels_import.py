@@ -29,6 +29,8 @@ def make_tree(root):
     """A tiny systems/data tree: one table of each kind the importer maps, one it does not,
     a derived table and a reuse pointer."""
     h100 = root / "h100_sxm"
+    (h100 / "gemm/vllm/0.24.0").mkdir(parents=True)
+    (h100 / "gemm/vllm/0.24.0/collection_meta.yaml").write_text("provenance: collected\n")
     _table(h100 / "gemm/vllm/0.24.0", "gemm_perf", [
         {"op_name": "gemm", "kernel_source": "torch.nn.functional.linear",
          "gemm_dtype": "bfloat16", "m": 128, "n": 4096, "k": 2048, "latency": 0.05},
@@ -101,7 +103,7 @@ def test_golden_rows_keep_shapes_dtypes_seconds_and_provenance(corpus):
     assert (moe["m"], moe["n"], moe["k"], moe["experts"], moe["topk"], moe["skew"]) == \
         ("16", "4096", "7168", "8", "2", "1.2")                       # 14336 / tp 2
     ar = next(r for r in rows.values() if r["op"] == "all_reduce")
-    assert (ar["bytes"], ar["n_devices"], ar["algorithm"]) == ("8192", "4", "custom")
+    assert (ar["message_bytes"], ar["n_devices"], ar["algorithm"]) == ("8192", "4", "custom")
     assert next(r for r in rows.values() if r["op"] == "mla_generation_module")
 
 
@@ -115,12 +117,14 @@ def test_derived_zero_and_reuse_rows_are_left_out_and_counted(corpus):
     assert list(manifest["not_read"].values()) == [["h100_sxm/mhc/vllm/0.22.0/reuse.yaml"]]
     written = yaml.safe_load((out / "manifest.yaml").read_text())
     assert written["files"]["h100-sxm__vllm.csv.gz"]["ops"]["gemm"] == 3
+    assert written["tables"]["h100_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"] == \
+        {"rows": 3, "collection": "collected"}
 
 
 def test_devices_we_lack_keep_their_name_and_nccl_bytes_are_elements_times_size(corpus):
     out, _ = corpus
     [row] = _rows(out, "b300__nccl.csv.gz")
-    assert (row["device"], row["engine"], row["engine_version"], row["bytes"],
+    assert (row["device"], row["engine"], row["engine_version"], row["message_bytes"],
             row["dtype"]) == ("b300", "nccl", "2.29.2", "2048", "fp16")
     assert [p.name for p in corpus_files(out, devices=["b300"])] == ["b300__nccl.csv.gz"]
     with gzip.open(out / "b300__nccl.csv.gz", "rt") as f:

@@ -20,7 +20,7 @@ measured call ran more than one kernel, companion records whose times add to it:
   the up/gate grouped GEMM over the experts it touches, the gated activation and the down
   grouped GEMM, as ``cost.layers`` prices a MoE block; ``weight_dtype``, ``weight_format``
   and ``act_quant`` as for a GEMM (both GEMMs);
-- ``all_reduce`` / ``all_to_all``: ``bytes`` per device over ``n_devices``; nodes are
+- ``all_reduce`` / ``all_to_all``: ``message_bytes`` per device over ``n_devices``; nodes are
   ceil(n_devices / the device's ``interconnect.max_devices``) (``cost.collectives``).
 """
 
@@ -191,4 +191,4 @@ def collective_parts(kind: str, rows: Sequence[dict], col: Callable[[str], np.nd
     per_node = hw.interconnect.max_devices if hw is not None else 8
     nodes = np.ceil(devices / per_node)
     record = AllToAll if kind == "all_to_all" else AllReduce
-    return [(record(payload=col("bytes"), devices=devices, nodes=nodes), True)]
+    return [(record(payload=col("message_bytes"), devices=devices, nodes=nodes), True)]

@@ -92,6 +92,21 @@ def package_version() -> str:
         return "unknown"
 
 
+def collection(folder: Path) -> str:
+    """The ``provenance`` its ``collection_meta.yaml`` gives a version folder's tables
+    (collected, local, legacy), '' without one."""
+    import yaml
+
+    meta = folder / "collection_meta.yaml"
+    if not meta.is_file():
+        return ""
+    try:
+        data = yaml.safe_load(meta.read_text()) or {}
+    except yaml.YAMLError:
+        return ""
+    return str(data.get("provenance") or "") if isinstance(data, dict) else ""
+
+
 def _ms(df) -> np.ndarray:
     return df["latency"].to_numpy(dtype=float) * 1e-3
 
@@ -168,7 +183,7 @@ def comm(df, custom: bool) -> tuple[dict, np.ndarray]:
     kernel = df["kernel_source"].astype(str) if "kernel_source" in df.columns else ""
     eager = kernel.str.contains("eager") if custom else False
     return {"op": ops, "dtype": [s[0] for s in spec],
-            "bytes": df["message_size"].to_numpy(dtype=float) * size,
+            "message_bytes": df["message_size"].to_numpy(dtype=float) * size,
             "n_devices": df["num_gpus"], "algorithm": "custom" if custom else "nccl",
             "timing": np.where(eager, "stream", "kernel")}, size > 0
 

@@ -99,7 +99,7 @@ def regimes(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         if r["op"] in COLLECTIVES:
-            size = SIZE_NAMES[int(np.searchsorted(SIZE_EDGES, float(r["bytes"]), "right"))]
+            size = SIZE_NAMES[int(np.searchsorted(SIZE_EDGES, float(r["message_bytes"]), "right"))]
             name = f"{r.get('algorithm') or 'nccl'} {size}"
         else:
             name = r["regime"]

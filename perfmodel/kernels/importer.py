@@ -56,6 +56,7 @@ def import_aiconfigurator(out: str | Path, devices: Iterable[str] | None = None,
     reuse = sorted(str(p.relative_to(data)) for p in data.glob("*/*/*/*/reuse.yaml"))
     manifest = {"source": aic.SOURCE, "source_version": aic.package_version(),
                 "data": str(data), "columns": list(COLUMNS), "files": {}, "skipped": {},
+                "tables": {},
                 "not_read": {"reuse.yaml (another version's data, resolved at query time)":
                              reuse}}
     by_device: dict[str, list[Path]] = defaultdict(list)
@@ -65,6 +66,8 @@ def import_aiconfigurator(out: str | Path, devices: Iterable[str] | None = None,
         groups: dict[tuple[str, str], list] = defaultdict(list)
         for path in device_paths:
             df = aic.read_table(path, skipped)
+            manifest["tables"][str(path.relative_to(data))] = {
+                "rows": len(df), "collection": aic.collection(path.parent)}
             if len(df):
                 groups[(str(df["device"].iloc[0]), str(df["engine"].iloc[0]))].append(df)
         _write(groups, out, manifest, progress)

@@ -46,7 +46,7 @@ class Kind:
 
 _MN = ("m", "n")
 _ATTENTION = ("batch", "q_len", "kv_len", "n_heads", "n_kv_heads", "head_dim")
-_COLLECTIVE = ("bytes", "n_devices")    # each device's buffer in bytes, devices taking part
+_COLLECTIVE = ("message_bytes", "n_devices")   # bytes of each device's buffer, devices
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("gemm", "gemm", "gemm", "own", own_fraction=False, row=("m", "n", "k")),
