@@ -72,7 +72,8 @@ def predict_rows(rows: Iterable[dict], hw: Hardware, timing: str = "kernel",
         total[index] += op_time(op, hw, codes[index]).time_s
         if not primary:
             continue
-        columns = {"op_class": [op_class(k) for k in kind_names(op)],
+        columns = {"predicted_s": np.nan, "error": np.nan,     # filled below; first, as before
+                   "op_class": [op_class(k) for k in kind_names(op)],
                    "regime": regime(op, hw),
                    "size": np.where(ideal_time(op, hw) < SMALL_IDEAL_S, "small", "large"),
                    "intensity": op.intensity, "flops": op.flops, "bytes": op.bytes.total}

@@ -82,6 +82,24 @@ def figure(rows, device: str, path: Path) -> None:
     fig.savefig(path, dpi=80)
 
 
+def _import_notes(corpus: Path) -> list[str]:
+    """What the import left out, from the corpus manifest (nothing without one)."""
+    import yaml
+
+    path = corpus / "manifest.yaml"
+    if not path.is_file():
+        return []
+    manifest = yaml.safe_load(path.read_text()) or {}
+    lines = ["## Left out at import", "",
+             f"Source: {manifest.get('source', '?')} {manifest.get('source_version', '')}. "
+             "Rows the database derives rather than measures and rows without a positive "
+             "time are not in the corpus (`perfmodel.kernels.aiconfigurator`):", ""]
+    lines += [f"- {why}: {n}" for why, n in (manifest.get("skipped") or {}).items()]
+    for why, paths in (manifest.get("not_read") or {}).items():
+        lines.append(f"- {why}: {len(paths)} files")
+    return [*lines, ""]
+
+
 def compare_corpus(corpus: str | Path, out: str | Path, devices: Iterable[str] | None = None,
                    engines: Iterable[str] | None = None, sample: int = 3000, seed: int = 0,
                    figures: bool = True, progress: Callable[[str], None] = lambda s: None
@@ -125,6 +143,7 @@ def compare_corpus(corpus: str | Path, out: str | Path, devices: Iterable[str] |
     if len(by_dtype):
         lines += ["## GEMMs by dtype, weight format, activation quantization and kernel", "",
                   *_table(by_dtype, list(GEMM_GROUPS)), ""]
+    lines += _import_notes(Path(corpus))
     lines += ["## Rows not scored", "", "| device | engine | reason | rows |", "|---|---|---|---|"]
     for (device, engine), counts in sorted(result["skipped"].items()):
         lines += [f"| {device} | {engine} | {why} | {n} |" for why, n in sorted(counts.items())]
