@@ -133,7 +133,9 @@ def compare_corpus(corpus: str | Path, out: str | Path, devices: Iterable[str] |
     lines += ["## Median |error| (bias) per device x engine x class", "", *headline(rows), "",
               "## Per device x engine x class x regime", "",
               "Regime: compute or memory bound at peak rates; collectives: algorithm "
-              "(nccl, or the engine's custom all-reduce) and bytes per device.", ""]
+              "(nccl, or the engine's custom all-reduce) and bytes per device; `eager`: "
+              "rows not timed as device time alone (launched one call at a time without a "
+              "CUDA graph, so the framework's host time per call is their floor).", ""]
     for device, part in groups.groupby("device", sort=True):
         lines += [f"### {device}", "", *_table(part, ["engine", "error_class", "regime"]), ""]
         if figures:
