@@ -11,6 +11,8 @@ by 10-30% between runs.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -61,6 +63,36 @@ def cli_seconds(args: list[str], repeats: int) -> float:
                    repeats)
 
 
+def startup_ratio(repeats: int) -> tuple[float, float, float, float]:
+    """Median wall times, then CPU times (user + system: steadier on a shared machine), of
+    ``python -m perfmodel.cli estimate -m llama-2-13b -H h100-sxm`` and of ``python -c
+    "import numpy"``, run alternately (the machine's load moves both alike). Both read
+    bytecode, as after a ``pip install``: a private pycache (one warm-up run each fills it),
+    whatever PYTHONDONTWRITEBYTECODE says."""
+    estimate = [sys.executable, "-m", "perfmodel.cli", "estimate", "-m", "llama-2-13b",
+                "-H", "h100-sxm"]
+    numpy = [sys.executable, "-c", "import numpy"]
+    with tempfile.TemporaryDirectory() as cache:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env |= {"PYTHONPYCACHEPREFIX": cache, "PYTHONPATH": str(ROOT)}
+        wall: dict[int, list[float]] = {0: [], 1: []}
+        cpu: dict[int, list[float]] = {0: [], 1: []}
+        for i in range(repeats + 1):
+            for j, command in enumerate((estimate, numpy)):
+                before, start = _child_cpu(), time.perf_counter()
+                subprocess.run(command, check=True, capture_output=True, cwd=ROOT, env=env)
+                if i:                     # the first round fills the cache
+                    wall[j].append(time.perf_counter() - start)
+                    cpu[j].append(_child_cpu() - before)
+    return (statistics.median(wall[0]), statistics.median(wall[1]),
+            statistics.median(cpu[0]), statistics.median(cpu[1]))
+
+
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def sweep_args(out: str) -> list[str]:
     """100,000 configurations: 500 batches x 25 prompts x 2 weight x 2 KV dtypes x 2 GPUs."""
     batches = ",".join(str(b) for b in range(1, 501))
@@ -84,6 +116,10 @@ def main() -> None:
                 "--gen", "256"]
     print(f"perfmodel estimate (CLI wall, median of {reps}): "
           f"{cli_seconds(estimate, reps):.3f} s")
+    est, numpy, est_cpu, numpy_cpu = startup_ratio(5 if quick else 15)
+    print(f"estimate CLI against python -c 'import numpy' (median of {5 if quick else 15}): "
+          f"wall {est:.3f} s / {numpy:.3f} s = {est / numpy:.2f}x, CPU {est_cpu:.3f} s / "
+          f"{numpy_cpu:.3f} s = {est_cpu / numpy_cpu:.2f}x (target < 2x)")
     print(f"perfmodel --help (CLI start, median of {reps}): {cli_seconds(['--help'], reps):.3f} s")
     with tempfile.TemporaryDirectory() as out:
         wall = cli_seconds(sweep_args(out), 1 if quick else 3)
