@@ -88,6 +88,11 @@ class Step:
     def mixed(cls, groups: list[tuple[int, int, int]], logits_all: bool = False,
               expert_skew: float = 0.0) -> Step:
         """One step of several groups, each (count, new_tokens, context)."""
+        if not groups or any(not isinstance(g, (tuple, list)) or len(g) != 3 for g in groups):
+            bad = next((g for g in groups if not isinstance(g, (tuple, list)) or len(g) != 3),
+                       "nothing")
+            raise SpecError(f"step: mixed: expected groups of (count, new_tokens, context), "
+                            f"got {bad!r}")
         count, new, ctx = (np.array([[g[i] for g in groups]]) for i in range(3))
         return cls(count, new, ctx, logits_all, expert_skew)
 
@@ -230,6 +235,7 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
     ``timing``: how host launches count (``roofline``; None: the device's own, a name, or
     codes per row). ``part``: "all" operators, or only the "context" ones (whose shape moves
     with the context: attention, MLA's form-dependent projections) or the "static" rest."""
+    check_records(model, hw, plan, step, dtypes)
     names, kinds, positions, t, built = _build(model, hw, plan, step, dtypes, timing, part)
     out = np.zeros((_FIELDS, len(names), len(step)))
     start = 0
@@ -241,6 +247,24 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
         start = end
     return StepCost(names, kinds, tuple(op_class(k) for k in kinds), positions, out[0], out[1],
                     ByteCounts(*out[2:7]), *out[7:])
+
+
+_RECORDS = (("model", Model, "pm.model('llama-3-8b')"),
+            ("hw", Hardware, "pm.hardware('h100-sxm')"),
+            ("plan", Parallelism, "pm.Parallelism()"),
+            ("step", Step, "pm.Step.uniform(8, 1, 2048)"),
+            ("dtypes", Dtypes, "pm.Dtypes.of()"))
+
+
+def check_records(*args: object) -> None:
+    """SpecError naming the first argument of ``price_step`` that is not the record its
+    place expects (hardware and model swapped raised an AttributeError)."""
+    for (what, kind, example), value in zip(_RECORDS, args, strict=True):
+        if not isinstance(value, kind):
+            hint = f" (a name: load it first, {example})" if isinstance(value, str) else ""
+            raise SpecError(f"price_step: argument {what!r} must be a {kind.__name__} record "
+                            f"like {example}, got type {type(value).__name__}{hint}; the "
+                            "order is (model, hw, plan, step, dtypes)")
 
 
 def step_records(model: Model, hw: Hardware | None, plan: Parallelism, step: Step,

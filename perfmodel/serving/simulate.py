@@ -55,11 +55,12 @@ class _Run:
 def simulate(model: Model, hw: Hardware, requests: Requests,
              plan: Parallelism | None = None, engine: EngineConfig | None = None,
              workload: Workload | None = None,
-             progress: Callable[[int, int], None] | None = None,
+             progress: Callable[[int, int, float], None] | None = None,
              label: str = "") -> SimResult:
     """Serve ``requests`` on ``plan.dp`` replicas of ``model`` on ``hw`` (dtypes from
     ``workload``, default as the checkpoint stores them) with ``engine``'s scheduler.
-    ``progress(done, total)`` is called as requests finish."""
+    ``progress(done, total, clock_s)`` is called as the simulation advances: requests
+    finished and the simulated clock, per engine (dp engines run one after another)."""
     plan = plan or Parallelism()
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
@@ -90,6 +91,7 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     order = np.argsort(requests.arrival_s, kind="stable")
     parts = [order[e::engines] for e in range(engines)] if not requests.closed_loop else \
         [np.arange(len(requests))[e::engines] for e in range(engines)]
+    parts = [idx for idx in parts if len(idx)]   # fewer requests than engines: the rest idle
     runs = [_simulate_one(model, hw, one, workload, engine, _subset(requests, idx, engines),
                           pool.blocks, progress) for idx in parts]
     return _merge(requests, parts, runs, pool.blocks, label,
@@ -110,7 +112,7 @@ def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
 
 def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                   engine: EngineConfig, requests: Requests, blocks: int,
-                  progress: Callable[[int, int], None] | None) -> _Run:
+                  progress: Callable[[int, int, float], None] | None) -> _Run:
     n = len(requests)
     offsets = np.concatenate([[0], np.cumsum(requests.output_tokens)])
     state = EngineState.new(engine, requests.input_tokens, requests.output_tokens,
@@ -133,7 +135,7 @@ def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
         stood = _replay(run, dry, times)
         guess.lookahead = int(min(LOOKAHEAD, max(4, 2 * stood)))
         if progress is not None:
-            progress(run.done, n)
+            progress(run.done, n, run.t)
     return run
 
 
