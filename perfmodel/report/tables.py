@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -38,16 +38,29 @@ def rows(e: Estimate) -> list[tuple[str, str]]:
         ("fits", fit),
         ("max batch", str(mem.max_batch)),
         *(_latency_rows(e) if e.denoise is None else _denoise_rows(e)),
-        ("end to end", fmt_time(e.e2e_s)),
-        ("throughput", f"{fmt_rate(e.throughput_tokens_per_s, 'tok/s')} overall" + (
+        ("end to end", fmt_time(e.e2e_s) + _band(e, "e2e_s", fmt_time)),
+        ("throughput", f"{_rate(e, 'throughput_tokens_per_s')} overall" + (
             "" if e.denoise is not None else
-            f", {fmt_rate(e.decode_tokens_per_s, 'tok/s')} in decode" if e.decode.steps
+            f", {_rate(e, 'decode_tokens_per_s')} in decode" if e.decode.steps
             else ", no decode steps")),
+        ("band", e.band_note),
     ] + [("warning", w) for w in e.warnings if w != e.memory_warning]  # fits covers memory
 
 
+def _band(e: Estimate, figure: str, fmt: Callable[[float], str]) -> str:
+    """" (80%: low to high)" of ``figure`` (``Estimate.edges``), or nothing without a band."""
+    edges = e.edges(figure)
+    return "" if edges is None else f" (80%: {fmt(edges[0])} to {fmt(edges[1])})"
+
+
+def _rate(e: Estimate, figure: str) -> str:
+    return fmt_rate(getattr(e, figure), "tok/s") + _band(
+        e, figure, lambda x: fmt_rate(x, "tok/s"))
+
+
 def _latency_rows(e: Estimate) -> list[tuple[str, str]]:
-    return [("TTFT (prefill)", f"{fmt_time(e.ttft_s)}  [{e.prefill.bound}-bound, "
+    return [("TTFT (prefill)", f"{fmt_time(e.ttft_s)}{_band(e, 'ttft_s', fmt_time)}  "
+                               f"[{e.prefill.bound}-bound, "
                                f"{fmt_count(e.prefill.flops)}FLOP, "
                                f"{fmt_bytes(e.prefill.bytes.total)}]"),
             *_prefix_rows(e), ("TPOT (decode mean)", _tpot(e)), *_speculation_rows(e)]
@@ -56,10 +69,12 @@ def _latency_rows(e: Estimate) -> list[tuple[str, str]]:
 def _denoise_rows(e: Estimate) -> list[tuple[str, str]]:
     """A diffusion LM's: the whole output at once, then its time per token."""
     d = e.denoise
-    return [("TTFT (whole output)", f"{fmt_time(e.ttft_s)}  [{d.steps} denoising steps, "
+    return [("TTFT (whole output)", f"{fmt_time(e.ttft_s)}{_band(e, 'ttft_s', fmt_time)}  "
+                                    f"[{d.steps} denoising steps, "
                                     f"{d.bound}-bound, {fmt_count(d.flops)}FLOP, "
                                     f"{fmt_bytes(d.bytes.total)}]"),
-            ("TPOT (denoise / gen)", f"{fmt_time(e.tpot_s)}  [a step: first "
+            ("TPOT (denoise / gen)", f"{fmt_time(e.tpot_s)}{_band(e, 'tpot_s', fmt_time)}  "
+                                     f"[a step: first "
                                      f"{fmt_time(d.first_step_s)}, last "
                                      f"{fmt_time(d.last_step_s)}]")]
 
@@ -108,7 +123,7 @@ def _kv_scales(wl: Workload) -> str:
 def _tpot(e: Estimate) -> str:
     if not e.decode.steps:
         return f"none (no decode step; the next would take {fmt_time(e.tpot_s)})"
-    return (f"{fmt_time(e.tpot_s)}  [{e.decode.bound}-bound; first "
+    return (f"{fmt_time(e.tpot_s)}{_band(e, 'tpot_s', fmt_time)}  [{e.decode.bound}-bound; first "
             f"{fmt_time(e.decode.first_step_s)}, last {fmt_time(e.decode.last_step_s)}]")
 
 

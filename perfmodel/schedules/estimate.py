@@ -165,6 +165,23 @@ class Estimate:
     assumed: tuple[str, ...] = ()       # what the numbers assume (``schedules.assumptions``)
     ttft_without_prefix_cache_s: float | None = None   # the prefill with nothing cached
     speculation: SpeculationSummary | None = None      # speculative decoding, when on
+    # the 80% band of each headline figure, (low, high) by name (``schedules.bands``);
+    # None: the device has no kernel measurements, so no band
+    band: dict[str, tuple[float, float]] | None = None
+
+    def edges(self, figure: str) -> tuple[float, float] | None:
+        """(low, high) of ``figure`` ("ttft_s", "tpot_s", "e2e_s",
+        "throughput_tokens_per_s", "decode_tokens_per_s"); None without a band."""
+        return None if self.band is None else self.band[figure]
+
+    @property
+    def band_note(self) -> str:
+        """Whose band the figures carry, in one line (or that there is none)."""
+        unc = self.hardware.uncertainty
+        if unc is None or self.band is None:
+            return "no band: device has no kernel measurements"
+        return (f"{unc.describe()}; kernel errors correlated within a class, independent "
+                f"across classes")
 
     def phase(self, name: str) -> Phase:
         for p in self.phases:
@@ -270,6 +287,9 @@ class Estimate:
         }
         if self.workload.shared_prefix:
             out["ttft_without_prefix_cache_s"] = self.ttft_without_prefix_cache_s
+        for figure, (low, high) in (self.band or {}).items():
+            out |= {f"{figure}_low": low, f"{figure}_high": high}
+        out["band"] = self.band_note
         out |= {p.name: p.to_dict() for p in self.phases}
         if self.speculation is not None:
             out["speculation"] = self.speculation.to_dict()

@@ -10,6 +10,7 @@ the typed ``Estimate`` of one. ``estimate`` is the length-1 case.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.params import param_counts
 from perfmodel.cost.timebase import BOUNDS, COMPUTE
 from perfmodel.schedules.assumptions import Assumption, assumptions, check_plan, joined
+from perfmodel.schedules.bands import FIGURES, Edges, request_bands
 from perfmodel.schedules.diffusion import (
     DENOISE,
     Diffusion,
@@ -49,9 +51,22 @@ from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workload, Workloads
 
 
+def _edge(figure: str, side: int) -> property:
+    def get(self: Estimates) -> np.ndarray:
+        edges = self.bands
+        return getattr(self, figure) if edges is None else edges[figure][side]
+    get.__doc__ = (f"(N,) the {('low', 'high')[side]} edge of ``{figure}``'s 80% band "
+                   f"(``schedules.bands``); ``{figure}`` itself where the device has no band")
+    return property(get)
+
+
 @dataclass(frozen=True, eq=False)
 class Estimates:
-    """N estimates of one model on one device under one plan, as arrays (one entry each)."""
+    """N estimates of one model on one device under one plan, as arrays (one entry each).
+    Where the device has an ``uncertainty:`` block, each headline figure has an 80% band:
+    ``ttft_s_low`` / ``ttft_s_high``, ``tpot_s_*``, ``e2e_s_*``,
+    ``throughput_tokens_per_s_*``, ``decode_tokens_per_s_*`` (the pessimistic edge: the
+    times' ``_high``, the throughputs' ``_low``); ``has_band`` says whether there is one."""
 
     hardware: Hardware
     model: Model
@@ -67,6 +82,28 @@ class Estimates:
 
     def __len__(self) -> int:
         return len(self.workloads)
+
+    @cached_property
+    def bands(self) -> Edges | None:
+        """(low, high) per headline figure (``schedules.bands.FIGURES``); None without a
+        band (the device's file has no ``uncertainty:`` block)."""
+        unc = self.hardware.uncertainty
+        if unc is None:
+            return None
+        w = self.workloads
+        return request_bands(self.phases, unc, w.batch, w.gen_len, self.plan.dp)
+
+    @property
+    def has_band(self) -> bool:
+        return self.hardware.uncertainty is not None
+
+    ttft_s_low, ttft_s_high = _edge("ttft_s", 0), _edge("ttft_s", 1)
+    tpot_s_low, tpot_s_high = _edge("tpot_s", 0), _edge("tpot_s", 1)
+    e2e_s_low, e2e_s_high = _edge("e2e_s", 0), _edge("e2e_s", 1)
+    throughput_tokens_per_s_low = _edge("throughput_tokens_per_s", 0)
+    throughput_tokens_per_s_high = _edge("throughput_tokens_per_s", 1)
+    decode_tokens_per_s_low = _edge("decode_tokens_per_s", 0)
+    decode_tokens_per_s_high = _edge("decode_tokens_per_s", 1)
 
     def phase(self, name: str) -> PhaseCost:
         return next(p for p in self.phases if p.name == name)
@@ -111,7 +148,10 @@ class Estimates:
                         tuple(line for mask, line in self.assumed
                               if np.broadcast_to(mask, (len(self),))[i]),
                         float(self.ttft_without_prefix_cache_s[i]),
-                        self.speculation.item(i) if self.speculation else None)
+                        self.speculation.item(i) if self.speculation else None,
+                        None if self.bands is None else {
+                            k: (float(lo[i]), float(hi[i])) for k, (lo, hi) in
+                            self.bands.items()})
 
     @property
     def converts(self) -> np.ndarray:
@@ -183,6 +223,9 @@ class Estimates:
         for f in fields(self.plan):
             out[f.name] = np.full(n, getattr(self.plan, f.name))
         out |= self.speculation.columns() if self.speculation else {}
+        for figure in FIGURES if self.bands is not None else ():
+            out |= {f"{figure}_low": self.bands[figure][0],
+                    f"{figure}_high": self.bands[figure][1]}
         for p in self.phases:
             total = p.total_bytes.total
             out |= {f"{p.name}_time_s": p.time, f"{p.name}_flops": p.total_flops,
