@@ -17,6 +17,7 @@ from perfmodel.cost.ops import ByteCounts, Num
 from perfmodel.cost.routing import device_imbalance
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
+from perfmodel.specs.uncertainty import Uncertainty
 from perfmodel.specs.workload import Parallelism, Workload
 
 
@@ -102,6 +103,18 @@ class SpeculationSummary:
         return out
 
 
+NO_BAND = "no band: device has no kernel measurements"
+
+
+def band_note(unc: Uncertainty | None) -> str:
+    """Whose band the figures carry, in one line (or that there is none)."""
+    if unc is None:
+        return NO_BAND
+    return f"{unc.describe()}; kernel errors correlated within a class, independent across " \
+        "classes"
+
+
+
 def mean_step(total_s: Num, steps: Num, first_step_s: Num) -> Num:
     """TPOT: the mean decode step (the step at context S+1 when no decode step runs)."""
     return np.where(steps > 0, total_s / np.maximum(steps, 1), first_step_s)
@@ -177,11 +190,7 @@ class Estimate:
     @property
     def band_note(self) -> str:
         """Whose band the figures carry, in one line (or that there is none)."""
-        unc = self.hardware.uncertainty
-        if unc is None or self.band is None:
-            return "no band: device has no kernel measurements"
-        return (f"{unc.describe()}; kernel errors correlated within a class, independent "
-                f"across classes")
+        return band_note(self.hardware.uncertainty if self.band is not None else None)
 
     def phase(self, name: str) -> Phase:
         for p in self.phases:

@@ -32,6 +32,7 @@ from perfmodel.schedules.estimate import (
     Estimate,
     OpSummary,
     Phase,
+    band_note,
     context_warning,
     diffusion_latency,
     expert_imbalance,
@@ -223,6 +224,7 @@ class Estimates:
         for f in fields(self.plan):
             out[f.name] = np.full(n, getattr(self.plan, f.name))
         out |= self.speculation.columns() if self.speculation else {}
+        out["band"] = [band_note(self.hardware.uncertainty)] * n
         for figure in FIGURES if self.bands is not None else ():
             out |= {f"{figure}_low": self.bands[figure][0],
                     f"{figure}_high": self.bands[figure][1]}

@@ -17,7 +17,9 @@ without a special case (the fast run's throughput is the high edge).
 
 from __future__ import annotations
 
-NO_BAND = "no band: device has no kernel measurements"
+from perfmodel.schedules.estimate import NO_BAND
+
+__all__ = ["NO_BAND", "banded_summary"]
 
 
 def banded_summary(centre: dict, low: dict, high: dict, note: str) -> dict:
