@@ -265,3 +265,18 @@ def test_a_band_in_code() -> None:
     e = pm.estimate(hw, pm.model("llama-3-8b"), pm.Workload(batch=1))
     low, high = e.edges("tpot_s")
     assert low < e.tpot_s < high
+
+
+def test_breakdown_shows_each_operators_band(tmp_path: Path) -> None:
+    """An operator's own band is its class's alone: qkv_proj at batch 1 decodes as a GEMV,
+    [t / 1.1, t / 0.9]; the breakdown gains the class and band columns only with a band."""
+    hw, m = load_hardware(_hw(tmp_path)), pm.model("llama-3-8b")
+    e = pm.estimate(hw, m, pm.Workload(batch=1, prompt_len=256, gen_len=8))
+    op = next(o for o in e.ops if o.phase == "decode" and o.name == "qkv_proj")
+    assert op.error_class == "gemv"
+    assert op.band == pytest.approx((op.time_s / 1.1, op.time_s / 0.9))
+    assert op.to_dict()["time_s_high"] == pytest.approx(op.time_s / 0.9)
+    args = ["estimate", "-m", "llama-3-8b", "--batch", "1", "--breakdown"]
+    with_band = runner.invoke(app, [*args, "-H", str(_hw(tmp_path))]).output
+    assert "80% band" in with_band and "attention_decode" in with_band
+    assert "80% band" not in runner.invoke(app, [*args, "-H", "h100-sxm"]).output

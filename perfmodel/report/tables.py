@@ -148,12 +148,18 @@ _BREAKDOWN_COLS = ("phase", "name", "op_class", "count", "flops", "bytes", "inte
                    "time_s", "share", "bound")
 
 
+def _breakdown_cols(e: Estimate) -> tuple[str, ...]:
+    return _BREAKDOWN_COLS + (("error_class", "80% band") if e.band is not None else ())
+
+
 def _breakdown_cells(e: Estimate, o: OpSummary) -> list[str]:
     phase_time = e.phase(o.phase).time_s
     share = o.time_s / phase_time if phase_time else 0.0
+    band = [o.error_class, f"{fmt_time(o.band[0])} to {fmt_time(o.band[1])}"] \
+        if e.band is not None and o.band is not None else []
     return [o.phase, o.name, o.op_class, f"{o.count:g}", fmt_count(o.flops),
             fmt_bytes(o.bytes.total), f"{o.intensity:.3g}", fmt_time(o.time_s),
-            f"{share:.1%}", o.bound]
+            f"{share:.1%}", o.bound, *band]
 
 
 def breakdown_note(e: Estimate) -> str:
@@ -175,8 +181,9 @@ def breakdown_note(e: Estimate) -> str:
 
 def breakdown(e: Estimate) -> str:
     """Every operator of both phases: FLOPs, bytes, intensity, time, share and bound."""
-    cells = [list(_BREAKDOWN_COLS)] + [_breakdown_cells(e, o) for o in e.ops]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(_BREAKDOWN_COLS))]
+    cols = _breakdown_cols(e)
+    cells = [list(cols)] + [_breakdown_cells(e, o) for o in e.ops]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     return breakdown_note(e) + "\n" + "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
 
@@ -184,7 +191,7 @@ def breakdown(e: Estimate) -> str:
 def breakdown_markdown(e: Estimate) -> str:
     """The breakdown as a markdown table."""
     return breakdown_note(e) + "\n\n" + markdown_table(
-        _BREAKDOWN_COLS, (_breakdown_cells(e, o) for o in e.ops))
+        _breakdown_cols(e), (_breakdown_cells(e, o) for o in e.ops))
 
 
 def to_json(e: Estimate, with_ops: bool = False) -> str:

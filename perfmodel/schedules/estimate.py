@@ -23,7 +23,9 @@ from perfmodel.specs.workload import Parallelism, Workload
 
 @dataclass(frozen=True)
 class OpSummary:
-    """One operator summed over a phase (all layers, all steps); ``count`` is per step."""
+    """One operator summed over a phase (all layers, all steps); ``count`` is per step.
+    ``error_class``: its kernels' (``cost.error_class``); ``band``: the 80% band of its own
+    time from its class's band alone (None: the device has none)."""
 
     phase: str
     name: str
@@ -34,6 +36,8 @@ class OpSummary:
     bytes: ByteCounts
     time_s: float
     bound: str
+    error_class: str = ""
+    band: tuple[float, float] | None = None
 
     @property
     def intensity(self) -> float:
@@ -44,7 +48,9 @@ class OpSummary:
         return float("inf") if self.flops else 0.0
 
     def to_dict(self) -> dict:
-        row = {k: v for k, v in asdict(self).items() if k != "bytes"}
+        row = {k: v for k, v in asdict(self).items() if k not in ("bytes", "band")}
+        if self.band is not None:
+            row["time_s_low"], row["time_s_high"] = self.band
         row.update({f"bytes_{k}": v for k, v in asdict(self.bytes).items()})
         row["bytes"] = self.bytes.total
         row["intensity"] = self.intensity

@@ -14,7 +14,9 @@ from functools import cached_property
 
 import numpy as np
 
+from perfmodel.cost.band import band, class_seconds
 from perfmodel.cost.dequant import converts
+from perfmodel.cost.error_class import CODE
 from perfmodel.cost.memory import MemoryEstimate, memory_estimate
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.params import param_counts
@@ -49,6 +51,7 @@ from perfmodel.specs.dtypes import DTYPES, compute_codes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
+from perfmodel.specs.uncertainty import ERROR_CLASSES, Uncertainty
 from perfmodel.specs.workload import Parallelism, Workload, Workloads
 
 
@@ -145,7 +148,8 @@ class Estimates:
         converts = bool(self.converts[i])
         return Estimate(self.hardware, self.model, self.workloads.item(i), self.plan,
                         self.params_total, self.params_active, self.memory.item(i),
-                        tuple(_phase(p, i, converts) for p in self.phases),
+                        tuple(_phase(p, i, converts, self.hardware.uncertainty)
+                              for p in self.phases),
                         tuple(line for mask, line in self.assumed
                               if np.broadcast_to(mask, (len(self),))[i]),
                         float(self.ttft_without_prefix_cache_s[i]),
@@ -239,25 +243,39 @@ class Estimates:
         return out
 
 
-def _phase(p: PhaseCost, i: int, converts: bool = False) -> Phase:
+def _phase(p: PhaseCost, i: int, converts: bool = False,
+           unc: Uncertainty | None = None) -> Phase:
     """Phase ``i`` of ``p``: its operators, each without the seconds its weight conversion
     adds, and where the weights are converted (``converts``) one ``dequant`` row with them
-    (``cost.dequant``), so the rows still add up to the phase."""
+    (``cost.dequant``; a GEMM's error class), so the rows still add up to the phase; each
+    operator with its own band under ``unc``."""
     live = [j for j in np.argsort(p.positions).tolist() if p.count[j, i] > 0]
-    count, flops, time, bound, dequant = (x[:, i].tolist() for x in (
-        p.count, p.flops, p.time_s, p.bound, p.dequant_s))
+    count, flops, time, bound, dequant, codes = (x[:, i].tolist() for x in (
+        p.count, p.flops, p.time_s, p.bound, p.dequant_s, p.error_codes))
     nbytes = [b[:, i].tolist() for b in p.bytes.astuple()]
     ops = tuple(OpSummary(p.name, p.names[j], p.kinds[j], p.classes[j], count[j], flops[j],
                           ByteCounts(*(b[j] for b in nbytes)), time[j] - dequant[j],
-                          BOUNDS[int(bound[j])]) for j in live)
+                          BOUNDS[int(bound[j])], *_own_band(time[j] - dequant[j],
+                                                            int(codes[j]), unc))
+                for j in live)
     added = sum(dequant)
     if converts:
         ops += (OpSummary(p.name, DEQUANT, DEQUANT, DEQUANT, 0.0, 0.0, ByteCounts(), added,
-                          BOUNDS[COMPUTE]),)
+                          BOUNDS[COMPUTE], *_own_band(added, CODE["gemm"], unc)),)
     total = ByteCounts(*(sum(b) for b in nbytes))
     return Phase(p.name, int(p.steps[i]), sum(time), sum(flops), total,
                  BOUNDS[int(p.phase_bound[i])], float(p.first_step_s[i]),
                  float(p.last_step_s[i]), ops, added)
+
+
+def _own_band(t: float, code: int, unc: Uncertainty | None
+              ) -> tuple[str, tuple[float, float] | None]:
+    """(error class, its band on ``t`` seconds alone) for an operator of class ``code``."""
+    name = ERROR_CLASSES[code]
+    if unc is None:
+        return name, None
+    low, high = band(class_seconds(np.array([[t]]), np.array([[code]])), unc)
+    return name, (float(low[0]), float(high[0]))
 
 
 def device_batch(w: Workloads, plan: Parallelism) -> Workloads:
