@@ -280,3 +280,25 @@ def test_breakdown_shows_each_operators_band(tmp_path: Path) -> None:
     with_band = runner.invoke(app, [*args, "-H", str(_hw(tmp_path))]).output
     assert "80% band" in with_band and "attention_decode" in with_band
     assert "80% band" not in runner.invoke(app, [*args, "-H", "h100-sxm"]).output
+
+
+def test_step_codes_are_error_class_of_each_record() -> None:
+    """The codes ``price_step`` carries are ``error_class`` of the records the harness
+    times, operator by operator and row by row (an MoE model: gemm, gemv, moe, both
+    attention classes, memory)."""
+    from perfmodel.cost.error_class import error_class
+    from perfmodel.cost.step import Step, price_step, step_records
+
+    hw, m = pm.hardware("h100-sxm"), pm.model("mixtral-8x7b")
+    step = Step.uniform([1, 16, 4], [1, 1, 300], [64, 900, 300])
+    plan = pm.Parallelism(tp=2)
+    cost = price_step(m, hw, plan, step, pm.Dtypes.of())
+    row = {n: i for i, n in enumerate(cost.names)}
+    seen = set()
+    for rec in step_records(m, hw, plan, step, pm.Dtypes.of()):
+        want = np.asarray(error_class(rec)).reshape(-1)
+        got = np.asarray(ERROR_CLASSES)[cost.error_codes[row[rec.name]]]
+        live = cost.count[row[rec.name]] > 0
+        assert list(got[live]) == list(np.broadcast_to(want, got.shape)[live]), rec.name
+        seen |= set(want.tolist())
+    assert {"gemm", "gemv", "moe", "attention_decode", "attention_prefill", "memory"} <= seen

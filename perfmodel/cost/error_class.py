@@ -34,10 +34,11 @@ def error_class(op: OpRecord) -> np.ndarray:
     return np.asarray(ERROR_CLASSES, dtype=object)[error_code(op)]
 
 
-def error_code(op: OpRecord) -> np.ndarray:
+def error_code(op: OpRecord, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """``error_class`` as codes (int8, positions in ``ERROR_CLASSES``): what a priced step
-    carries per operator and row (``cost.band``)."""
-    shape = op.shape
+    carries per operator and row (``cost.band``). ``shape``: the instance shape when the
+    caller knows it (``op.shape`` broadcasts every field to find it)."""
+    shape = op.shape if shape is None else shape
     if isinstance(op, Gemm):
         grouped = np.broadcast_to(np.asarray(op.groups) > 1, shape)
         narrow = np.broadcast_to(np.asarray(op.m) < GEMV_ROWS, shape)
@@ -51,10 +52,12 @@ def error_code(op: OpRecord) -> np.ndarray:
         return np.where(decode, CODE["attention_decode"],
                         CODE["attention_prefill"]).astype(np.int8)
     if isinstance(op, Pointwise):     # a kind per code: classify each code once
-        table = np.array([_code(k) for k in POINTWISE], np.int8)
-        return np.broadcast_to(table[np.asarray(op.code, dtype=int)], shape).copy()
+        return np.broadcast_to(_POINTWISE[np.asarray(op.code, dtype=int)], shape).copy()
     return np.full(shape, _code(op.kind), np.int8)
 
 
 def _code(kind: str) -> int:
     return _RULE.get(KINDS[kind].rule, CODE["memory"])
+
+
+_POINTWISE = np.array([_code(k) for k in POINTWISE], np.int8)     # by pointwise code

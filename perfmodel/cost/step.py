@@ -250,7 +250,7 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
         out[0, start:end] = rec.count
         if out[0, start:end].any():
             _priced(out[:, start:end], rec, hw, t)
-            codes[start:end] = error_code(rec)
+            codes[start:end] = error_code(rec, codes[start:end].shape)
         start = end
     return StepCost(names, kinds, tuple(op_class(k) for k in kinds), positions, out[0], out[1],
                     ByteCounts(*out[2:7]), *out[7:], codes)
