@@ -113,6 +113,9 @@ def simulate_cmd(
         "folder for requests.csv, steps.csv, summary.json and the figures"))] = None,
     progress: Annotated[bool, Opt(help="a progress bar on stderr")] = True,
     dpi: Annotated[int, Opt(min=1, max=1200)] = 120,
+    band: Annotated[bool, Opt(help=(
+        "the 80% band: simulate again with every step at the low and the high edge of its "
+        "kernels' band (a device with an uncertainty: block; 3x the time)"))] = True,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
@@ -148,11 +151,15 @@ def simulate_cmd(
         _warn_idle(streams, layout)
         runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label))
                 for r, reqs, label in streams]
+        edges = [tuple(_run(m, hw, reqs, layout, engine, wl, False, label, edge)
+                       for edge in (0, 1)) for _, reqs, label in streams] \
+            if band and hw.uncertainty is not None else None
     except SpecError as exc:
         fail(str(exc))
-    _show(runs, fmt, slo_ttft, slo_tpot, m, hw, layout, wl, engine)
+    summaries = _summaries(runs, edges, hw, slo_ttft, slo_tpot)
+    _show(runs, summaries, fmt, m, hw, layout, wl, engine)
     if folder is not None:
-        _write(folder, runs, slo_ttft, slo_tpot, dpi, _capacity(m, hw, layout, wl, engine))
+        _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
 
 
 def _within_limit(streams: list, limit: int, generated: bool) -> list:
@@ -181,6 +188,20 @@ def _warn_idle(streams: list, layout: Any) -> None:
     if fewest < engines:
         typer.echo(f"warning: {fewest:,} requests over {engines:,} engines: "
                    f"{engines - fewest:,} stay idle", err=True)
+
+
+def _summaries(runs: list, edges: list | None, hw: Any, slo_ttft: float | None,
+               slo_tpot: float | None) -> list[dict]:
+    """Each run's summary, with its 80% band where ``edges`` has the low and high runs."""
+    from perfmodel.serving.bands import NO_BAND, banded_summary
+
+    out = [res.summary(slo_ttft, slo_tpot) for _, res in runs]
+    if edges is None:
+        note = NO_BAND if hw.uncertainty is None else "no band: --no-band"
+        return [dict(s, band=note) for s in out]
+    return [banded_summary(s, *(e.summary(slo_ttft, slo_tpot) for e in pair),
+                           hw.uncertainty.describe() + "; every step at its band's edge")
+            for s, pair in zip(out, edges, strict=True)]
 
 
 def _engine(*values: Any) -> Any:
@@ -218,11 +239,13 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
 
 
 def _run(m: Any, hw: Any, reqs: Any, layout: Any, engine: Any, wl: Any, progress: bool,
-         label: str) -> Any:
+         label: str, edge: int | None = None) -> Any:
     from perfmodel.serving.simulate import simulate
 
     closed = bool(reqs.closed_loop)
     announce = _Eta(len(reqs), 0.0 if closed else float(reqs.arrival_s[-1]), label)
+    if edge is not None:        # a band's edge: the same run again, no second progress line
+        return simulate(m, hw, reqs, layout, engine, wl, label=label, edge=edge)
     if not progress:
         return simulate(m, hw, reqs, layout, engine, wl, announce, label)
     from tqdm import tqdm
@@ -276,11 +299,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86_400:,.0f} days"
 
 
-def _show(runs: list, fmt: Format, slo_ttft: float | None, slo_tpot: float | None,
-          m: Any, hw: Any, layout: Any, wl: Any, engine: Any) -> None:
+def _show(runs: list, summaries: list[dict], fmt: Format, m: Any, hw: Any, layout: Any,
+          wl: Any, engine: Any) -> None:
     from perfmodel.report import serving_tables as tables
 
-    points = [(r, res.summary(slo_ttft, slo_tpot)) for r, res in runs]
+    points = [(r, s) for (r, _), s in zip(runs, summaries, strict=True)]
     if fmt is Format.json:
         if len(points) == 1:
             typer.echo(tables.summary_json(points[0][1]))
@@ -308,8 +331,7 @@ def _capacity(m: Any, hw: Any, layout: Any, wl: Any, engine: Any) -> float:
     return capacity_rps(m, hw, layout, wl, engine)
 
 
-def _write(out: Path, runs: list, slo_ttft: float | None, slo_tpot: float | None,
-           dpi: int, capacity: float) -> None:
+def _write(out: Path, runs: list, summaries: list[dict], dpi: int, capacity: float) -> None:
     from perfmodel.report import serving_plots as plots
     from perfmodel.report import serving_tables as tables
 
@@ -318,14 +340,13 @@ def _write(out: Path, runs: list, slo_ttft: float | None, slo_tpot: float | None
             tag = "" if len(runs) == 1 else f"-{i}"
             (folder / f"requests{tag}.csv").write_text(tables.requests_csv(res))
             (folder / f"steps{tag}.csv").write_text(tables.steps_csv(res))
-            (folder / f"summary{tag}.json").write_text(
-                tables.summary_json(res.summary(slo_ttft, slo_tpot)))
+            (folder / f"summary{tag}.json").write_text(tables.summary_json(summaries[i]))
             save(plots.time_series(res), folder / f"timeseries{tag}.png", dpi)
         results = [res for _, res in runs]
         save(plots.latency_cdfs(results, [r.label for r in results]),
              folder / "latency_cdf.png", dpi)
         if len(runs) > 1:
-            points = [(r, res.summary(slo_ttft, slo_tpot)) for r, res in runs]
+            points = [(r, s) for (r, _), s in zip(runs, summaries, strict=True)]
             save(plots.load_curve(points, capacity), folder / "load.png", dpi)
             (folder / "load.txt").write_text(tables.load_table(points))
     typer.echo(f"wrote {out}/")

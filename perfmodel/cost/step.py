@@ -17,6 +17,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from perfmodel.cost import instantiate
+from perfmodel.cost.band import class_seconds
+from perfmodel.cost.error_class import error_code
 from perfmodel.cost.layers import step_template
 from perfmodel.cost.memory import kv_bytes_per_element, quantized_head
 from perfmodel.cost.ops import ByteCounts, OpRecord
@@ -166,11 +168,17 @@ class Dtypes:
 
 class OperatorTotals:
     """Per-row totals of a cost held as (operators, N) arrays ``time_s``, ``flops``,
-    ``bytes``: what a step or a phase adds up to."""
+    ``bytes``, ``error_codes`` (each operator's error class, ``cost.error_class``): what a
+    step or a phase adds up to."""
 
     time_s: np.ndarray
     flops: np.ndarray
     bytes: ByteCounts
+    error_codes: np.ndarray
+
+    def class_seconds(self) -> np.ndarray:
+        """(error classes, N) seconds of each row per error class (``cost.band``)."""
+        return class_seconds(self.time_s, self.error_codes)
 
     @property
     def time(self) -> np.ndarray:
@@ -194,7 +202,9 @@ class StepCost(OperatorTotals):
     (0: the operator does not run in that row); ``flops``, ``bytes`` and ``time_s`` cover all
     instances; ``compute_s``, ``memory_s``, ``fixed_s`` are per instance; ``bound`` codes
     (``roofline.BOUNDS``); ``dequant_s``: of ``time_s``, the seconds a weight-only GEMM's
-    in-kernel conversion adds (``cost.dequant``; 0 for every other operator)."""
+    in-kernel conversion adds (``cost.dequant``; 0 for every other operator);
+    ``error_codes``: each operator's error class in each row (``cost.error_class``), what
+    its uncertainty band is read from (``cost.band``)."""
 
     names: tuple[str, ...]
     kinds: tuple[str, ...]
@@ -212,12 +222,13 @@ class StepCost(OperatorTotals):
     memory_efficiency: np.ndarray
     dtype: np.ndarray            # compute dtype codes (``specs.dtypes``)
     dequant_s: np.ndarray
+    error_codes: np.ndarray
 
     def take(self, index: slice | np.ndarray) -> StepCost:
         """The steps at ``index`` (along N)."""
         arrays = {k: getattr(self, k)[:, index] for k in (
             "count", "flops", "time_s", "compute_s", "memory_s", "fixed_s", "bound",
-            "compute_efficiency", "memory_efficiency", "dtype", "dequant_s")}
+            "compute_efficiency", "memory_efficiency", "dtype", "dequant_s", "error_codes")}
         return StepCost(self.names, self.kinds, self.classes, self.positions, bytes=ByteCounts(
             *(b[:, index] for b in self.bytes.astuple())), **arrays)
 
@@ -238,15 +249,17 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
     check_records(model, hw, plan, step, dtypes)
     names, kinds, positions, t, built = _build(model, hw, plan, step, dtypes, timing, part)
     out = np.zeros((_FIELDS, len(names), len(step)))
+    codes = np.zeros((len(names), len(step)), np.int8)
     start = 0
     for block, rec in built:
         end = start + len(block.positions)
         out[0, start:end] = rec.count
         if out[0, start:end].any():
             _priced(out[:, start:end], rec, hw, t)
+            codes[start:end] = error_code(rec, codes[start:end].shape)
         start = end
     return StepCost(names, kinds, tuple(op_class(k) for k in kinds), positions, out[0], out[1],
-                    ByteCounts(*out[2:7]), *out[7:])
+                    ByteCounts(*out[2:7]), *out[7:], codes)
 
 
 _RECORDS = (("model", Model, "pm.model('llama-3-8b')"),

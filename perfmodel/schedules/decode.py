@@ -208,4 +208,4 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
         last_step = np.where(live, static_step + last.sum(axis=0), last_step)
     return PhaseCost("decode", np.maximum(steps, 0), first.names, first.kinds, first.classes,
                      first.positions, first.count, time, flops, ByteCounts(*nbytes), bound,
-                     first.time, last_step, first.time_s, dequant)
+                     first.time, last_step, first.time_s, dequant, first.error_codes)

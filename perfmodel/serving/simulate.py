@@ -56,11 +56,13 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
              plan: Parallelism | None = None, engine: EngineConfig | None = None,
              workload: Workload | None = None,
              progress: Callable[[int, int, float], None] | None = None,
-             label: str = "") -> SimResult:
+             label: str = "", edge: int | None = None) -> SimResult:
     """Serve ``requests`` on ``plan.dp`` replicas of ``model`` on ``hw`` (dtypes from
     ``workload``, default as the checkpoint stores them) with ``engine``'s scheduler.
     ``progress(done, total, clock_s)`` is called as the simulation advances: requests
-    finished and the simulated clock, per engine (dp engines run one after another)."""
+    finished and the simulated clock, per engine (dp engines run one after another).
+    ``edge`` 0 / 1: every step priced at the low / high edge of its 80% band
+    (``serving.bands``)."""
     plan = plan or Parallelism()
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
@@ -88,7 +90,7 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         [np.arange(len(requests))[e::engines] for e in range(engines)]
     parts = [idx for idx in parts if len(idx)]   # fewer requests than engines: the rest idle
     runs = [_simulate_one(model, hw, one, workload, engine, _subset(requests, idx, engines),
-                          pool.blocks, progress) for idx in parts]
+                          pool.blocks, progress, edge) for idx in parts]
     return _merge(requests, parts, runs, pool.blocks, label,
                   {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
                    "engine": engine, "steps_priced": sum(r.pricer.priced for r in runs),
@@ -107,14 +109,15 @@ def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
 
 def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                   engine: EngineConfig, requests: Requests, blocks: int,
-                  progress: Callable[[int, int, float], None] | None) -> _Run:
+                  progress: Callable[[int, int, float], None] | None, edge: int | None = None
+                  ) -> _Run:
     n = len(requests)
     offsets = np.concatenate([[0], np.cumsum(requests.output_tokens)])
     state = EngineState.new(engine, requests.input_tokens, requests.output_tokens,
                             requests.prefix_id, requests.prefix_tokens, blocks,
                             requests.prefilled)
     nan = np.full(n, np.nan)
-    run = _Run(state, StepPricer(model, hw, plan, w, engine), Arrivals(requests), offsets,
+    run = _Run(state, StepPricer(model, hw, plan, w, engine, edge), Arrivals(requests), offsets,
                np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy())
     guess = _Guess()
     while run.done < n:
