@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "perfmodel"
 # subpackages in data-path order: a module may import its own subpackage and those before it
-LAYERS = ("specs", "cost", "schedules", "serving", "compare", "report", "cli")
+LAYERS = ("specs", "cost", "schedules", "serving", "compare", "report", "cli", "ui")
 
 
 def _module(path: Path) -> str:

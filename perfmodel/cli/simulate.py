@@ -237,3 +237,28 @@ def _write(out: Path, runs: list, slo_ttft: float | None, slo_tpot: float | None
             save(plots.load_curve(points, capacity), folder / "load.png", dpi)
             (folder / "load.txt").write_text(tables.load_table(points))
     typer.echo(f"wrote {out}/")
+
+
+def inputs(p: dict[str, Any]) -> tuple:
+    """(model, device, workload, plan, engine config, [(rate, requests, label)]) of
+    ``simulate``'s parsed options ``p`` (keyword names as the command's parameters): what
+    the command simulates, and what the browser page simulates for the same options."""
+    from perfmodel.specs import load
+
+    for name in ("slo_ttft", "slo_tpot"):
+        if p[name] is not None and not p[name] > 0:
+            fail(f"--{name.replace('_', '-')}: expected a positive number of seconds, "
+                 f"got {p[name]}")
+    m, hw = load.model(p["model"]), device(p["hardware"], p["engine_name"])
+    wl = workload(m, 1, p["input_len"], p["output_len"], p["weights_dtype"], p["act_dtype"],
+                  p["kv_dtype"], quantize_lm_head=p["quantize_lm_head"])
+    layout = plan(p["tp"], p["pp"], p["ep"], p["dp"], p["attention_dp"], 0)
+    engine = _engine(p["max_num_seqs"], p["max_num_batched_tokens"],
+                     p["gpu_memory_utilization"], p["block_size"], p["chunked_prefill"],
+                     p["prefix_caching"], p["scheduler"].value, p["cuda_graphs"],
+                     p["max_model_len"])
+    streams = _traffic(p["trace"], p["rate"], p["concurrency"], p["num_requests"],
+                       p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
+                       p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
+                       p["seed"])
+    return m, hw, wl, layout, engine, streams
