@@ -20,6 +20,7 @@ from typing import Any
 from perfmodel.specs.errors import SpecError
 
 MAX_UPLOAD_BYTES = 4 * 1024 * 1024
+UPLOADED = "uploaded"     # the folder an upload is kept in: a Hugging Face config's model name
 
 
 @cache
@@ -61,8 +62,8 @@ class Uploads:
             if self._dir is None:
                 self._dir = tempfile.TemporaryDirectory(prefix="perfmodel-ui-")
             key = uuid.uuid4().hex[:12]
-            folder = Path(self._dir.name) / key
-            folder.mkdir()
+            folder = Path(self._dir.name) / key / UPLOADED    # a config.json's model name
+            folder.mkdir(parents=True)
             path = folder / safe
             path.write_bytes(data)
             self._files[key] = (path, safe)
@@ -74,6 +75,7 @@ class Uploads:
         if found:
             found[0].unlink(missing_ok=True)
             found[0].parent.rmdir()
+            found[0].parent.parent.rmdir()
 
     def resolve(self, value: str) -> tuple[str, str]:
         """(path to parse, name to show) of a setting: an upload's, or the value itself."""

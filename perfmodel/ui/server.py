@@ -30,10 +30,10 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, host: str, port: int, quiet: bool = True) -> None:
-        super().__init__((host, port), Handler)
-        self.uploads = Uploads()
+        self.uploads = Uploads()        # before binding: a failed bind calls server_close
         self.jobs = jobs.Jobs(self.uploads)
         self.quiet = quiet
+        super().__init__((host, port), Handler)
 
     @property
     def url(self) -> str:

@@ -284,7 +284,7 @@ async function init() {
   const c = await api("/api/choices");
   const fill = (select, items, blank) => {
     select.innerHTML = (blank ? `<option value="">${blank}</option>` : "") +
-      items.map(i => typeof i === "string" ? `<option>${i}</option>` : `<option value="${i.name}" title="${esc(i.description)}">${i.name}</option>`).join("");
+      items.map(i => typeof i === "string" ? `<option value="${i}">${i}</option>` : `<option value="${i.name}" title="${esc(i.description)}">${i.name}</option>`).join("");
   };
   fill($("#model"), c.models); $("#model").value = c.models.includes("llama-3-8b") ? "llama-3-8b" : c.models[0];
   fill($("#hardware"), c.hardware); $("#hardware").value = "h100-sxm";
