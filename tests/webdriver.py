@@ -130,3 +130,9 @@ class Browser:
 def required() -> bool:
     """Whether a missing browser fails the tests (CI) instead of skipping them."""
     return os.environ.get("PERFMODEL_REQUIRE_BROWSER") == "1"
+
+
+def run_async(browser: Browser, script: str, *args: Any) -> Any:
+    """Run ``script`` with a callback as its last argument (``arguments[arguments.length -
+    1]``) and return what it passes the callback."""
+    return browser._s("POST", "/execute/async", {"script": script, "args": list(args)})

@@ -118,7 +118,7 @@ def arguments(name: str, settings: dict[str, Any], uploads: Uploads,
         flag = "--" + str(key).lstrip("-")
         param = flags.get(flag)
         if param is None:
-            if value not in (None, "", False):
+            if value not in (None, "", False) and not _default_of_estimate(flag, value):
                 dropped.append(flag)
             continue
         if value is None or value == "":
@@ -140,6 +140,14 @@ def arguments(name: str, settings: dict[str, Any], uploads: Uploads,
         parsed += [flag, real]
         shown += [flag, display]
     return parsed, shown, dropped
+
+
+def _default_of_estimate(flag: str, value: Any) -> bool:
+    """Whether ``value`` is ``perfmodel estimate``'s default for ``flag`` (a page setting
+    another command lacks only matters when it is not the default)."""
+    param = _flags(command("estimate")).get(flag)
+    return param is not None and not isinstance(value, bool) and \
+        _same(value, getattr(param.default, "value", param.default))
 
 
 def _same(value: Any, default: Any) -> bool:

@@ -96,13 +96,20 @@ class Handler(BaseHTTPRequestHandler):
 
     def _answer(self, work: Any) -> None:
         try:
-            self._json(HTTPStatus.OK, work())
+            status = HTTPStatus.OK
+            body = json.dumps(work(), allow_nan=False, default=_plain).encode()
         except SpecError as exc:
-            self._json(HTTPStatus.BAD_REQUEST,
-                       {"error": self.server.uploads.shown(str(exc)).splitlines()[0]})
+            status = HTTPStatus.BAD_REQUEST
+            body = json.dumps({"error": self.server.uploads.shown(str(exc)).splitlines()[0]
+                               }).encode()
         except Exception as exc:   # never let a request take the server down
+            status = HTTPStatus.INTERNAL_SERVER_ERROR
             text = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]
-            self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": text})
+            body = json.dumps({"error": text}).encode()
+        try:
+            self._send(status, body, "application/json")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True     # the page moved on (a newer request replaced it)
 
     # --- routes -------------------------------------------------------------------------
     def do_HEAD(self) -> None:

@@ -57,7 +57,7 @@ async function update() {
     state.error = null;
     state.estimate = data;
     renderEstimate(data);
-    renderRoofline(data.roofline);
+    if (state.view === "roofline") renderRoofline(data.roofline);   // others: when shown
     $("#status").textContent = `estimate in ${(performance.now() - t0).toFixed(0)} ms`;
     if (state.view === "batch") await updateCurve();
     $$(".view").forEach(v => v.classList.remove("stale"));
@@ -303,9 +303,11 @@ async function init() {
     state.trace = r.ref; $('#sim-form [name="rate"]').value = ""; $('#sim-form [name="rate"]').placeholder = r.name; }));
   $$("#tabs button").forEach(b => b.addEventListener("click", () => {
     state.view = b.dataset.view;
+    Charts.hideTip();
     $$("#tabs button").forEach(x => x.classList.toggle("on", x === b));
     $$(".view").forEach(v => v.classList.toggle("on", v.id === "view-" + state.view));
     if (state.view === "batch") updateCurve();
+    if (state.view === "roofline" && state.estimate) renderRoofline(state.estimate.roofline);
   }));
   $$(".copy").forEach(b => b.addEventListener("click", () => {
     const text = b.parentElement.querySelector("code").textContent;

@@ -17,8 +17,9 @@ const Charts = (() => {
   function fmt(v) {
     if (v === 0) return "0";
     const a = Math.abs(v), short = x => String(+x.toPrecision(3));
-    for (const [size, unit] of [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e4, "k"]]) {
-      if (a >= size) return short(v / size) + unit;
+    for (const [from, size, unit] of [[1e15, 1e15, "P"], [1e12, 1e12, "T"], [1e9, 1e9, "G"],
+                                      [1e6, 1e6, "M"], [1e4, 1e3, "k"]]) {
+      if (a >= from) return short(v / size) + unit;
     }
     if (a >= 0.01) return short(v);
     return v.toExponential(0);
@@ -64,7 +65,13 @@ const Charts = (() => {
   // opts: {title, width, height, x: {label, log, base, min, max}, y: {...},
   //        series: [{name, color, kind: "line"|"points", points: [[x, y, meta], ...]}],
   //        tip: meta -> text}
+  function hideTip() {
+    const box = document.getElementById("tipbox");
+    if (box) box.style.display = "none";
+  }
+
   function draw(target, opts) {
+    hideTip();
     const W = opts.width || 640, H = opts.height || 360;
     const m = {l: 64, r: 16, t: opts.title ? 28 : 12, b: 46};
     target.innerHTML = "";
@@ -152,5 +159,5 @@ const Charts = (() => {
     svg.addEventListener("mouseleave", () => { box.style.display = "none"; });
   }
 
-  return {draw, fmt, PALETTE};
+  return {draw, fmt, hideTip, PALETTE};
 })();
