@@ -91,10 +91,11 @@ const n = arguments[0], done = arguments[arguments.length - 1], times = [];
 
 
 def browser_updates(n: int) -> list[float] | None:
-    """Milliseconds from typing a batch to the new numbers and operator table painted, in chromium."""
+    """Milliseconds from typing a batch to the new numbers and operator table painted
+    (chromium)."""
     sys.path.insert(0, str(ROOT))
-    from tests import webdriver
     from perfmodel.ui.server import start
+    from tests import webdriver
 
     if webdriver.binaries() is None:
         return None
@@ -131,7 +132,8 @@ def main() -> None:
         print("estimate update, browser: skipped (no chromium/chromedriver)")
     else:
         ms = sorted(ms)
-        print(f"estimate update, browser (input event to the new numbers and operator table painted): median "
+        print("estimate update, browser (input event to the new numbers and operator table "
+              f"painted): median "
               f"{statistics.median(ms):.0f} ms, p90 {ms[int(0.9 * len(ms))]:.0f} ms "
               f"({len(ms)} updates)")
 

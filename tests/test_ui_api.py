@@ -3,7 +3,11 @@ one line (400), anything else a one-line 500, and the server keeps answering; up
 in a temporary folder that is removed."""
 
 import json
+import os
 import shlex
+import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -206,3 +210,23 @@ def test_ui_command_refuses_a_busy_port_in_one_line(server):
     assert result.stderr.strip().splitlines() == [
         f"error: --port: cannot listen on 127.0.0.1:{port} (Address already in use), "
         "expected a free port (--port 0 picks one)"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_ui_command_serves_on_localhost_says_so_and_stops_cleanly(stop):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, "-m", "perfmodel.cli", "ui", "--no-browser",
+                             "--port", "0"], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("perfmodel ui: serving http://127.0.0.1:")
+        assert "(this machine only)" in line
+        url = line.split()[3]
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.status == 200 and b"perfmodel" in r.read()
+        proc.send_signal(stop)
+        assert proc.wait(20) == 0
+        assert proc.stderr.read().strip() == "perfmodel ui: stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -122,6 +122,7 @@ def test_a_small_simulation(page):
     line = page.text("#view-simulate .cli code")
     assert "--rate 3 --num-requests 30" in line
     code, out, _ = cli(shlex.split(line)[1:])
+    assert code == 0
     summary = json.loads(out)
     numbers = shown(page, "#sim-summary")
     assert numbers["ttft_s.p90"] == summary["ttft_s"]["p90"]

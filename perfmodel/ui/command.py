@@ -22,6 +22,7 @@ def ui_cmd(
 ) -> None:
     """Explore a deployment in the browser: estimate, roofline, batch curves, simulation
     and plan, each with the command line that reproduces it. Offline; Ctrl-C stops it."""
+    import signal
     import webbrowser
 
     from perfmodel.cli.errors import fail
@@ -37,9 +38,14 @@ def ui_cmd(
     typer.echo(f"perfmodel ui: serving {server.url} ({scope}); Ctrl-C stops it", err=True)
     if browser:
         webbrowser.open(server.url)
+    signal.signal(signal.SIGTERM, _interrupt)   # kill: stop as Ctrl-C does, uploads removed
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         typer.echo("perfmodel ui: stopped", err=True)
     finally:
         server.server_close()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
