@@ -230,3 +230,21 @@ def test_ui_command_serves_on_localhost_says_so_and_stops_cleanly(stop):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_trace_upload_drives_the_simulation(server, tmp_path):
+    rows = ["arrival_s,input_tokens,output_tokens"] + [f"{i * 0.25},{200 + 10 * i},{20 + i}"
+                                                        for i in range(16)]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    status, up = call(server, "/api/upload?kind=trace&name=trace.csv", raw=trace.read_bytes())
+    assert status == 200
+    _, job = call(server, "/api/simulate", {**BASE, "trace": up["ref"]})
+    view = wait(server, job["id"])
+    assert view["state"] == "done" and view["total"] == 16
+    line = view["result"]["command"]
+    assert "--trace trace.csv" in line
+    code, out, _ = cli(line.replace("trace.csv", str(trace)))
+    assert code == 0 and json.loads(out) == view["result"]["runs"][0]["summary"]
+    status, page = call(server, "/api/upload?kind=trace&name=t.csv", raw=b"a,b\n1,2\n")
+    assert status == 400 and page["error"].startswith("t.csv")

@@ -97,16 +97,19 @@ function renderEstimate(data) {
   const rows = SUMMARY.filter(([k]) => k in e).map(([k, label, unit]) => {
     const lo = e[k + "_low"], hi = e[k + "_high"];
     const band = lo !== undefined && hi !== undefined
-      ? `<td class="band" data-key="${k}_band">80%: ${num(lo, unit)} – ${num(hi, unit)}</td>` : "<td></td>";
+      ? `<td class="band" data-band="${k}" data-low="${lo}" data-high="${hi}">80%: ${num(lo, unit)} – ${num(hi, unit)}</td>` : "<td></td>";
     return `<tr><td>${label}</td>${cell(k, e[k], unit)}${band}</tr>`;
   });
   rows.push(`<tr><td>fits in memory</td><td data-key="fits" data-value="${e.fits}">${e.fits ? "yes" : "no"}</td><td></td></tr>`);
   $("#summary").innerHTML = `<tr><th>${e.model} on ${e.hardware} (${e.engine})</th><th>estimate</th><th>band</th></tr>` + rows.join("");
-  const notes = [...(e.warnings || []), ...(data.dropped.length ? [`not an estimate option: ${data.dropped.join(" ")}`] : [])];
+  const notes = [...(typeof e.band === "string" ? [`band: ${e.band}`] : []), ...(e.warnings || []), ...(data.dropped.length ? [`not an estimate option: ${data.dropped.join(" ")}`] : [])];
   $("#view-estimate .warnings").textContent = notes.join("\n");
   const ops = (e.operators || []).slice().sort((a, b) => b.time_s * b.count - a.time_s * a.count);
-  $("#operators").innerHTML = "<tr><th>phase</th><th>operator</th><th>class</th><th>time</th><th>FLOPs</th><th>bytes</th><th>FLOP/B</th><th>bound</th></tr>" +
+  const banded = ops.some(o => o.time_s_low !== undefined);
+  $("#operators").innerHTML = "<tr><th>phase</th><th>operator</th><th>class</th><th>time</th>" +
+    (banded ? "<th>80% band</th>" : "") + "<th>FLOPs</th><th>bytes</th><th>FLOP/B</th><th>bound</th></tr>" +
     ops.map(o => `<tr><td>${o.phase}</td><td>${o.name}</td><td>${o.op_class}</td>${cell("time_s", o.time_s, "s")}` +
+      (banded ? `<td class="band">${o.time_s_low === undefined || o.time_s_low === null ? "" : num(o.time_s_low, "s") + " – " + num(o.time_s_high, "s")}</td>` : "") +
       `<td>${Charts.fmt(o.flops)}</td><td>${Charts.fmt(o.bytes)}</td><td>${o.intensity === null ? "" : Charts.fmt(o.intensity)}</td><td>${o.bound}</td></tr>`).join("");
 }
 
