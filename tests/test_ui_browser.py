@@ -100,15 +100,16 @@ def test_a_broken_upload_and_an_impossible_setting_show_the_clis_line(page, tmp_
     bad = tmp_path / "config.json"
     bad.write_text('{"model_type": "llama", "hidden_size": ')
     settle(page, lambda: page.type("#model-file", str(bad), clear=False))
-    message = page.wait("document.querySelector('.err[data-for=\"model\"]').textContent")
+    upload = page.wait("document.querySelector('.err[data-for=\"model-file\"]').textContent")
     monkeypatch.chdir(tmp_path)
     code, _, err = cli(["estimate", "--model", "config.json", "--hardware", "h100-sxm"])
-    assert code == 2 and err.strip().splitlines() == [message]
+    assert code == 2 and err.strip().splitlines() == [upload]
     settle(page, lambda: page.type('[name="tp"]', "3"))
     message = page.text("#form-error")
     code, _, err = cli(["estimate", "--model", "qwen3-8b", "--hardware", "a100-80gb-sxm",
                         "--tp", "3"])
     assert code == 2 and err.strip().splitlines() == [message]
+    assert page.text('.err[data-for="model-file"]') == upload     # both stay in view
     settle(page, lambda: page.type('[name="tp"]', "1"))       # the page keeps working
     assert page.text("#form-error") == "" and shown(page)["tpot_s"] > 0
 

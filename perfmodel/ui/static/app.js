@@ -31,7 +31,7 @@ const SERVED = ["model", "hardware", "engine", "weights-dtype", "act-dtype", "kv
                 "tp", "pp", "ep", "dp", "attention-dp"];
 
 function clearErrors(scope) {
-  $$(".err", scope).forEach(e => { e.textContent = ""; });
+  $$(".err:not(.upload)", scope).forEach(e => { e.textContent = ""; });   // an upload's stays
 }
 
 function showError(message, fallback) {
@@ -249,7 +249,7 @@ function renderPlan(r) {
 async function upload(kind, input, onRef) {
   const file = input.files[0];
   if (!file) return;
-  const spot = $(`.err[data-for="${kind === "trace" ? "sim" : kind}"]`);
+  const spot = $(`.err[data-for="${kind === "trace" ? "sim" : kind + "-file"}"]`);
   spot.textContent = "";
   state.pending++;
   try {
@@ -299,7 +299,10 @@ async function init() {
   range.addEventListener("input", () => { batch.value = 2 ** range.value; update(); });
   batch.addEventListener("input", () => { range.value = Math.round(Math.log2(Math.max(1, +batch.value || 1))); });
   $("#settings").addEventListener("input", ev => { if (ev.target !== range && ev.target.type !== "file") update(); });
-  $("#settings").addEventListener("change", ev => { if (ev.target.tagName === "SELECT" || ev.target.type === "checkbox") update(); });
+  $("#settings").addEventListener("change", ev => {
+    if (ev.target.tagName === "SELECT" || ev.target.type === "checkbox") update();
+    if (ev.target.id === "model" || ev.target.id === "hardware") $(`.err[data-for="${ev.target.id}-file"]`).textContent = "";
+  });
   $("#model-file").addEventListener("change", ev => upload("model", ev.target, r => addUploaded($("#model"), r)));
   $("#hardware-file").addEventListener("change", ev => upload("hardware", ev.target, r => addUploaded($("#hardware"), r)));
   $("#trace-file").addEventListener("change", ev => upload("trace", ev.target, r => {
