@@ -1,10 +1,11 @@
-"""The deployment planner: its steady-state formulas, the candidate search, the ranking
-confirmed by simulation, and the ``plan`` command's output and one-line errors."""
+"""The deployment planner: its steady-state formulas, the candidate search (precision
+recipes, wide EP across nodes, the fewest replicas for a rate), the ranking by objective
+and the simulated check (tests/test_plan_cli.py: the command; test_plan_cost.py: prices)."""
 
 import numpy as np
 import pytest
 
-from perfmodel.serving import planner
+from perfmodel.serving import planner, planner_check, planner_search
 from perfmodel.serving.planner import Target, pareto_mask, steady_state
 from perfmodel.specs import load
 from perfmodel.specs.errors import SpecError
@@ -54,315 +55,154 @@ def test_pareto_mask():
     assert pareto_mask(x, y).tolist() == [True, True, True, False, True]
 
 
-def test_replica_plans_and_weights():
+
+def test_replica_plans_and_precision_recipes():
     assert [p.tp for p in planner.replica_plans(SMALL, H100, 8)] == [1, 2, 4, 8]
     assert [p.tp for p in planner.replica_plans(SMALL, load.hardware("h100-nvl"), 8)] == [1, 2]
     moe = planner.replica_plans(load.model("qwen3-30b-a3b"), H100, 4)
     assert [(p.tp, p.ep, p.attention_dp) for p in moe] == [
         (1, 1, False), (2, 2, False), (4, 4, False), (1, 2, True), (1, 4, True)]
-    assert [w.weights_dtype for w in planner.weight_choices(SMALL, H100)] == ["bf16", "fp8"]
-    assert [w.weights_dtype for w in planner.weight_choices(SMALL, A100)] == ["bf16"]
+    names = [p.name for p in planner.recipes(SMALL, H100)]
+    assert names == ["bf16", "W8A8-fp8", "W8A8-fp8 + fp8 KV"]
+    assert [p.name for p in planner.recipes(SMALL, A100)] == ["bf16"]      # no fp8 rate
+    w = planner.recipes(SMALL, H100)[2].workload(SMALL)
+    assert (w.weights_dtype, w.act_dtype, w.kv_dtype) == ("fp8", "fp8", "fp8")
+    assert planner.Precision("fp4", "bf16", "bf16").name == "W4A16-fp4"
 
 
-def test_replica_times_cap_batches_at_the_kv_ceiling():
-    big = load.model("llama-3-70b")
-    target = Target(8, 2.0, 0.05, 2048, 256)
-    times = planner.replica_times(big, H100, planner.Parallelism(tp=2), target)
-    bf16 = times["weights_dtype"] == "bf16"
-    assert times["batch"][bf16].tolist() == [7]              # bf16 TP2: room for 7 sequences
-    assert times["batch"][~bf16].max() == times["kv_max_batch"][~bf16][0]
-    assert np.all(np.diff(times["step_s"][~bf16]) > 0)
-    assert not len(planner.replica_times(big, A100, planner.Parallelism(), target)["batch"])
+def test_wide_expert_parallelism_crosses_nodes_and_says_what_is_left_out():
+    v3 = load.model("deepseek-v3")
+    plans = planner.replica_plans(v3, H100, 32)
+    wide = [p.ep for p in plans if p.attention_dp]
+    assert wide == [2, 4, 8, 16, 32]                         # 256 experts: 72 does not divide
+    target = Target(32, 1.0, 0.05, 2000, 300, rate=5.0)
+    cols, notes = planner.candidates(v3, [H100], target)
+    # 671B parameters do not fit in one 8 x 80 GB node: every H100 replica spans nodes
+    assert cols["nodes_per_replica"].min() >= 2 and (cols["nodes"] >= 2).all()
+    assert (cols["ep"] >= 16).all() and cols["attention_dp"].all()
+    assert any("pipeline parallelism" in n and "not searched" in n for n in notes)
+    assert any("need more than --gpus 32" in n for n in notes)
+    nvl = load.hardware("h100-sxm")
+    assert not any(p.ep > 8 for p in planner.replica_plans(
+        v3, planner_search.replace(nvl, interconnect=planner_search.replace(
+            nvl.interconnect, network_bytes_per_s=0.0)), 32))   # no network: stays in a node
 
 
-def test_candidates_split_over_nvlink_in_a_node_and_the_network_beyond():
-    cols = planner.candidates(SMALL, [H100], Target(16, 2.0, 0.05, 1000, 100))
-    split = cols["prefill_replicas"] > 0
-    assert set(cols["link"][split & (cols["tp"] == 8)]) == {"network"}
-    assert np.all(cols["gpus"] <= 16) and split.any() and (~split).any()
-    assert np.all(cols["transfer_s"][split] > 0) and np.all(cols["transfer_s"][~split] == 0)
-    inside = planner.candidates(SMALL, [H100], Target(4, 2.0, 0.05, 1000, 100))
-    assert set(inside["link"][inside["prefill_replicas"] > 0]) == {"nvlink"}
+def test_the_fewest_replicas_that_meet_the_ttft_slo_at_a_rate():
+    target = Target(None, 1.0, 0.05, 1000, 100, rate=40.0)
+    times = planner_search.replica_times(SMALL, H100, planner.Parallelism(), 1000, 100)
+    row, pre, dec = planner_search.replicas(times, 100, 1.0, 40.0, 10**6, split=True)
+    agg = pre == 0
+    one = steady_state(times["prefill_s"], times["step_s"], times["static_tokens_per_s"],
+                       times["batch"], 100, np.zeros(len(row[agg])), np.ones(len(row[agg])),
+                       np.zeros(len(row[agg])), np.broadcast_to(planner.LOADS, (
+                           len(row[agg]), len(planner.LOADS))))
+    ok = one["ttft_p90_s"] <= 1.0
+    best = np.array([planner.LOADS[np.flatnonzero(k)[-1]] if k.any() else 0.9 for k in ok]) \
+        * one["capacity_req_s"]
+    assert np.all(dec[agg] * best >= 40.0 - 1e-9)           # enough replicas ...
+    assert np.all((dec[agg] - 1) * best < 40.0)              # ... and no more
+    cols = planner.evaluate(planner.candidates(SMALL, [H100], target)[0], target)
+    assert cols["feasible"].any() and np.all(cols["rate_req_s"] == 40.0)
+    assert cols["load_share"][cols["feasible"]].max() <= 0.9 + 1e-9
 
 
-def test_plan_ranks_confirms_and_picks():
-    target = Target(2, 1.0, 0.03, 1000, 100)
-    result = planner.plan(SMALL, [H100, A100], target, n_requests=60)
+def test_the_unit_a_check_simulates():
+    assert planner_search.unit(0, 7) == (0, 1, 7)            # one replica at rate / 7
+    assert planner_search.unit(4, 6) == (2, 3, 2)            # 2P+3D at rate / 2
+    assert planner_search.unit(3, 5) == (3, 5, 1)
+
+
+def test_the_check_p90_and_its_interval():
+    rng = np.random.default_rng(0)
+    values = rng.exponential(1.0, 10_000)
+    p90, band = planner_check._p90(values)
+    assert p90 == pytest.approx(np.log(10), rel=0.05)       # exponential: p90 = ln 10
+    assert 0 < band < 0.2
+    assert planner_check._p90(np.full(100, 3.0)) == (3.0, 0.0)
+    warm, measured, drain = planner_check.requests_for(10.0, 3.0, 500)
+    assert (warm, measured, drain) == (60, 500, 30)          # 2 holds of warm-up, 1 of drain
+
+
+def test_ranking_by_objective_and_a_check_in_steady_state():
+    target = Target(4, 1.0, 0.03, 1000, 100, rate=20.0)
+    result = planner.plan(SMALL, [H100, A100], target, measure=200)
     cols = result.candidates
-    assert 1 <= len(result.confirmed) <= planner.CONFIRM
-    assert len({c["label"].rsplit(" B", 1)[0] for c in result.confirmed}) == \
-        len(result.confirmed)                                # distinct deployments
-    w = result.winner
-    assert w["confirmed"] and w["meets_slos"] and cols["feasible"][w["index"]]
-    assert w["simulated_ttft_p90_s"] <= 1.0 and w["simulated_tpot_p90_s"] <= 0.03
-    ranked = planner.ranking(cols, target)
-    assert cols["throughput_per_gpu"][ranked[0]] == cols["throughput_per_gpu"][cols[
-        "feasible"]].max()
-    records = result.records()
-    assert len(records) == len(cols["label"]) and any(r["pareto"] for r in records)
-    assert isinstance(records[0]["throughput_per_gpu"], float)
+    ok = cols["feasible"]
+    w = result.winner["index"]
+    assert cols["gpus"][w] == cols["gpus"][ok].min()         # fewest GPUs
+    by_goodput = planner.ranking(cols, target, "goodput")
+    assert cols["throughput_per_gpu"][by_goodput[0]] == cols["throughput_per_gpu"][ok].max()
+    c = result.confirmed[0]
+    assert c["measured_requests"] == 200 and c["warmup_requests"] > 0
+    assert c["requests"] == c["warmup_requests"] + 200 + (c["requests"] - 200 - c[
+        "warmup_requests"])
+    assert result.plan.gpus == cols["gpus"][w] and result.plan.precision.name in c["label"]
+    assert c["command"].startswith("perfmodel simulate -m llama-3-8b -H ")
 
 
-def test_a_rate_must_fit_under_the_slo_bound_load():
-    easy = planner.evaluate(planner.candidates(SMALL, [H100], Target(2, 1.0, 0.05, 1000, 100)),
-                            Target(2, 1.0, 0.05, 1000, 100))
-    top = easy["slo_rate_req_s"].max()
-    hard = Target(2, 1.0, 0.05, 1000, 100, rate=top * 1.01)
-    cols = planner.evaluate(planner.candidates(SMALL, [H100], hard), hard)
-    assert not cols["meets_ttft"].any()
-    assert np.all(cols["rate_req_s"] == hard.rate)
+def test_when_no_candidate_meets_the_slos_the_nearest_is_shown():
+    result = planner.plan(SMALL, [H100], Target(1, 0.001, 0.001, 500, 50), measure=100)
+    assert not result.candidates["feasible"].any()
+    assert not result.winner["confirmed"] and not result.winner["meets_slos"]
+
+
+def test_splits_a_model_cannot_take_are_skipped():
+    cols, _ = planner.candidates(load.model("falcon-7b"), [H100], Target(4, 2.0, 0.05, 500, 50))
+    assert set(cols["tp"].tolist()) == {1}                   # 71 heads: no TP 2 or 4
 
 
 @pytest.mark.parametrize(("kwargs", "flag"), [
-    ({"slo_ttft_s": 0.0}, "--slo-ttft"), ({"slo_tpot_s": -1.0}, "--slo-tpot"),
-    ({"gpus": 0}, "--gpus"), ({"input_len": 0}, "--input-len")])
+    ({"slo_ttft_s": 0}, "--slo-ttft"), ({"slo_tpot_s": -1}, "--slo-tpot"),
+    ({"input_len": 0}, "--input-len"), ({"gpus": 0}, "--gpus"), ({"gpus": 2.5}, "--gpus"),
+    ({"gpus": None}, "--gpus"), ({"rate": 0.0, "gpus": None}, "--rate"),
+    ({"rate": float("inf")}, "--rate")])
 def test_bad_targets_name_the_option(kwargs, flag):
-    args = {"gpus": 8, "slo_ttft_s": 2.0, "slo_tpot_s": 0.05, "input_len": 100,
+    args = {"gpus": 8, "slo_ttft_s": 1.0, "slo_tpot_s": 0.05, "input_len": 100,
             "output_len": 10} | kwargs
     with pytest.raises(SpecError, match=flag):
         Target(**args)
 
 
-def test_a_model_that_fits_nowhere():
-    with pytest.raises(SpecError, match=r"fits on none of l4 \(-H\) within --gpus 1"):
-        planner.plan(load.model("llama-3-70b"), [load.hardware("l4")],
-                     Target(1, 2.0, 0.05, 100, 10))
+def test_a_model_that_fits_nowhere_and_a_rate_beyond_the_budget():
+    with pytest.raises(SpecError, match="fits on none"):
+        planner.plan(load.model("llama-3.1-405b"), [load.hardware("l4")],
+                     Target(1, 2.0, 0.05, 500, 50))
+    with pytest.raises(SpecError, match=r"--gpus: 2 GPUs serve 500 req/s on none of "
+                       r"h100-sxm .* the fewest that do: 8 GPUs"):
+        planner.plan(SMALL, [H100], Target(2, 1.0, 0.05, 1000, 100, rate=500.0))
     with pytest.raises(SpecError, match="context limit"):
         planner.plan(SMALL, [H100], Target(1, 2.0, 0.05, 8000, 1000))
 
 
-# --- the plan command ----------------------------------------------------------------
+def test_a_disaggregated_check_is_reproduced_by_its_printed_call(capsys):
+    import ast
 
-def _cli():
-    import typer
-
-    from perfmodel.cli.app import OneLineErrors
-    from perfmodel.cli.plan import plan_cmd
-
-    cli = typer.Typer(cls=OneLineErrors, add_completion=False, pretty_exceptions_enable=False,
-                      rich_markup_mode=None)
-    cli.callback()(lambda: None)
-    cli.command("plan")(plan_cmd)
-    return cli
-
-
-def _run(*args: str):
-    from typer.testing import CliRunner
-
-    return CliRunner().invoke(_cli(), ["plan", *args])
+    target = Target(8, 1.0, 0.05, 1000, 100, rate=20.0)
+    cols, _ = planner.candidates(SMALL, [H100], target)
+    cols = planner.evaluate(cols, target)
+    split = np.flatnonzero(cols["feasible"] & (cols["prefill_replicas"] > 0)
+                           & (cols["gpus"] <= 3))
+    i = int(split[0])
+    plan = planner.record(SMALL, cols, i)
+    got = planner_check.check(SMALL, H100, plan, cols, i, target, 100, 0)
+    assert got["command"].startswith("python -c ") and f"dp={plan.prefill_dp}" in got["command"]
+    exec(got["command"].split('"')[1])                       # the printed call, as a user runs it
+    printed = ast.literal_eval(capsys.readouterr().out)
+    assert printed["n_requests"] == got["requests"]
+    assert printed["ttft_s"]["p90"] == pytest.approx(got["whole_run_ttft_p90_s"], rel=1e-9)
+    assert printed["tpot_s"]["p90"] == pytest.approx(got["whole_run_tpot_p90_s"], rel=1e-9)
 
 
-ASK = ("-m", "llama-3-8b", "-H", "h100-sxm,a100-80gb-sxm", "--gpus", "2", "--slo-ttft", "1",
-       "--slo-tpot", "0.03", "--requests", "60")
+def test_wide_ep_stays_in_one_nvlink_domain_where_the_device_has_one():
+    from dataclasses import replace
 
-
-def test_plan_command_explains_and_gives_launch_lines():
-    r = _run(*ASK, "--input-len", "1000", "--output-len", "100")
-    assert r.exit_code == 0, r.output
-    for text in ("chosen:", "met both SLOs in simulation", "why:", "parallelism (best", "batch ",
-                 "vllm serve meta-llama/Meta-Llama-3-8B", "--max-num-seqs",
-                 "python -m sglang.launch_server", "--max-running-requests", "pipeline",
-                 "planned in"):
-        assert text in r.stdout
-
-
-def test_plan_command_json_and_files(tmp_path):
-    import json
-
-    r = _run(*ASK, "--input-len", "1000", "--output-len", "100", "-f", "json",
-             "--out", str(tmp_path / "p"))
-    assert r.exit_code == 0, r.output
-    data = json.loads(r.stdout.split("\nwrote ")[0])
-    assert data["winner"]["confirmed"] and data["commands"]["vLLM"].startswith("vllm serve")
-    assert data["feasible"] <= data["candidates"] and data["pareto"]
-    head = (tmp_path / "p" / "plan.csv").read_text().splitlines()[0].split(",")
-    assert {"throughput_per_gpu", "tokens_per_s_per_user", "pareto", "feasible"} <= set(head)
-    assert (tmp_path / "p" / "pareto.png").stat().st_size > 10_000
-    assert json.loads((tmp_path / "p" / "plan.json").read_text())["model"] == "llama-3-8b"
-
-
-def test_plan_command_from_a_trace(tmp_path):
-    from perfmodel.serving import traffic
-
-    path = tmp_path / "t.csv"
-    traffic.write_trace(traffic.generate(80, rate=4.0, input_len=800, output_len=80, seed=1),
-                        path)
-    r = _run(*ASK, "--trace", str(path))
-    assert r.exit_code == 0, r.output
-    assert "4.00 req/s" in r.stdout and "the trace's 4.00 req/s" in r.stdout
-    both = _run(*ASK, "--trace", str(path), "--input-len", "5")
-    assert both.exit_code == 2 and "--input-len" in both.stderr
-
-
-@pytest.mark.parametrize(("change", "flag"), [
-    (("--slo-ttft", "0"), "--slo-ttft"), (("--slo-tpot", "-0.1"), "--slo-tpot"),
-    (("--gpus", "0"), "--gpus"), (("-H", "h100-sxmm"), "--hardware"),
-    (("-m", "llama-3.1-405b", "-H", "l4", "--gpus", "1"), "fits on none"),
-    ((), "--input-len")])
-def test_plan_command_bad_input_is_one_line(change, flag):
-    args = list(ASK)
-    for key, value in zip(change[::2], change[1::2], strict=True):
-        args[args.index(key) + 1] = value
-    lengths = () if flag == "--input-len" else ("--input-len", "100", "--output-len", "10")
-    r = _run(*args, *lengths)
-    assert r.exit_code == 2
-    assert r.stderr.startswith("error: ") and flag in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
-
-
-def test_launch_lines_of_moe_and_split_deployments():
-    from types import SimpleNamespace
-
-    from perfmodel.cli.plan import commands
-
-    def cols(**over):
-        base = {"tp": [1], "ep": [4], "attention_dp": [True], "prefill_replicas": [0],
-                "decode_replicas": [2], "batch": [128], "weights_dtype": ["fp8"]}
-        return {k: np.array(v) for k, v in (base | over).items()}
-
-    moe = SimpleNamespace(model=load.model("qwen3-30b-a3b"), winner={"index": 0},
-                          candidates=cols())
-    out = commands(moe)
-    assert "--data-parallel-size 4 --enable-expert-parallel --quantization fp8" in out["vLLM"]
-    assert "--tp 4 --dp 4 --enable-dp-attention --ep-size 4" in out["SGLang"]
-    assert out["vLLM"].startswith("2 replicas, each: vllm serve Qwen/")
-    split = SimpleNamespace(model=SMALL, winner={"index": 0}, candidates=cols(
-        tp=[2], ep=[1], attention_dp=[False], prefill_replicas=[1], decode_replicas=[3],
-        weights_dtype=["bf16"]))
-    out = commands(split)
-    assert out["vLLM"].count("NixlConnector") == 2 and "--quantization" not in out["vLLM"]
-    assert "# 1 prefill instance(s)" in out["vLLM"] and "# 3 decode" in out["vLLM"]
-    assert "--disaggregation-mode prefill" in out["SGLang"]
-    assert "--disaggregation-mode decode --disaggregation-transfer-backend nixl " \
-           "--max-running-requests 128" in out["SGLang"]
-
-
-def test_the_brief_example_answers_in_under_ten_seconds():
-    import time
-
-    start = time.perf_counter()
-    r = _run("-m", "llama-3-70b", "-H", "h100-sxm,a100-80gb-sxm", "--gpus", "8",
-             "--input-len", "2048", "--output-len", "256", "--slo-ttft", "2",
-             "--slo-tpot", "0.05")
-    assert r.exit_code == 0, r.output
-    assert time.perf_counter() - start < 10
-    assert "chosen: h100-sxm" in r.stdout
-
-
-def test_when_no_candidate_meets_the_slos_the_nearest_is_shown():
-    result = planner.plan(SMALL, [H100], Target(1, 0.001, 0.001, 500, 50), n_requests=40)
-    assert not result.candidates["feasible"].any()
-    assert not result.winner["confirmed"] and not result.winner["meets_slos"]
-    assert all(planner.SIM_LEAST <= c["requests"] <= 40 for c in result.confirmed)
-
-
-def test_splits_a_model_cannot_take_are_skipped():
-    cols = planner.candidates(load.model("falcon-7b"), [H100], Target(4, 2.0, 0.05, 500, 50))
-    assert set(cols["tp"].tolist()) == {1}                   # 71 heads: no TP 2 or 4
-
-
-# --- prices: the hardware YAML's price: block, tokens per dollar, --rank cost ------------
-
-PRICES = {"h100-sxm": 10.0, "a100-80gb-sxm": 1.0}     # USD per GPU-hour, made up for the test
-
-
-def _priced(tmp_path, name: str, block: str) -> str:
-    """A copy of the shipped ``name``.yaml with ``block`` appended at the top level."""
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(load.HARDWARE_DIR.joinpath(f"{name}.yaml").read_text() + block)
-    return str(path)
-
-
-def _price_block(usd: object, extra: str = "") -> str:
-    return f"price:\n  usd_per_hour: {usd}\n  source: \"made up for a test\"\n{extra}"
-
-
-def test_shipped_files_carry_no_price():
-    assert all(load.hardware(n).price_per_hour is None for n in load.shipped(load.HARDWARE_DIR))
-
-
-def test_a_price_block_gives_price_per_hour(tmp_path):
-    hw = load.hardware(_priced(tmp_path, "h100-sxm", _price_block(2.99)))
-    assert hw.price_per_hour == 2.99 and hw.sources["price"] == "made up for a test"
-    assert hw.peak("bf16") == H100.peak("bf16")
-
-
-@pytest.mark.parametrize(("block", "what"), [
-    (_price_block(-2.5), "positive"), (_price_block(".nan"), "finite"),
-    (_price_block('"$2.99"'), "number of US dollars"), (_price_block('"2.99"'), "US dollars"),
-    (_price_block(5000), "at most 1000"), (_price_block(2.0, "  currency: EUR\n"), "unknown"),
-    ("price:\n  usd_per_hour: 2.0\n", "missing"), ("price: 2.99\n", "mapping")])
-def test_bad_prices_are_one_line_errors_naming_file_and_field(tmp_path, block, what):
-    path = _priced(tmp_path, "h100-sxm", block)
-    with pytest.raises(SpecError) as err:
-        load.hardware(path)
-    msg = str(err.value)
-    assert msg.startswith(f"{path}: price") and what in msg and "\n" not in msg
-    field = "source" if what == "missing" else "currency" if what == "unknown" else \
-        "price" if what == "mapping" else "usd_per_hour"
-    assert field in msg
-
-
-def _two_priced(tmp_path) -> list:
-    return [load.hardware(_priced(tmp_path, n, _price_block(usd))) for n, usd in PRICES.items()]
-
-
-def test_cost_ranking_picks_the_cheaper_per_token_device(tmp_path):
-    from perfmodel.serving.dollars import priced
-
-    target = Target(2, 1.0, 0.03, 1000, 100)
-    devices = _two_priced(tmp_path)
-    cols = planner.evaluate(planner.candidates(SMALL, devices, target), target)
-    cols, note = priced(cols, devices, "gpu")
-    ok = cols["feasible"]
-    best = {n: cols["throughput_per_gpu"][ok & (cols["hardware"] == n)].max() for n in PRICES}
-    # by hand: tokens per dollar = tok/s per GPU x 3600 s / USD per GPU-hour
-    per_dollar = {n: best[n] * 3600 / PRICES[n] for n in PRICES}
-    assert best["h100-sxm"] > best["a100-80gb-sxm"]          # faster per GPU ...
-    assert per_dollar["a100-80gb-sxm"] > per_dollar["h100-sxm"]   # ... dearer per token
-    by_gpu, by_cost = (planner.ranking(cols, target, r) for r in ("gpu", "cost"))
-    assert cols["hardware"][by_gpu[0]] == "h100-sxm"
-    assert cols["hardware"][by_cost[0]] == "a100-80gb-sxm"
-    assert cols["tokens_per_dollar"][by_cost[0]] == pytest.approx(per_dollar["a100-80gb-sxm"])
-    assert "ranked by throughput per GPU" in note
-    won = planner.plan(SMALL, devices, target, n_requests=60, rank="cost")
-    assert won.winner["label"].startswith("a100-80gb-sxm") and won.rank == "cost"
-    assert won.winner["estimated_tokens_per_dollar"] == pytest.approx(
-        won.candidates["tokens_per_dollar"][won.winner["index"]])
-    assert any("ranked by output tokens per dollar" in n for n in won.notes)
-
-
-def test_some_devices_priced_ranks_per_gpu_and_says_so(tmp_path):
-    target = Target(2, 1.0, 0.03, 1000, 100)
-    mixed = [load.hardware(_priced(tmp_path, "h100-sxm", _price_block(2.0))), A100]
-    result = planner.plan(SMALL, mixed, target, n_requests=60)
-    assert "tokens_per_dollar" not in result.candidates
-    assert any("a100-80gb-sxm has no price while h100-sxm has one" in n for n in result.notes)
-    with pytest.raises(SpecError, match="--rank cost: no price for a100-80gb-sxm"):
-        planner.plan(SMALL, mixed, target, n_requests=60, rank="cost")
-    assert any("no hardware file has a price" in n for n in planner.plan(
-        SMALL, [H100], target, n_requests=40).notes)
-
-
-def test_plan_command_ranks_per_dollar(tmp_path):
-    import json
-
-    paths = ",".join(_priced(tmp_path, n, _price_block(usd)) for n, usd in PRICES.items())
-    ask = ["-m", "llama-3-8b", "-H", paths, "--gpus", "2", "--slo-ttft", "1", "--slo-tpot",
-           "0.03", "--requests", "60", "--input-len", "1000", "--output-len", "100"]
-    by_gpu = _run(*ask)
-    assert by_gpu.exit_code == 0, by_gpu.output
-    assert "chosen: h100-sxm" in by_gpu.stdout and "tok/$" in by_gpu.stdout
-    assert "ranked by throughput per GPU (--rank cost" in by_gpu.stdout
-    r = _run(*ask, "--rank", "cost", "-f", "json", "--out", str(tmp_path / "p"))
-    assert r.exit_code == 0, r.output
-    data = json.loads(r.stdout.split("\nwrote ")[0])
-    assert data["ranked_by"] == "cost" and data["winner"]["label"].startswith("a100-80gb-sxm")
-    assert data["first_by"]["gpu"].startswith("h100-sxm")
-    assert data["first_by"]["cost"].startswith("a100-80gb-sxm")
-    assert any("per dollar" in line for line in data["reasons"])
-    head = (tmp_path / "p" / "plan.csv").read_text().splitlines()[0].split(",")
-    assert {"tokens_per_dollar", "usd_per_gpu_hour"} <= set(head)
-    unpriced = _run(*ASK, "--input-len", "1000", "--output-len", "100", "--rank", "cost")
-    assert unpriced.exit_code == 2 and unpriced.stderr.startswith("error: --rank cost")
-    assert len(unpriced.stderr.strip().splitlines()) == 1
+    rack = replace(H100, name="h100-nvl72-test",
+                   interconnect=replace(H100.interconnect, max_devices=72))
+    v3 = load.model("deepseek-v3")
+    plans = planner.replica_plans(v3, rack, 64)
+    assert [p.ep for p in plans if p.attention_dp] == [2, 4, 8, 16, 32, 64]
+    assert max(p.tp for p in plans) == 8                     # TP stays at 8 at most
+    cols, _ = planner.candidates(v3, [rack], Target(64, 1.0, 0.05, 2000, 300, rate=5.0))
+    wide = cols["ep"] >= 16
+    assert wide.any() and (cols["nodes_per_replica"][wide] == 1).all()

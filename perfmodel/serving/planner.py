@@ -1,75 +1,91 @@
-"""The deployment planner: which device, tensor parallelism, weights dtype, batch ceiling
-(``max_num_seqs``) and aggregated or disaggregated (xP + yD) serving give the most output
-tokens per GPU while the p90 TTFT and TPOT stay within their SLOs, on a budget of GPUs.
+"""The deployment planner: which device, parallelism (TP in a node, or wide EP across
+nodes), precision recipe, batch ceiling (``max_num_seqs``), replica count and aggregated or
+disaggregated (xP + yD) serving meet the p90 TTFT and TPOT SLOs at a request rate, chosen
+by an objective (fewest GPUs, lowest cost per hour, or most goodput per GPU), within at
+most ``--gpus``.
 
 1. Every candidate is estimated analytically, one ``estimate_many`` call per (device,
-   replica plan) over all weights dtypes and batches (``replica_times``); the formulas
-   that turn those times into a steady state are in ``steady_state``, and nowhere else.
-2. Candidates are filtered by the SLOs and ranked by throughput per GPU, or (``rank``
-   "cost", when every device's hardware file has a ``price:``) by output tokens per dollar
-   (``serving.dollars``); the first few are confirmed by ``simulate`` (Poisson arrivals
-   at the load the estimate says they sustain, seeded).
-3. ``PlanResult`` holds every candidate as columns (the CSV), the Pareto front of
-   throughput per GPU against tokens per second per user, the confirmations, the winner
-   (``cli.plan`` explains it and writes its vLLM and SGLang command lines).
-
-Pipeline parallelism is not searched: the simulator does not run pipeline stages yet.
+   replica plan) over all precision recipes and batches (``planner_search``); the formulas
+   that turn those times into a steady state are ``planner_search.steady_state``.
+2. Candidates are filtered by the SLOs and ranked by the objective (``OBJECTIVES``); the
+   first few are checked in simulation (``planner_check``: one replica at its share of the
+   rate, warm-up left out, a 95% interval on each p90).
+3. ``PlanResult`` holds every candidate as columns (the CSV), the Pareto front, the checks
+   and the winner; ``Plan`` is the winner as a record (what the launch lines need).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodel.cost.memory import memory_estimate
-from perfmodel.schedules.estimates import estimate_many
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.disagg import Pool, kv_transfer_s, simulate_disaggregated
-from perfmodel.serving.dollars import RANKS, priced
+from perfmodel.serving import planner_search as search
+from perfmodel.serving.dollars import OBJECTIVES, priced
+from perfmodel.serving.planner_check import MEASURE, check, unchecked_command
+from perfmodel.serving.planner_search import (  # noqa: F401 - the planner's public names
+    LOADS,
+    Precision,
+    _wait_p90,
+    recipes,
+    replica_plans,
+    steady_state,
+)
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.simulate import simulate
-from perfmodel.serving.traffic import generate
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
-from perfmodel.specs.workload import Parallelism, Workload, Workloads
+from perfmodel.specs.workload import Parallelism
 
-TPS = (1, 2, 4, 8)
-BATCHES = (8, 16, 32, 64, 128, 256, 512)
-LOADS = np.round(np.arange(1, 19) * 0.05, 2)      # shares of capacity tried, at most 0.9
 CONFIRM = 3
-SIM_REQUESTS = 300
-SIM_SECONDS, SIM_LEAST = 120.0, 30   # a light load's run: ~2 minutes of arrivals, >= 30
-NOTES = ("pipeline parallelism (pp > 1) is not searched: the simulator does not run "
-         "pipeline stages yet",
-         "estimates: M/D/1 queueing for prompt compute, M/D/c for batch slots (Erlang C, "
-         "half M/M/c's wait); TPOT at the full batch; the top candidates simulated")
+NOTES = ("estimates: M/D/1 queueing for prompt compute, M/D/c for batch slots (Erlang C, "
+         "half M/M/c's wait); TPOT at the full batch",
+         "check: one replica (or the smallest prefill:decode unit) simulated at its share of "
+         "the rate, a valid shortcut since replicas dealt shares of one Poisson stream are "
+         "statistically alike (a round-robin router smooths arrivals, so a whole deployment's "
+         "p90 TTFT is if anything lower); warm-up (2 slot-holding times) and drain (1) left "
+         "out; +- is a 95% interval from the p90s of 10 consecutive batches of the measured "
+         "requests",
+         "precision recipes as the engines name them: W8A8-fp8 is vLLM's --quantization fp8 "
+         "(SGLang's too), fp8 KV its --kv-cache-dtype fp8 (SGLang fp8_e4m3)")
+LENGTH_DISTS = ("fixed", "uniform", "lognormal")
 
 
 @dataclass(frozen=True, eq=False)
 class Target:
-    """What the deployment must do: ``gpus`` at most, p90 TTFT and TPOT SLOs (seconds),
-    mean prompt and output lengths; ``rate`` (req/s) and ``trace`` (the requests to
-    confirm on) when a trace was given."""
+    """What the deployment must do: p90 TTFT and TPOT SLOs (seconds), mean prompt and
+    output lengths (``length_dist``/``spread`` as ``simulate`` draws them), ``rate``
+    (req/s; None: as much as ``gpus`` serve), ``gpus`` at most (None: no ceiling, only
+    with a rate); ``trace``: a trace whose lengths the check draws from."""
 
-    gpus: int
+    gpus: int | None
     slo_ttft_s: float
     slo_tpot_s: float
     input_len: float
     output_len: float
     rate: float | None = None
     trace: Requests | None = None
+    length_dist: str = "fixed"
+    spread: float = 0.5
+    trace_path: str = ""
 
     def __post_init__(self) -> None:
         for flag, value in (("--slo-ttft", self.slo_ttft_s), ("--slo-tpot", self.slo_tpot_s),
                             ("--input-len", self.input_len), ("--output-len", self.output_len)):
-            if not value > 0:
+            if not value > 0 or not np.isfinite(value):
                 unit = "seconds" if flag.startswith("--slo") else "tokens"
                 raise SpecError(f"{flag}: expected a positive number of {unit}, got {value}")
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, (int, np.integer)) \
-                or self.gpus < 1:
+        if self.gpus is None and self.rate is None:
+            raise SpecError("--gpus: expected a GPU budget, or a --rate to size the fewest")
+        if self.gpus is not None and (isinstance(self.gpus, bool) or not isinstance(
+                self.gpus, (int, np.integer)) or self.gpus < 1):
             raise SpecError(f"--gpus: expected a whole number of GPUs >= 1, got {self.gpus!r}")
+        if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
+            raise SpecError(f"--rate: expected requests per second > 0, got {self.rate}")
+        if self.length_dist not in (*LENGTH_DISTS, "empirical"):
+            raise SpecError(f"--length-dist: expected one of {', '.join(LENGTH_DISTS)}, "
+                            f"got {self.length_dist!r}")
 
     @property
     def lengths(self) -> tuple[int, int]:
@@ -77,12 +93,39 @@ class Target:
         return max(1, round(self.input_len)), max(1, round(self.output_len))
 
 
+@dataclass(frozen=True)
+class Plan:
+    """One deployment as the engines launch it: ``dp`` replicas (the decode pool's when
+    ``prefill_dp`` > 0), each ``tp`` x ``pp`` x ``ep`` devices over ``nodes`` nodes per
+    replica, the precision recipe, and the engine's batch limits."""
+
+    model: str
+    hardware: str
+    tp: int
+    pp: int
+    ep: int
+    attention_dp: bool
+    dp: int
+    prefill_dp: int
+    precision: Precision
+    gpus: int
+    nodes: int
+    max_num_seqs: int
+    max_num_batched_tokens: int = 8192
+    link: str = ""
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """One replica's ``Parallelism``."""
+        return Parallelism(tp=self.tp, pp=self.pp, ep=self.ep, attention_dp=self.attention_dp)
+
+
 @dataclass(frozen=True, eq=False)
 class PlanResult:
-    """``candidates``: one entry per candidate, as columns (``pareto``: on the front of
-    throughput per GPU against tokens/s per user); ``confirmed``: the top few, ranked,
-    each with its simulation; ``winner``: the first that met both SLOs when simulated
-    (else the top estimate, ``confirmed`` False)."""
+    """``candidates``: one entry per candidate, as columns (``pareto``: on the front);
+    ``confirmed``: the top few, ranked, each with its check; ``winner``: the first that met
+    both SLOs when simulated (else the top estimate, ``confirmed`` False); ``plan``: it as
+    a ``Plan``."""
 
     model: Model
     target: Target
@@ -90,7 +133,10 @@ class PlanResult:
     confirmed: list[dict]
     winner: dict
     notes: tuple[str, ...] = NOTES
-    rank: str = "gpu"                   # the ranking the winner was chosen by (``RANKS``)
+    objective: str = "goodput"
+    plan: Plan | None = None
+    searched: tuple[str, ...] = ()
+    alternatives: tuple[dict, ...] = ()     # the best on each other device, unchecked
 
     def records(self) -> list[dict]:
         """One dict per candidate (pandas-ready)."""
@@ -102,106 +148,6 @@ def _plain(value: object) -> object:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def replica_plans(model: Model, hw: Hardware, gpus: int) -> list[Parallelism]:
-    """One replica's plans: TP in ``TPS`` up to the node and the budget; an MoE model's
-    experts over the same devices (ep = tp), or with data-parallel attention (tp 1)."""
-    sizes = [t for t in TPS if t <= min(gpus, hw.interconnect.max_devices)]
-    plans = [Parallelism(tp=t, ep=t if model.moe is not None else 1) for t in sizes]
-    if model.moe is not None:
-        plans += [Parallelism(ep=t, attention_dp=True) for t in sizes if t > 1]
-    return plans
-
-
-def weight_choices(model: Model, hw: Hardware) -> list[Workload]:
-    """The checkpoint's weights, and fp8 (W8A8, as vLLM's ``--quantization fp8`` runs on a
-    device with an fp8 rate) where the device has an fp8 rate."""
-    base = Workload.for_model(model)
-    out = [base]
-    if "fp8" in hw.peak_flops_per_s and base.weights_dtype != "fp8":
-        out.append(Workload.for_model(model, weights_dtype="fp8", act_dtype="fp8"))
-    return out
-
-
-def replica_times(model: Model, hw: Hardware, plan: Parallelism, target: Target) -> dict:
-    """For every weights choice x batch in ``BATCHES`` (capped at the KV ceiling,
-    ``memory.max_batch``; a batch above it is the ceiling's row, a choice that holds no
-    sequence is left out): one request's prefill alone (the estimate's TTFT at batch 1)
-    and the mean decode step at the batch (its TPOT: the mean context), and the static
-    request's throughput at the batch, from one ``estimate_many`` call."""
-    prompt, gen = target.lengths
-    choices = weight_choices(model, hw)
-    rows = [replace(w, batch=b, prompt_len=prompt, gen_len=gen, cuda_graphs=True)
-            for w in choices for b in (1, *BATCHES)]
-    ws = Workloads.from_list(rows)
-    ceiling = memory_estimate(model, hw, plan, ws).max_batch
-    ws = replace(ws, batch=np.maximum(np.minimum(ws.batch, ceiling), 1))
-    e = estimate_many(hw, model, ws, plan)
-    shape = (len(choices), 1 + len(BATCHES))
-    ttft, step, static, batch, ceil = (a.reshape(shape) for a in (
-        e.ttft_s, e.tpot_s, e.throughput_tokens_per_s, ws.batch, ceiling))
-    keep = (ceil[:, 1:] >= 1) & (np.diff(batch, axis=1) > 0)    # capped repeats dropped
-    keep[:, 0] = ceil[:, 1] >= 1
-    names = np.repeat([w.weights_dtype for w in choices], len(BATCHES)).reshape(keep.shape)
-    return {"weights_dtype": names[keep], "batch": batch[:, 1:][keep],
-            "kv_max_batch": ceil[:, 1:][keep], "step_s": step[:, 1:][keep],
-            "static_tokens_per_s": static[:, 1:][keep],
-            "prefill_s": np.repeat(ttft[:, :1], len(BATCHES), axis=1)[keep]}
-
-
-def steady_state(prefill_s: np.ndarray, step_s: np.ndarray, static_tokens_per_s: np.ndarray,
-                 batch: np.ndarray, output_len: float, prefill_dp: np.ndarray,
-                 decode_dp: np.ndarray, transfer_s: np.ndarray, shares: np.ndarray
-                 ) -> dict[str, np.ndarray]:
-    """The planner's formulas, all of them, per candidate (arrays; ``shares``: loads as
-    shares of capacity, shape (candidates, k)).
-
-    Aggregated (``prefill_dp`` 0: ``decode_dp`` replicas each run prefill and decode,
-    prompts chunked into the decode steps): the core's static request at the batch
-    (``static_tokens_per_s`` = batch x output_len / (its prefill + decode), as
-    ``estimate.throughputs`` has it) read as a steady state, where every step batch /
-    output_len requests finish and as many prompts join: TPOT = batch / that throughput,
-    the decode step with its share of prefill. Disaggregated: the decode pool's TPOT is its
-    step. A sequence holds its slot ``output_len x TPOT``; capacity (req/s) = decode_dp x
-    batch / that (``serving.engine.capacity_rps`` for one aggregated engine), and at most
-    ``prefill_dp / prefill_s`` when a prefill pool serves the prompts.
-
-    TTFT p90 at a load = the prompt's compute and the step it rides in (``prefill_s +
-    step_s``), the KV transfer, and two queues: prompts wait for the prompt compute ahead
-    of them (one server per replica of the pool that runs them, service ``prefill_s``),
-    and for a free slot (``batch`` servers per decode replica, each busy ``output_len x
-    TPOT``): ``_wait_p90``. Returns TPOT, capacity and the TTFT p90 at every share."""
-    agg = prefill_dp == 0
-    tpot = np.where(agg, batch / static_tokens_per_s, step_s)
-    hold = output_len * tpot
-    capacity = decode_dp * batch / hold
-    capacity = np.where(agg, capacity, np.minimum(capacity, prefill_dp / prefill_s))
-    rate = shares * capacity[:, None]
-    runners = np.where(agg, decode_dp, prefill_dp)[:, None]
-    prompts = _wait_p90(rate * prefill_s[:, None] / runners, 1, prefill_s[:, None])
-    slots = _wait_p90(rate * (hold / (decode_dp * batch))[:, None], batch[:, None],
-                      hold[:, None])
-    ttft = (prefill_s + step_s + transfer_s)[:, None] + prompts + slots
-    return {"tpot_s": tpot, "capacity_req_s": capacity, "ttft_p90_s": ttft}
-
-
-def _wait_p90(rho: np.ndarray, servers: np.ndarray | int, service: np.ndarray) -> np.ndarray:
-    """90th percentile of the wait in an M/D/c queue at utilisation ``rho``: M/M/c's tail,
-    P(W > t) = C e^(-t / m) with C the Erlang C chance of waiting and m = service /
-    (c (1 - rho)), with m halved for a fixed service time (M/D/c waits about half as long;
-    M/D/1 is c = 1, C = rho). Infinite at rho >= 1."""
-    c = np.broadcast_to(servers, np.shape(rho)).astype(float)
-    load = np.minimum(rho, 1.0) * c
-    erlang_b = np.ones_like(load)
-    at_c = np.zeros_like(load)
-    for k in range(1, int(c.max()) + 1):        # Erlang B by its recursion, kept at k = c
-        erlang_b = load * erlang_b / (k + load * erlang_b)
-        at_c = np.where(c == k, erlang_b, at_c)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        wait = np.where(rho < 1, at_c / (1 - rho * (1 - at_c)), 1.0)
-        p90 = 0.5 * service / (c * (1 - rho)) * np.log(np.maximum(10 * wait, 1.0))
-    return np.where(rho < 1, p90, np.inf)
-
-
 def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Points no other point beats on both (at least as good on both, better on one)."""
     ge = (x[None, :] >= x[:, None]) & (y[None, :] >= y[:, None])
@@ -209,61 +155,89 @@ def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return ~(ge & gt).any(axis=1)
 
 
-def candidates(model: Model, hardware: list[Hardware], target: Target) -> dict:
-    """Every candidate as columns, before the SLOs: per device and replica plan, the
-    aggregated deployment (dp = gpus // GPUs per replica) and every xP + yD split of those
-    replicas, each at every weights choice and batch of ``replica_times``."""
-    parts = []
+def candidates(model: Model, hardware: list[Hardware], target: Target,
+               pessimistic: bool = False) -> tuple[dict, list[str]]:
+    """Every candidate within ``target.gpus`` as columns, before the SLOs, and what the
+    search left out in words (``planner_search`` builds the rows)."""
+    prompt, gen = target.lengths
+    cap = target.gpus or 10**6
+    parts, notes, over, centred = [], [], [], []
     for hw in hardware:
-        for plan in replica_plans(model, hw, target.gpus):
+        notes += search.left_out(model, hw, cap)
+        count = len(parts)
+        for plan in search.replica_plans(model, hw, cap):
             try:
-                times = replica_times(model, hw, plan, target)
+                times = search.replica_times(model, hw, plan, prompt, gen, pessimistic)
             except SpecError:       # a split the model's heads or the device cannot take
                 continue
             if not len(times["batch"]):
                 continue
-            dp = target.gpus // plan.devices
-            link = _link(hw, target.gpus) if dp > 1 else None
-            moved = 0.0 if link is None else float(kv_transfer_s(
-                model, Pool(hw, plan), Pool(hw, plan), np.array([target.lengths[0]]),
-                Workload.for_model(model), link)[0])
-            for pre in range(dp if link else 1):
-                parts.append(_part(hw, plan, times, pre, dp - pre, moved if pre else 0.0,
-                                   link or ""))
+            if pessimistic and not times["banded"] and hw.name not in centred:
+                centred.append(hw.name)
+            moved = search.transfer_times(model, hw, plan, times["choices"], prompt)
+            budget = cap // plan.devices
+            row, pre, dec = search.replicas(times, gen, target.slo_ttft_s, target.rate,
+                                            budget, bool(moved))
+            part = _part(hw, plan, times, row, pre, dec, moved)
+            fits = part["gpus"] <= cap
+            over += [(int(g), label(part, i)) for i, g in enumerate(part["gpus"]) if g > cap]
+            if fits.any():
+                parts.append({k: v[fits] for k, v in part.items()})
+        if len(parts) == count:
+            notes.append(f"{hw.name}: no searched plan holds {model.name} and a sequence "
+                         f"within {cap} GPUs" if target.gpus else f"{hw.name}: no searched "
+                         f"plan holds {model.name} and a sequence")
+    if centred:
+        notes.append(f"--pessimistic: no uncertainty band for {', '.join(centred)}: planned "
+                     "to the estimate's centre there")
+    elif pessimistic:
+        notes.append("--pessimistic: planned to the slow end of each estimate's 80% band")
+    if over:
+        fewest = min(over)
+        notes.append(f"{len(over)} candidates need more than --gpus {target.gpus} (the "
+                     f"smallest: {fewest[1]}, {fewest[0]} GPUs)")
+    if not parts and over:
+        what = f"{target.rate:g} req/s" if target.rate else "a sequence"
+        raise SpecError(f"--gpus: {target.gpus} GPUs serve {what} on none of "
+                        f"{', '.join(h.name for h in hardware)} (-H); the fewest that do: "
+                        f"{min(over)[0]} GPUs ({min(over)[1]})")
     if not parts:
-        raise SpecError(f"plan: {model.name} fits on none of {', '.join(h.name for h in hardware)}"
-                        f" (-H) within --gpus {target.gpus}: its weights leave no room for a "
-                        "sequence at TP up to the budget")
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        raise SpecError(f"plan: {model.name} fits on none of "
+                        f"{', '.join(h.name for h in hardware)} (-H)"
+                        + (f" within --gpus {target.gpus}" if target.gpus else "")
+                        + " at any searched plan")
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, notes
 
 
-def _link(hw: Hardware, gpus: int) -> str | None:
-    """The link a disaggregated split of ``gpus`` uses: NVLink when they fit in one node,
-    else the network; None (no split) when neither is there."""
-    if gpus <= hw.interconnect.max_devices:
-        return "nvlink"
-    return "network" if hw.interconnect.network_bytes_per_s else None
-
-
-def _part(hw: Hardware, plan: Parallelism, times: dict, prefill_dp: int, decode_dp: int,
-          moved: float, link: str) -> dict:
-    n = len(times["batch"])
+def _part(hw: Hardware, plan: Parallelism, times: dict, row: np.ndarray, pre: np.ndarray,
+          dec: np.ndarray, moved: dict) -> dict:
+    n, node = len(row), hw.interconnect.max_devices
     par = f"EP{plan.ep} DP-attn" if plan.attention_dp else \
         f"TP{plan.tp}" + (f"/EP{plan.ep}" if plan.ep > 1 else "")
-    full = {"hardware": np.full(n, hw.name), "parallel": np.full(n, par), "tp": np.full(n, plan.tp),
-            "ep": np.full(n, plan.ep), "attention_dp": np.full(n, plan.attention_dp),
-            "mode": np.full(n, "disaggregated" if prefill_dp else "aggregated"),
-            "prefill_replicas": np.full(n, prefill_dp), "decode_replicas": np.full(n, decode_dp),
-            "gpus": np.full(n, (prefill_dp + decode_dp) * plan.devices),
-            "transfer_s": np.full(n, moved), "link": np.full(n, link if prefill_dp else "")}
-    return full | {k: times[k] for k in ("weights_dtype", "batch", "kv_max_batch",
-                                         "prefill_s", "step_s", "static_tokens_per_s")}
+    gpus = (pre + dec) * plan.devices
+    link = np.where(pre == 0, "", np.where(gpus <= node, "nvlink", "network"))
+    recipe = times["recipe"][row]
+    transfer = np.array([moved.get((int(r), str(k)), np.nan) if k else 0.0
+                         for r, k in zip(recipe, link, strict=True)])
+    ok = np.isfinite(transfer)
+    full = {"hardware": np.full(n, hw.name), "parallel": np.full(n, par),
+            "tp": np.full(n, plan.tp), "pp": np.full(n, plan.pp), "ep": np.full(n, plan.ep),
+            "attention_dp": np.full(n, plan.attention_dp),
+            "mode": np.where(pre > 0, "disaggregated", "aggregated"),
+            "prefill_replicas": pre, "decode_replicas": dec, "gpus": gpus,
+            "nodes_per_replica": np.full(n, -(-plan.devices // node)),
+            "nodes": -(-gpus // node), "transfer_s": transfer, "link": link}
+    full |= {k: times[k][row] for k in ("precision", "weights_dtype", "act_dtype", "kv_dtype",
+                                         "batch", "kv_max_batch", "prefill_s", "step_s",
+                                         "static_tokens_per_s")}
+    return {k: np.asarray(v)[ok] for k, v in full.items()}
 
 
 def evaluate(cols: dict, target: Target) -> dict:
     """``steady_state`` at every share of ``LOADS``; the largest share whose TTFT p90 meets
-    the SLO is the planned load (with a ``target.rate``: that rate, which must fit under
-    it); the SLO checks, throughput per GPU, tokens/s per user and the Pareto front."""
+    the SLO is the SLO load (``slo_rate_req_s``); the planned rate is ``target.rate``
+    (which must fit under it) or, without one, that load; the SLO checks, goodput per GPU
+    (the SLO load's output tokens/s per GPU), tokens/s per user and the Pareto front."""
     args = (cols["prefill_s"], cols["step_s"], cols["static_tokens_per_s"], cols["batch"],
             target.lengths[1],
             cols["prefill_replicas"], cols["decode_replicas"], cols["transfer_s"])
@@ -278,7 +252,7 @@ def evaluate(cols: dict, target: Target) -> dict:
         share = (target.rate / st["capacity_req_s"])[:, None]
         ttft = steady_state(*args, share)["ttft_p90_s"][:, 0]
         rate = np.full(len(best), target.rate)
-        some &= best >= target.rate
+        some &= best >= target.rate * (1 - 1e-9)
     out = cols | {"tpot_s": st["tpot_s"], "ttft_p90_s": ttft,
                   "capacity_req_s": st["capacity_req_s"], "slo_rate_req_s": best,
                   "rate_req_s": rate,
@@ -287,58 +261,110 @@ def evaluate(cols: dict, target: Target) -> dict:
                   "tokens_per_s_per_user": 1.0 / st["tpot_s"], "meets_ttft": some,
                   "meets_tpot": st["tpot_s"] <= target.slo_tpot_s}
     out["feasible"] = out["meets_ttft"] & out["meets_tpot"]
-    live = best > 0
-    front = np.zeros(len(live), bool)
-    front[live] = pareto_mask(out["tokens_per_s_per_user"][live],
-                              out["throughput_per_gpu"][live])
-    return out | {"pareto": front, "label": [label(out, i) for i in range(len(live))]}
+    return out | {"label": [label(out, i) for i in range(len(best))]}
+
+
+def front(cols: dict, target: Target) -> np.ndarray:
+    """The Pareto front: with a rate, of cost (USD/hour where priced, else GPUs) against
+    TPOT among the candidates meeting TTFT at it; without, of goodput per GPU against
+    tokens/s per user."""
+    if target.rate is None:
+        live = cols["slo_rate_req_s"] > 0
+        x, y = cols["tokens_per_s_per_user"], cols["throughput_per_gpu"]
+    else:
+        live = cols["meets_ttft"]
+        x, y = -cols["tpot_s"], -cols.get("usd_per_hour", cols["gpus"]).astype(float)
+    out = np.zeros(len(live), bool)
+    out[live] = pareto_mask(x[live], y[live])
+    return out
 
 
 def label(cols: dict, i: int) -> str:
-    """'h100-sxm TP4 x2 fp8 B64', 'h100-sxm TP2 1P+3D bf16 B128'."""
+    """'h100-sxm TP4 x2 W8A8-fp8 B64', 'h100-sxm TP2 1P+3D bf16 B128'."""
     split = f"{cols['prefill_replicas'][i]}P+{cols['decode_replicas'][i]}D" \
         if cols["prefill_replicas"][i] else f"x{cols['decode_replicas'][i]}"
-    return f"{cols['hardware'][i]} {cols['parallel'][i]} {split} {cols['weights_dtype'][i]} " \
+    return f"{cols['hardware'][i]} {cols['parallel'][i]} {split} {cols['precision'][i]} " \
            f"B{cols['batch'][i]}"
 
 
-def plan(model: Model, hardware: list[Hardware], target: Target, n_requests: int = SIM_REQUESTS,
-         seed: int = 0, confirm: int = CONFIRM, rank: str = "gpu") -> PlanResult:
-    """Search, estimate, rank by throughput per GPU (or, ``rank`` "cost", per dollar) within
-    the SLOs, and confirm the first ``confirm`` by simulation (see the module docstring)."""
+def plan(model: Model, hardware: list[Hardware], target: Target, measure: int = MEASURE,
+         seed: int = 0, confirm: int = CONFIRM, objective: str | None = None,
+         prices: dict[str, float] | None = None,
+         progress: Callable[[str], None] | None = None,
+         pessimistic: bool = False) -> PlanResult:
+    """Search, estimate, rank by ``objective`` (default: fewest GPUs with a rate, most
+    goodput per GPU without) within the SLOs, and check the first ``confirm`` in
+    simulation, stopping at the first that meets both SLOs beyond its 95% interval.
+    ``progress(stage)`` is told each stage."""
     if not hardware:
         raise SpecError("-H: expected at least one device")
-    if rank not in RANKS:
-        raise SpecError(f"--rank: expected one of {', '.join(RANKS)}, got {rank!r}")
+    objective = objective or ("gpus" if target.rate is not None else "goodput")
+    if objective not in OBJECTIVES:
+        raise SpecError(f"--objective: expected one of {', '.join(OBJECTIVES)}, got "
+                        f"{objective!r}")
     longest = sum(target.lengths)
     if model.max_position_embeddings and longest > model.max_position_embeddings:
         raise SpecError(f"--input-len + --output-len: {longest} tokens exceed {model.name}'s "
                         f"context limit {model.max_position_embeddings}")
-    cols, note = priced(evaluate(candidates(model, hardware, target), target), hardware, rank)
-    order = ranking(cols, target, rank)
+    tell = progress or (lambda _: None)
+    tell(f"estimating candidates on {', '.join(h.name for h in hardware)}")
+    cols, searched = candidates(model, hardware, target, pessimistic)
+    cols, note = priced(evaluate(cols, target), hardware, objective, prices)
+    cols["pareto"] = front(cols, target)
+    order = ranking(cols, target, objective)
     devices = {h.name: h for h in hardware}
-    checked = [simulated(model, devices, cols, i, target, n_requests, seed)
-               for i in distinct(cols, order, confirm)]
+    checked = []
+    for k, i in enumerate(distinct(cols, order, confirm)):
+        tell(f"simulating {k + 1} of at most {confirm}: {cols['label'][i]}")
+        checked.append(check(model, devices[str(cols["hardware"][i])], record(model, cols, i),
+                             cols, i, target, measure, seed))
+        if checked[-1]["meets_slos"] and checked[-1]["sure"]:
+            break                  # the first surely met is the winner: no more to check
     won = next((c for c in checked if c["meets_slos"]), None)
     winner = dict(won or checked[0], confirmed=won is not None)
-    return PlanResult(model, target, cols, checked, winner, (NOTES[0], note, *NOTES[1:]), rank)
+    others = []
+    for h in hardware:
+        first = next((int(i) for i in order if cols["hardware"][i] == h.name), None)
+        if h.name != cols["hardware"][winner["index"]] and first is not None:
+            others.append({"index": first, "label": cols["label"][first],
+                           "feasible": bool(cols["feasible"][first]),
+                           "command": unchecked_command(model, h, record(model, cols, first),
+                                                        cols, first, target, measure, seed)})
+    return PlanResult(model, target, cols, checked, winner, (note, *NOTES), objective,
+                      record(model, cols, winner["index"]), tuple(searched), tuple(others))
 
 
-def ranking(cols: dict, target: Target, rank: str = "gpu") -> np.ndarray:
-    """Candidates meeting both SLOs by ``RANKS[rank]``, throughput per GPU or tokens per
-    dollar (highest first, ties to the lower TPOT); when none does, all of them by how far
-    they miss (the larger of TTFT p90 / SLO and TPOT / SLO)."""
+def record(model: Model, cols: dict, i: int) -> Plan:
+    """Candidate ``i`` as a ``Plan``."""
+    return Plan(model.name, str(cols["hardware"][i]), int(cols["tp"][i]), int(cols["pp"][i]),
+                int(cols["ep"][i]), bool(cols["attention_dp"][i]),
+                int(cols["decode_replicas"][i]), int(cols["prefill_replicas"][i]),
+                Precision(str(cols["weights_dtype"][i]), str(cols["act_dtype"][i]),
+                          str(cols["kv_dtype"][i])),
+                int(cols["gpus"][i]), int(cols["nodes_per_replica"][i]), int(cols["batch"][i]),
+                link=str(cols["link"][i]))
+
+
+def ranking(cols: dict, target: Target, objective: str = "goodput") -> np.ndarray:
+    """Candidates meeting both SLOs by the objective (``OBJECTIVES``; ties to aggregated
+    serving, one engine kind and no KV transfer, then more goodput per GPU, then the lower
+    TPOT); when none does, all of them by how far they miss (the
+    larger of TTFT p90 / SLO and TPOT / SLO)."""
     if cols["feasible"].any():
         idx = np.flatnonzero(cols["feasible"])
-        return idx[np.lexsort((cols["tpot_s"][idx], -cols[RANKS[rank]][idx]))]
+        key, sign = OBJECTIVES[objective]
+        keys = [cols["tpot_s"][idx], -cols["throughput_per_gpu"][idx]]
+        if key != "throughput_per_gpu":       # at equal GPUs or cost: the simpler first
+            keys += [cols["prefill_replicas"][idx] > 0, sign * np.asarray(cols[key][idx], float)]
+        return idx[np.lexsort(tuple(keys))]
     miss = np.maximum(cols["ttft_p90_s"] / target.slo_ttft_s, cols["tpot_s"] / target.slo_tpot_s)
     return np.argsort(miss, kind="stable")
 
 
 def distinct(cols: dict, order: np.ndarray, count: int) -> list[int]:
     """The first ``count`` of ``order`` that differ in more than the batch (device, plan,
-    split and weights), so the simulations confirm different deployments."""
-    keys = ("hardware", "tp", "ep", "attention_dp", "prefill_replicas", "weights_dtype")
+    split and precision), so the simulations check different deployments."""
+    keys = ("hardware", "tp", "ep", "attention_dp", "prefill_replicas", "precision")
     seen, out = set(), []
     for i in order.tolist():
         key = tuple(str(cols[k][i]) for k in keys)
@@ -346,50 +372,3 @@ def distinct(cols: dict, order: np.ndarray, count: int) -> list[int]:
             seen.add(key)
             out.append(i)
     return out
-
-
-def simulated(model: Model, devices: dict, cols: dict, i: int, target: Target, n: int,
-              seed: int) -> dict:
-    """Candidate ``i`` simulated at its planned rate (Poisson, ``n`` requests of the mean
-    lengths, fewer at a light load: ``SIM_SECONDS`` of arrivals, seeded; or the trace's
-    first ``n``): its estimate and simulated p90s."""
-    hw = devices[str(cols["hardware"][i])]
-    wl = next(w for w in weight_choices(model, hw) if w.weights_dtype == cols["weights_dtype"][i])
-    plan = Parallelism(tp=int(cols["tp"][i]), ep=int(cols["ep"][i]),
-                       attention_dp=bool(cols["attention_dp"][i]))
-    rate = float(cols["rate_req_s"][i])
-    reqs = _head(target.trace, n) if target.trace is not None else generate(
-        int(np.clip(rate * SIM_SECONDS, SIM_LEAST, n)), rate=rate,
-        input_len=target.lengths[0], output_len=target.lengths[1], seed=seed)
-    engine = EngineConfig(max_num_seqs=int(cols["batch"][i]))
-    pre, dec = int(cols["prefill_replicas"][i]), int(cols["decode_replicas"][i])
-    if pre:
-        res = simulate_disaggregated(model, reqs, Pool(hw, replace(plan, dp=pre)),
-                                     Pool(hw, replace(plan, dp=dec), engine),
-                                     str(cols["link"][i]), EngineConfig(), wl)
-    else:
-        res = simulate(model, hw, reqs, replace(plan, dp=dec), engine, wl)
-    s = res.summary(target.slo_ttft_s, target.slo_tpot_s)
-    ttft, tpot = s["ttft_s"]["p90"], s["tpot_s"]["p90"]
-    return {"index": i, "label": cols["label"][i], "rate_req_s": rate,
-            "estimated_ttft_p90_s": float(cols["ttft_p90_s"][i]),
-            "estimated_tpot_s": float(cols["tpot_s"][i]),
-            "estimated_throughput_per_gpu": float(cols["throughput_per_gpu"][i]),
-            **({"estimated_tokens_per_dollar": float(cols["tokens_per_dollar"][i])}
-               if "tokens_per_dollar" in cols else {}),
-            "simulated_ttft_p90_s": ttft, "simulated_tpot_p90_s": tpot,
-            "simulated_throughput_per_gpu":      # the whole run: ramp-up and drain included
-                float(s["throughput_tokens_per_s"] / cols["gpus"][i]),
-            "goodput_req_s": s["goodput_requests_per_s"], "requests": len(reqs),
-            "meets_slos": ttft <= target.slo_ttft_s and tpot <= target.slo_tpot_s}
-
-
-def _head(requests: Requests, n: int) -> Requests:
-    """The first ``n`` requests of an open-loop stream."""
-    cut = slice(0, min(n, len(requests)))
-    return replace(requests, arrival_s=requests.arrival_s[cut],
-                   input_tokens=requests.input_tokens[cut],
-                   output_tokens=requests.output_tokens[cut],
-                   prefix_id=requests.prefix_id[cut], prefix_tokens=requests.prefix_tokens[cut],
-                   prefilled=None)
-

@@ -77,6 +77,11 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
                         f"a request of {longest} tokens whole, which chunked prefill off needs"
                         " (vLLM refuses a budget below max_model_len without chunking)")
     engines = plan.dp * plan.attention_ways
+    if engines > len(requests):
+        ways = f" x {plan.attention_ways} attention devices" if plan.attention_ways > 1 else ""
+        raise SpecError(f"--dp: {plan.dp} replicas{ways} = {engines} engines for "
+                        f"{len(requests)} requests: expected at least one request per engine "
+                        "(more --num-requests, or a smaller --dp)")
     one = replace(plan, dp=1)
     pool = kv_pool(model, hw, one, workload, engine)
     if -(-longest // engine.block_size) > pool.blocks:
