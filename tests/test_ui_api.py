@@ -186,7 +186,7 @@ def test_simulation_is_the_clis_and_can_be_cancelled(server):
 
 def test_plan_is_the_clis_answer(server):
     settings = {**BASE, "gpus": 2, "slo-ttft": 1, "slo-tpot": 0.05, "input-len": 512,
-                "output-len": 64, "requests": 20}
+                "output-len": 64, "requests": 100}
     _, job = call(server, "/api/plan", settings)
     view = wait(server, job["id"], 120)
     assert view["state"] == "done", view["error"]
@@ -201,6 +201,9 @@ def test_plan_is_the_clis_answer(server):
     assert err.strip().splitlines() == [f"error: {view['error']}"]
     status, page = call(server, "/api/plan", {**settings, "requests": 5})   # click's bound
     assert status == 400 and page["error"].startswith("--requests: 5 is not in the range")
+    code, _, err = cli("perfmodel plan " + " ".join(f"--{k} {v}" for k, v in
+                                                    {**settings, "requests": 5}.items()))
+    assert err.strip().splitlines() == [f"error: {page['error']}"]
 
 
 def test_ui_command_refuses_a_busy_port_in_one_line(server):

@@ -134,7 +134,7 @@ def test_a_small_simulation(page):
 def test_a_plan(page):
     page.click('#tabs button[data-view="plan"]')
     page.type('#plan-form [name="gpus"]', "2")
-    page.type('#plan-form [name="requests"]', "20")
+    page.type('#plan-form [name="requests"]', "100")
     settle(page, lambda: page.click("#plan-run"))
     page.wait("window.perfmodelState.plan", 90)
     line = page.text("#view-plan .cli code")

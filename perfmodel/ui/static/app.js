@@ -232,11 +232,16 @@ function renderPlan(r) {
   const p = r.plan;
   $("#view-plan .cli code").textContent = r.command;
   const w = p.winner || {};
+  const list = (title, items) => items && items.length
+    ? `<h4>${title}</h4><ul>` + items.map(x => typeof x === "string" ? `<li>${esc(x)}</li>` :
+      `<li>${esc(x.label)}${x.gpus ? ` (${x.gpus} GPUs)` : ""}${x.command ? `<pre>${esc(x.command)}</pre>` : ""}</li>`).join("") + "</ul>" : "";
   $("#plan-out").innerHTML = `<h3 data-key="winner">chosen: ${esc(w.label)}</h3>` +
-    `<p>${p.candidates} candidates estimated, ${p.feasible} meet both SLOs by the estimate, ${p.pareto.length} on the Pareto front</p>` +
-    "<h4>why</h4><ul>" + (p.reasons || []).map(x => `<li>${esc(x)}</li>`).join("") + "</ul>" +
-    "<h4>command lines</h4>" + Object.entries(p.commands || {}).map(([k, v]) => `<p>${esc(k)}</p><pre>${esc(v)}</pre>`).join("") +
-    (p.notes && p.notes.length ? "<h4>notes</h4><ul>" + p.notes.map(x => `<li>${esc(x)}</li>`).join("") + "</ul>" : "");
+    `<p>${p.candidates} candidates estimated, ${p.feasible} meet both SLOs by the estimate, ${p.pareto.length} on the Pareto front` +
+    (p.objective ? `; objective: ${esc(p.objective)}` : "") + "</p>" + list("why", p.reasons) +
+    (p.simulate_command ? `<h4>the simulation that checks it</h4><pre>${esc(p.simulate_command)}</pre>` : "") +
+    "<h4>launch command lines</h4>" + Object.entries(p.commands || {}).map(([k, v]) => `<p>${esc(k)}</p><pre>${esc(v)}</pre>`).join("") +
+    list("the best on each other device", p.alternatives) + list("notes", p.notes) +
+    (r.warnings.length ? `<p class="warnings">${esc(r.warnings.join("\n"))}</p>` : "");
   const front = p.pareto.filter(c => c.tokens_per_s_per_user !== undefined);
   Charts.draw($("#pareto-chart"), {title: "Pareto front: throughput per GPU against speed per user", width: 700, height: 360,
     x: {label: "tokens/s per user (1 / TPOT)"}, y: {label: "output tokens/s per GPU"},
