@@ -211,12 +211,23 @@ function renderSim(r) {
       color: Charts.PALETTE[(i * keys.length + j) % 8], points: run.cdf[k].map(([v, q]) => [v * scale, q])})))});
   cdf(["ttft_s", "e2e_s"], 1, "seconds", $("#cdf-chart"), "Latency CDF: TTFT and end to end");
   cdf(["tpot_s", "itl_s"], 1e3, "milliseconds", $("#cdf2-chart"), "Latency CDF: TPOT and ITL");
+  const rated = r.runs.filter(run => run.rate !== null);
+  if (rated.length > 1) {
+    Charts.draw($("#load-chart"), {title: "Latency against the offered rate (p90)", width: 600, height: 300,
+      x: {label: "requests per second"}, y: {label: "seconds"},
+      series: [{name: "TTFT p90", marks: true, points: rated.map(run => [run.rate, run.summary.ttft_s.p90])},
+               {name: "TPOT p90 × 10", marks: true, points: rated.map(run => [run.rate, run.summary.tpot_s.p90 * 10])},
+               {name: "E2E p90", marks: true, points: rated.map(run => [run.rate, run.summary.e2e_s.p90])}]});
+  } else $("#load-chart").innerHTML = "";
   const s = r.runs[r.runs.length - 1].series;
-  Charts.draw($("#series-chart"), {title: `Engine over time (${r.runs[r.runs.length - 1].label})`, width: 860, height: 280,
+  const last = r.runs[r.runs.length - 1].label;
+  Charts.draw($("#series-chart"), {title: `Running and waiting (${last})`, width: 420, height: 280,
     x: {label: "time (s)"}, y: {label: "requests"},
     series: [{name: "running", points: s.t.map((t, i) => [t, s.running[i]])},
-             {name: "waiting", points: s.t.map((t, i) => [t, s.waiting[i]])},
-             {name: "KV use × max running", points: s.t.map((t, i) => [t, s.kv_use[i] * Math.max(...s.running, 1)]), dash: "4,3"}]});
+             {name: "waiting", points: s.t.map((t, i) => [t, s.waiting[i]])}]});
+  Charts.draw($("#kv-chart"), {title: `KV-cache pool used (${last})`, width: 420, height: 280,
+    x: {label: "time (s)"}, y: {label: "% of the pool", min: 0, max: 105},
+    series: [{name: "KV pool", color: "#2ca02c", points: s.t.map((t, i) => [t, s.kv_use[i] * 100])}]});
 }
 
 function plan() {
