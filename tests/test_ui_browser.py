@@ -140,7 +140,7 @@ def test_a_plan(page):
     line = page.text("#view-plan .cli code")
     code, out, _ = cli([*shlex.split(line)[1:], "--format", "json"])
     assert code == 0
-    assert page.text("#plan-out h3") == f"chosen: {json.loads(out)['winner']['label']}"
+    assert page.text("#plan-head h3") == f"chosen: {json.loads(out)['winner']['label']}"
     assert page.js("return document.querySelectorAll('#pareto-chart circle').length") > 0
 
 

@@ -59,7 +59,6 @@ def main() -> None:
         b.type('#plan-form [name="gpus"]', "4")
         settle(lambda: b.click("#plan-run"))
         b.wait("window.perfmodelState.plan", 300)
-        b.js("document.querySelector('#pareto-chart').scrollIntoView()")
         shot("plan")
         b.js("window.scrollTo(0, 0)")
         b.click('#tabs button[data-view="estimate"]')

@@ -246,9 +246,10 @@ function renderPlan(r) {
   const list = (title, items) => items && items.length
     ? `<h4>${title}</h4><ul>` + items.map(x => typeof x === "string" ? `<li>${esc(x)}</li>` :
       `<li>${esc(x.label)}${x.gpus ? ` (${x.gpus} GPUs)` : ""}${x.command ? `<pre>${esc(x.command)}</pre>` : ""}</li>`).join("") + "</ul>" : "";
-  $("#plan-out").innerHTML = `<h3 data-key="winner">chosen: ${esc(w.label)}</h3>` +
+  $("#plan-head").innerHTML = `<h3 data-key="winner">chosen: ${esc(w.label)}</h3>` +
     `<p>${p.candidates} candidates estimated, ${p.feasible} meet both SLOs by the estimate, ${p.pareto.length} on the Pareto front` +
-    (p.objective ? `; objective: ${esc(p.objective)}` : "") + "</p>" + list("why", p.reasons) +
+    (p.objective ? `; objective: ${esc(p.objective)}` : "") + "</p>";
+  $("#plan-out").innerHTML = list("why", p.reasons) +
     (p.simulate_command ? `<h4>the simulation that checks it</h4><pre>${esc(p.simulate_command)}</pre>` : "") +
     "<h4>launch command lines</h4>" + Object.entries(p.commands || {}).map(([k, v]) => `<p>${esc(k)}</p><pre>${esc(v)}</pre>`).join("") +
     list("the best on each other device", p.alternatives) + list("notes", p.notes) +
@@ -257,7 +258,9 @@ function renderPlan(r) {
   Charts.draw($("#pareto-chart"), {title: "Pareto front: throughput per GPU against speed per user", width: 700, height: 360,
     x: {label: "tokens/s per user (1 / TPOT)"}, y: {label: "output tokens/s per GPU"},
     series: [{name: "Pareto front", kind: "line", marks: true, points: front.map(c => [c.tokens_per_s_per_user, c.throughput_per_gpu]).sort((a, b) => a[0] - b[0])},
-             {name: "", hideLegend: true, kind: "points", points: front.map(c => [c.tokens_per_s_per_user, c.throughput_per_gpu, c])}],
+             {name: "", hideLegend: true, kind: "points", points: front.map(c => [c.tokens_per_s_per_user, c.throughput_per_gpu, c])},
+             {name: "chosen", kind: "points", color: "#d62728", r: 7,
+              points: front.filter(c => c.label === w.label).map(c => [c.tokens_per_s_per_user, c.throughput_per_gpu, c])}],
     tip: c => `${c.label}\n${c.throughput_per_gpu.toFixed(0)} tok/s/GPU, ${c.tokens_per_s_per_user.toFixed(1)} tok/s/user`});
 }
 
