@@ -251,3 +251,32 @@ def test_a_trace_upload_drives_the_simulation(server, tmp_path):
     assert code == 0 and json.loads(out) == view["result"]["runs"][0]["summary"]
     status, page = call(server, "/api/upload?kind=trace&name=t.csv", raw=b"a,b\n1,2\n")
     assert status == 400 and page["error"].startswith("t.csv")
+
+
+def test_seeded_fuzz_of_settings_never_500s(server):
+    """Random settings, garbage included: every answer is the CLI's numbers or its one
+    line (400), never an internal error, and the server answers after each."""
+    import random
+
+    rng = random.Random(28)
+    values = {"batch": [1, 7, 0, -3, "x", 1e9, "", None, 2**40], "prompt": [1, 4096, 0, "1e3"],
+              "gen": [1, 2, -1, "nan"], "act-dtype": ["bf16", "fp8", "int4", "??", 3],
+              "kv-dtype": ["fp8", "bf16", "fp4", ""], "weights-dtype": ["int4", "fp8", "zz"],
+              "weights-format": ["nvfp4", "w4a16-g128", "nope"], "tp": [1, 2, 8, 3, 0, 1000],
+              "pp": [1, 2, 5], "ep": [1, 2, 8], "dp": [1, 2, -1], "attention-dp": [True, False],
+              "mtp-depth": [None, 1, 3], "draft-heads": [None, 2], "acceptance": ["0.7", "2",
+                                                                                "a,b", None],
+              "shared-prefix": [0, 128, 10**7], "prefix-hit-rate": [0, 0.5, 1, 7],
+              "model": ["llama-3-8b", "mixtral-8x7b", "deepseek-v2-lite", "../../etc/passwd"],
+              "hardware": ["h100-sxm", "a100-80gb-sxm", "mi300x", "/dev/null"],
+              "engine": ["vllm", "sglang", "nonsense"], "cuda-graphs": [True, "yes"],
+              "memory-fraction": [0.5, 0, 1.5], "no-such-option": [1]}
+    statuses = []
+    for _ in range(60):
+        settings = {k: rng.choice(v) for k, v in values.items() if rng.random() < 0.12}
+        status, page = call(server, "/api/estimate", {**BASE, **settings})
+        assert status in (200, 400), (settings, page)
+        assert status == 200 or (page["error"] and "\n" not in page["error"])
+        statuses.append(status)
+    assert 200 in statuses and 400 in statuses
+    assert call(server, "/api/estimate", BASE)[0] == 200
