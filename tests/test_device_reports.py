@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 import perfmodel as pm
@@ -78,7 +79,7 @@ def test_int8_and_fp8_rows():
     assert float(int8.weight_bytes) == 1.0 and int8.dtype_name(0) == "bf16"
     assert int(int8.weight_dtype) == CODE["int8"]
     fp8 = probe_record(base | {"dtype": "fp8", "weight_dtype": ""})
-    assert fp8.dtype_name(0) == "fp8" and int(fp8.weight_dtype) == -1
+    assert fp8.dtype_name(0) == "fp8" and int(np.ravel(fp8.weight_dtype)[0]) == -1
 
 
 def test_fp8_with_its_quantization_pass():

@@ -49,6 +49,7 @@ class Run:
     skip: str = ""
     notes: list = field(default_factory=list)
     kernels: str = "vllm"       # the engine whose kernels price it (its engine column)
+    regenerated: bool = False    # no request rows: made from the rate and mean lengths
 
 
 def _names() -> dict:
@@ -179,7 +180,7 @@ def _run(row: dict, names: dict, rows: Any | None, files: tuple) -> Run:
         f"no shipped spec named for {row['model'] if not model else row['gpu']!r}"
     kernels, named = _kernels(row)
     return Run(row["id"], model, hw, plan, engine, reqs, measured, skip, notes + more + named,
-               kernels)
+               kernels, rows is None or not len(rows))
 
 
 def load_runs(experiments: str | Path, requests: str | Path | None = None) -> list[Run]:
@@ -190,6 +191,8 @@ def load_runs(experiments: str | Path, requests: str | Path | None = None) -> li
     missing = [c for c in NEEDED if c not in exp.columns]
     if missing:
         raise SpecError(f"{experiments}: missing column {missing[0]!r}")
+    if exp.empty:
+        raise SpecError(f"{experiments}: no runs, only a header; expected one row per run")
     req = _read(requests, pd, {"request_id": str}) if requests is not None else None
     missing = [c for c in REQUEST_COLUMNS if req is not None and c not in req.columns]
     if missing:

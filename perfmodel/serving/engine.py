@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel.cost.band import band
 from perfmodel.cost.memory import (
     head_bytes_of,
     kv_bytes_per_token,
@@ -87,11 +88,16 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
 
 class StepPricer:
     """Times of engine steps of one model on one device under one plan and workload's
-    dtypes. ``times(batches)`` prices them all in one ``price_step`` call."""
+    dtypes. ``times(batches)`` prices them all in one ``price_step`` call. ``edge`` 0 or 1:
+    each step's time at the low or high edge of its 80% band (``cost.band``; the device's
+    ``uncertainty:`` block) instead of its centre."""
 
     def __init__(self, model: Model, hw: Hardware, plan: Parallelism, w: Workload,
-                 engine: EngineConfig) -> None:
-        self.model, self.hw, self.plan = model, hw, plan
+                 engine: EngineConfig, edge: int | None = None) -> None:
+        if edge is not None and hw.uncertainty is None:
+            raise SpecError(f"simulate: {hw.name} has no uncertainty: block, so no band edge "
+                            f"to price steps at")
+        self.model, self.hw, self.plan, self.edge = model, hw, plan, edge
         ws = Workloads.from_list([w])
         self.dtypes = Dtypes.of_workloads(ws)
         self.skew = float(w.expert_skew)
@@ -119,7 +125,9 @@ class StepPricer:
                           self.dtypes.take(np.zeros(k, np.int64)), timing)
         self.calls += 1
         self.priced += k
-        return cost.time
+        if self.edge is None:
+            return cost.time
+        return band(cost.class_seconds(), self.hw.uncertainty)[self.edge]
 
 
 def capacity_rps(model: Model, hw: Hardware, plan: Parallelism, w: Workload,

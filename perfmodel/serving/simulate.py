@@ -55,11 +55,14 @@ class _Run:
 def simulate(model: Model, hw: Hardware, requests: Requests,
              plan: Parallelism | None = None, engine: EngineConfig | None = None,
              workload: Workload | None = None,
-             progress: Callable[[int, int], None] | None = None,
-             label: str = "") -> SimResult:
+             progress: Callable[[int, int, float], None] | None = None,
+             label: str = "", edge: int | None = None) -> SimResult:
     """Serve ``requests`` on ``plan.dp`` replicas of ``model`` on ``hw`` (dtypes from
     ``workload``, default as the checkpoint stores them) with ``engine``'s scheduler.
-    ``progress(done, total)`` is called as requests finish."""
+    ``progress(done, total, clock_s)`` is called as the simulation advances: requests
+    finished and the simulated clock, per engine (dp engines run one after another).
+    ``edge`` 0 / 1: every step priced at the low / high edge of its 80% band
+    (``serving.bands``)."""
     plan = plan or Parallelism()
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
@@ -77,11 +80,6 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
                         f"a request of {longest} tokens whole, which chunked prefill off needs"
                         " (vLLM refuses a budget below max_model_len without chunking)")
     engines = plan.dp * plan.attention_ways
-    if engines > len(requests):
-        ways = f" x {plan.attention_ways} attention devices" if plan.attention_ways > 1 else ""
-        raise SpecError(f"--dp: {plan.dp} replicas{ways} = {engines} engines for "
-                        f"{len(requests)} requests: expected at least one request per engine "
-                        "(more --num-requests, or a smaller --dp)")
     one = replace(plan, dp=1)
     pool = kv_pool(model, hw, one, workload, engine)
     if -(-longest // engine.block_size) > pool.blocks:
@@ -90,8 +88,9 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     order = np.argsort(requests.arrival_s, kind="stable")
     parts = [order[e::engines] for e in range(engines)] if not requests.closed_loop else \
         [np.arange(len(requests))[e::engines] for e in range(engines)]
+    parts = [idx for idx in parts if len(idx)]   # fewer requests than engines: the rest idle
     runs = [_simulate_one(model, hw, one, workload, engine, _subset(requests, idx, engines),
-                          pool.blocks, progress) for idx in parts]
+                          pool.blocks, progress, edge) for idx in parts]
     return _merge(requests, parts, runs, pool.blocks, label,
                   {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
                    "engine": engine, "steps_priced": sum(r.pricer.priced for r in runs),
@@ -110,14 +109,15 @@ def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
 
 def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                   engine: EngineConfig, requests: Requests, blocks: int,
-                  progress: Callable[[int, int], None] | None) -> _Run:
+                  progress: Callable[[int, int, float], None] | None, edge: int | None = None
+                  ) -> _Run:
     n = len(requests)
     offsets = np.concatenate([[0], np.cumsum(requests.output_tokens)])
     state = EngineState.new(engine, requests.input_tokens, requests.output_tokens,
                             requests.prefix_id, requests.prefix_tokens, blocks,
                             requests.prefilled)
     nan = np.full(n, np.nan)
-    run = _Run(state, StepPricer(model, hw, plan, w, engine), Arrivals(requests), offsets,
+    run = _Run(state, StepPricer(model, hw, plan, w, engine, edge), Arrivals(requests), offsets,
                np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy())
     guess = _Guess()
     while run.done < n:
@@ -133,7 +133,7 @@ def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
         stood = _replay(run, dry, times)
         guess.lookahead = int(min(LOOKAHEAD, max(4, 2 * stood)))
         if progress is not None:
-            progress(run.done, n)
+            progress(run.done, n, run.t)
     return run
 
 

@@ -25,6 +25,9 @@ COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 PREFIX_COLUMNS = ("prefix_id", "prefix_tokens")
 _COLUMN_LIST = "arrival_s, input_tokens, output_tokens[, prefix_id, prefix_tokens]"
 _EXPECTED = f"expected {_COLUMN_LIST}"
+MAX_TOKENS = 1_000_000_000     # per request: beyond any context limit, within int64 sums
+MAX_ARRIVAL_S = 1e9            # about 32 years: a later arrival is a unit or typing mistake
+MAX_LOGNORMAL_SIGMA = 3.0      # CV 90, median mean/90: wider puts most requests at 1 token
 
 
 def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
@@ -73,9 +76,11 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
                     np.full(n, shared_prefix, np.int64), concurrency)
 
 
-def _check_int(value: object, flag: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise SpecError(f"{flag}: expected a whole number >= {minimum}, got {value!r}")
+def _check_int(value: object, flag: str, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum \
+            or (maximum is not None and value > maximum):
+        within = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum:,}]"
+        raise SpecError(f"{flag}: expected a whole number {within}, got {value!r}")
 
 
 def _check_choice(value: str, flag: str, choices: tuple[str, ...]) -> None:
@@ -132,18 +137,25 @@ def _lengths(n: int, dist: str, input_len: int, output_len: int, spread: float,
         pick = input_rng.integers(0, len(lengths_from), size=n)
         return (lengths_from.input_tokens[pick].astype(np.int64),
                 lengths_from.output_tokens[pick].astype(np.int64))
-    _check_int(input_len, "--input-len", 1)
-    _check_int(output_len, "--output-len", 1)
+    _check_int(input_len, "--input-len", 1, MAX_TOKENS)
+    _check_int(output_len, "--output-len", 1, MAX_TOKENS)
     _check_spread(dist, spread)
     return (_sample(n, dist, input_len, spread, input_rng),
             _sample(n, dist, output_len, spread, output_rng))
 
 
 def _check_spread(dist: str, spread: float) -> None:
-    top = 1.0 if dist == "uniform" else math.inf
-    if not 0 <= spread < top:
-        within = "in [0, 1) (a fraction of the mean)" if dist == "uniform" else \
-            ">= 0 (the sigma of log length)"
+    """uniform: [0, 1); lognormal: [0, 3] (sigma 50 put every request at 1 token: the
+    median is the mean times exp(-sigma^2/2)); fixed: >= 0 (unused)."""
+    if dist == "uniform":
+        ok, within = 0 <= spread < 1.0, "in [0, 1) (a fraction of the mean)"
+    elif dist == "lognormal":
+        ok = 0 <= spread <= MAX_LOGNORMAL_SIGMA
+        within = (f"in [0, {MAX_LOGNORMAL_SIGMA:g}] (the sigma of log length; "
+                  f"{MAX_LOGNORMAL_SIGMA:g} already puts the median at mean/90)")
+    else:
+        ok, within = spread >= 0, ">= 0"
+    if not ok:
         raise SpecError(f"--spread: expected a number {within} for --length-dist {dist}, "
                         f"got {spread}")
 
@@ -157,6 +169,28 @@ def _sample(n: int, dist: str, mean: int, spread: float,
         return rng.integers(low, math.ceil(mean * (1 + spread)) + 1, size=n, dtype=np.int64)
     mu = math.log(mean) - spread**2 / 2   # E[exp(N(mu, s^2))] = exp(mu + s^2/2) = mean
     return np.maximum(1, np.rint(rng.lognormal(mu, spread, size=n))).astype(np.int64)
+
+
+def within_limit(requests: Requests, limit: int) -> tuple[Requests, int]:
+    """``requests`` less those whose input + output passes ``limit`` tokens (the context
+    limit), and how many went: vLLM's OpenAI server answers such a request with HTTP 400
+    ("This model's maximum context length is ... tokens", ``OpenAIServing._validate_input``
+    in vllm-project/vllm ``vllm/entrypoints/openai/serving_engine.py``) and ``vllm bench
+    serve`` counts it as failed; it never reaches the engine. Raises SpecError when none
+    is left."""
+    keep = requests.input_tokens + requests.output_tokens <= limit
+    dropped = int(len(keep) - np.count_nonzero(keep))
+    if not dropped:
+        return requests, 0
+    if not np.any(keep):
+        raise SpecError(f"simulate: every one of the {len(keep)} requests is longer (input + "
+                        f"output) than the context limit {limit}; expected shorter lengths "
+                        "or a larger --max-model-len")
+    pre = None if requests.prefilled is None else requests.prefilled[keep]
+    users = min(requests.closed_loop, int(np.count_nonzero(keep)))
+    return Requests(requests.arrival_s[keep], requests.input_tokens[keep],
+                    requests.output_tokens[keep], requests.prefix_id[keep],
+                    requests.prefix_tokens[keep], users, pre, requests.client_cap), dropped
 
 
 def describe(requests: Requests) -> str:
@@ -301,12 +335,17 @@ def _time(text: str, where: str) -> float:
     value = _number(text, where, "a time >= 0 s")
     if value < 0:
         raise SpecError(f"{where}: expected a time >= 0 s, got {text}")
+    if value > MAX_ARRIVAL_S:    # 1e300 printed a 300-digit duration
+        raise SpecError(f"{where}: expected a time <= {MAX_ARRIVAL_S:g} s (about 32 years), "
+                        f"got {text}")
     return value
 
 
 def _tokens(text: str, where: str, minimum: int) -> int:
     expected = f"a whole number of tokens >= {minimum}"
     value = _number(text, where, expected)
+    if value > MAX_TOKENS:       # 10^23 overflowed int64 further on
+        raise SpecError(f"{where}: expected at most {MAX_TOKENS:,} tokens, got {text}")
     if value != math.floor(value) or value < minimum:
         raise SpecError(f"{where}: expected {expected}, got {text}")
     return int(value)

@@ -19,6 +19,7 @@ from perfmodel.specs.hardware import DequantKernel, Efficiency, Hardware, Interc
 from perfmodel.specs.kinds import OWN_FRACTION, OWN_LATENCY
 from perfmodel.specs.model import Model
 from perfmodel.specs.schema import MODEL_KEYS, check_version, model_from_fields
+from perfmodel.specs.uncertainty import read_uncertainty
 
 ROOT = Path(__file__).resolve().parents[2]
 HARDWARE_DIR = ROOT / "hardware"
@@ -26,7 +27,8 @@ MODELS_DIR = ROOT / "models"
 
 
 HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
-                 "interconnect", "efficiency", "calibration", "price", "engines")
+                 "interconnect", "efficiency", "calibration", "price", "engines",
+                 "uncertainty")
 # how a vendor's devices run a recurrent layer's chunked scan when the file does not say
 # (``efficiency.scan_kernel``): mamba_ssm's and FLA's Triton kernels run on CUDA and ROCm;
 # a TPU runs the scan as compiled XLA (or Pallas) programs, no operator dispatched from the
@@ -105,6 +107,7 @@ def _hardware(f: Fields, engine: str) -> Hardware:
         calibration=engines.calibration(f.sub("calibration", required=False),
                                         engine if "calibration" in f.renamed else None),
         runtime_reserved_bytes=reserved, price_per_hour=price, engine=engine,
+        uncertainty=read_uncertainty(f.sub("uncertainty", required=False)),
     )
     f.finish()
     return hw
