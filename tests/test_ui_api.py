@@ -280,3 +280,37 @@ def test_seeded_fuzz_of_settings_never_500s(server):
         statuses.append(status)
     assert 200 in statuses and 400 in statuses
     assert call(server, "/api/estimate", BASE)[0] == 200
+
+
+BANDED = """version: 1
+base: h100-sxm
+name: banded
+uncertainty:
+  source: "a test band (not measured)"
+  error_q10: {gemm: -0.1, gemv: -0.1, attention_prefill: -0.15, attention_decode: -0.1,
+              memory: -0.05, collective: -0.2}
+  error_q90: {gemm: 0.2, gemv: 0.1, attention_prefill: 0.15, attention_decode: 0.1,
+              memory: 0.05, collective: 0.2}
+"""
+
+
+def test_a_device_with_a_band_shows_the_clis_band_in_estimate_and_simulation(server,
+                                                                              tmp_path):
+    path = tmp_path / "banded.yaml"
+    path.write_text(BANDED)
+    status, up = call(server, "/api/upload?kind=hardware&name=banded.yaml",
+                      raw=path.read_bytes())
+    assert status == 200
+    _, page = call(server, "/api/estimate", {**BASE, "hardware": up["ref"], "batch": 8})
+    e = page["estimate"]
+    assert e["ttft_s_low"] < e["ttft_s"] < e["ttft_s_high"]
+    code, out, _ = cli(page["command"].replace("banded.yaml", str(path)))
+    assert code == 0 and json.loads(out) == e
+    _, job = call(server, "/api/simulate", {**BASE, "hardware": up["ref"], "rate": "2",
+                                            "num-requests": 30})
+    view = wait(server, job["id"])
+    assert view["state"] == "done" and view["total"] == 90         # centre and two edges
+    summary = view["result"]["runs"][0]["summary"]
+    code, out, _ = cli(view["result"]["command"].replace("banded.yaml", str(path)))
+    assert code == 0 and json.loads(out) == summary
+    assert "a test band" in json.dumps(summary)

@@ -30,6 +30,7 @@ def page():
     server, _ = start()
     browser = webdriver.Browser()
     try:
+        browser.home = server.url
         browser.get(server.url)
         browser.wait(SETTLED.format(v=0), 30)
         yield browser
@@ -157,3 +158,27 @@ def test_static_export_is_one_self_contained_file(page, tmp_path):
     assert page.js("return document.querySelector('.cli code').textContent") \
         .startswith("perfmodel roofline")
     Path(path).unlink()
+    page.get(page.home)                 # back to the page for the tests after this one
+    page.wait(SETTLED.format(v=0), 30)
+
+
+def test_a_device_with_a_band_shows_the_clis_band(page, tmp_path):
+    from tests.test_ui_api import BANDED
+
+    path = tmp_path / "banded.yaml"
+    path.write_text(BANDED)
+    page.click('#tabs button[data-view="estimate"]')
+    settle(page, lambda: page.type("#hardware-file", str(path), clear=False))
+    line = page.text("#view-estimate .cli code")
+    assert "--hardware banded.yaml" in line
+    code, out, _ = cli(shlex.split(line.replace("banded.yaml", str(path)))[1:])
+    assert code == 0
+    expected = json.loads(out)
+    bands = page.js("return [...document.querySelectorAll('#summary td[data-band]')]"
+                    ".map(e => [e.dataset.band, +e.dataset.low, +e.dataset.high])")
+    assert {k for k, _, _ in bands} >= {"ttft_s", "tpot_s", "e2e_s",
+                                        "throughput_tokens_per_s"}
+    for key, low, high in bands:
+        assert (low, high) == (expected[f"{key}_low"], expected[f"{key}_high"])
+    assert "80% band" in page.text("#operators")
+    assert page.text('.err[data-for="hardware-file"]') == ""

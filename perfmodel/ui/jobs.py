@@ -103,42 +103,58 @@ class Jobs:
 
 def simulation(settings: dict[str, Any], uploads: Uploads) -> Callable[[Job], dict]:
     """The work of ``perfmodel simulate --format json`` with the settings (parsed now, so a
-    bad setting is answered at once): its summary, latency CDFs and time series."""
+    bad setting is answered at once): its summaries (with the 80% band where the device
+    has one: two more runs at the band's edges, as the CLI does), latency CDFs and time
+    series."""
     from perfmodel.cli.errors import raising
-    from perfmodel.cli.simulate import inputs
+    from perfmodel.cli.simulate import check_slos, inputs
 
     args, shown, dropped = arguments("simulate", settings, uploads)
     params = parse("simulate", [*args, "--no-progress"], uploads)
     with raising():
+        check_slos(params["slo_ttft"], params["slo_tpot"])
         m, hw, wl, layout, engine, streams = inputs(params)
     command = line("simulate", shown, "--format", "json")
+    edges = (0, 1) if params["band"] and hw.uncertainty is not None else ()
 
     def work(job: Job) -> dict:
-        from perfmodel.report.serving_tables import summary_json
+        from perfmodel.cli.simulate import banded_summaries
         from perfmodel.serving.simulate import simulate
 
-        job.total = sum(len(reqs) for _, reqs, _ in streams)
-        runs = []
-        for rate, reqs, label in streams:
+        job.total = sum(len(reqs) for _, reqs, _ in streams) * (1 + len(edges))
+
+        def run(reqs: Any, label: str, edge: int | None) -> Any:
             before = job.done
 
-            def tick(done: int, total: int, before: int = before) -> None:
+            def tick(done: int, total: int, *_: float) -> None:
                 if job.cancel.is_set():
                     raise Cancelled
                 job.done = before + done
 
-            res = simulate(m, hw, reqs, layout, engine, wl, tick, label)
+            res = simulate(m, hw, reqs, layout, engine, wl, tick, label, edge=edge)
             job.done = before + len(reqs)
-            summary = json.loads(summary_json(res.summary(params["slo_ttft"],
-                                                          params["slo_tpot"])))
-            runs.append({"rate": rate, "label": label, "summary": summary,
-                         "cdf": {k: _cdf(getattr(res, k))
-                                 for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s")},
-                         "series": _series(res)})
-        return {"runs": runs, "command": command, "dropped": dropped,
+            return res
+
+        runs = [(rate, run(reqs, label, None)) for rate, reqs, label in streams]
+        pairs = [tuple(run(reqs, label, e) for e in edges) for _, reqs, label in streams] \
+            if edges else None
+        summaries = banded_summaries(runs, pairs, hw, params["slo_ttft"], params["slo_tpot"])
+        return {"runs": [{"rate": rate, "label": res.label, "summary": _plain(summary),
+                          "cdf": {k: _cdf(getattr(res, k))
+                                  for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s")},
+                          "series": _series(res)}
+                         for (rate, res), summary in zip(runs, summaries, strict=True)],
+                "command": command, "dropped": dropped,
                 "slo_ttft_s": params["slo_ttft"], "slo_tpot_s": params["slo_tpot"]}
 
     return work
+
+
+def _plain(summary: dict) -> dict:
+    """The summary as ``simulate --format json`` prints it (its JSON, read back)."""
+    from perfmodel.report.serving_tables import summary_json
+
+    return json.loads(summary_json(summary))
 
 
 def _cdf(values: np.ndarray) -> list[list[float]]:

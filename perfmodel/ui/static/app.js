@@ -91,6 +91,14 @@ function cell(key, value, unit) {
   return `<td data-key="${key}" data-value="${value}">${num(value, unit)}</td>`;
 }
 
+function banded(key, obj, field, unit) {
+  // a figure and, where the summary has its 80% band (field_low, field_high), the band below
+  const lo = obj[field + "_low"], hi = obj[field + "_high"];
+  const band = lo === undefined || hi === undefined ? "" :
+    `<div class="band" data-band="${key}" data-low="${lo}" data-high="${hi}">${num(lo, unit)} – ${num(hi, unit)}</div>`;
+  return `<td data-key="${key}" data-value="${obj[field]}">${num(obj[field], unit)}${band}</td>`;
+}
+
 function renderEstimate(data) {
   const e = data.estimate;
   $("#view-estimate .cli code").textContent = data.command;
@@ -200,10 +208,12 @@ function renderSim(r) {
   const head = "<tr><th>run</th><th>metric</th><th>mean</th><th>p50</th><th>p90</th><th>p99</th></tr>";
   const body = r.runs.flatMap(run => ["ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s"].map(k =>
     `<tr><td>${run.label}</td><td>${k}</td>` + ["mean", "p50", "p90", "p99"].map(p =>
-      cell(`${k}.${p}`, run.summary[k][p], "s")).join("") + "</tr>"));
-  const totals = r.runs.map(run => `<tr><td>${run.label}</td><td>throughput</td>${cell("throughput_tokens_per_s", run.summary.throughput_tokens_per_s, "tok/s")}` +
+      banded(`${k}.${p}`, run.summary[k], p, "s")).join("") + "</tr>"));
+  const totals = r.runs.map(run => `<tr><td>${run.label}</td><td>throughput</td>${banded("throughput_tokens_per_s", run.summary, "throughput_tokens_per_s", "tok/s")}` +
     `<td>goodput</td>${run.summary.goodput_requests_per_s === undefined ? "<td></td>" :
-      cell("goodput_requests_per_s", run.summary.goodput_requests_per_s, "req/s")}<td>${run.summary.n_requests} requests</td></tr>`);
+      banded("goodput_requests_per_s", run.summary, "goodput_requests_per_s", "req/s")}<td>${run.summary.n_requests} requests</td></tr>`);
+  const notes = r.runs.map(run => run.summary.band).filter(b => typeof b === "string");
+  $("#sim-band").textContent = notes.length ? "band: " + notes[0] : "";
   $("#sim-summary").innerHTML = head + body.join("") + totals.join("");
   const cdf = (keys, scale, unit, target, title) => Charts.draw(target, {title, width: 420, height: 300,
     x: {label: unit, log: false}, y: {label: "share of requests", min: 0, max: 1},
