@@ -18,6 +18,18 @@ from perfmodel.ui.server import start  # noqa: E402
 from tests import webdriver  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
+# No shipped device has an uncertainty: block yet, so the estimate screenshot uploads this
+# one to show the band: ILLUSTRATIVE edges (the test suite's), not measured ones.
+ILLUSTRATIVE = """version: 1
+base: h100-sxm
+name: h100-sxm-illustrative-band
+uncertainty:
+  source: "illustrative edges for the screenshot, not measured"
+  error_q10: {gemm: -0.1, gemv: -0.1, attention_prefill: -0.15, attention_decode: -0.1,
+              memory: -0.05, collective: -0.2}
+  error_q90: {gemm: 0.2, gemv: 0.1, attention_prefill: 0.15, attention_decode: 0.1,
+              memory: 0.05, collective: 0.2}
+"""
 SETTLED = "window.perfmodelState.pending === 0 && window.perfmodelState.version > {v}"
 
 
@@ -39,7 +51,12 @@ def main() -> None:
         b.wait("window.perfmodelState && window.perfmodelState.ready", 60)
         settle(lambda: b.type("#batch", "32"))
         settle(lambda: b.click('[name="kv-dtype"] option[value="fp8"]'))
+        with tempfile.TemporaryDirectory() as tmp:
+            banded = Path(tmp) / "illustrative-band.yaml"
+            banded.write_text(ILLUSTRATIVE)
+            settle(lambda: b.type("#hardware-file", str(banded), clear=False))
         shot("estimate")
+        settle(lambda: b.click('#hardware option[value="h100-sxm"]'))
         b.click('#tabs button[data-view="roofline"]')
         b.js("""const c = [...document.querySelectorAll('#roofline-chart circle[data-tip]')]
                   .find(e => e.getAttribute('data-tip').startsWith('decode attention'))
