@@ -44,8 +44,8 @@ def corpus(tmp_path):
     rows += [{"op": "mla_generation_module", "measured_s": "1e-4", "device": "h100-sxm",
               "engine": "vllm"}, gemm(0, measured_s="1e-5")]
     write_frame(pd.DataFrame(rows), tmp_path / file_name("h100-sxm", "vllm"))
-    write_frame(pd.DataFrame([gemm(64, device="b300", measured_s="1e-5")]),
-                tmp_path / file_name("b300", "vllm"))
+    write_frame(pd.DataFrame([gemm(64, device="b60", measured_s="1e-5")]),
+                tmp_path / file_name("b60", "vllm"))
     return tmp_path
 
 
@@ -62,7 +62,7 @@ def test_errors_classes_and_regimes(corpus):
     assert (ar.error_class, ar.regime) == ("collective", "custom <64KiB")
     assert ar.error == pytest.approx(1.2)
     assert len(result["rows"]) == 6
-    assert result["no_hardware"] == ["b300"]
+    assert result["no_hardware"] == ["b60"]
     assert result["skipped"][("h100-sxm", "vllm")] == {
         "mla_generation_module: no formula": 1, "gemm: a shape column below 1": 1}
 
@@ -83,19 +83,19 @@ def test_cli_writes_the_report_and_fails_in_one_line(corpus, tmp_path):
     ok = runner.invoke(cli, ["kernels", "compare", str(corpus), "--sample", "0", "--out",
                              str(out)])
     assert ok.exit_code == 0, ok.output
-    assert "6 rows scored" in ok.output and "no hardware/b300.yaml" in ok.output
+    assert "6 rows scored" in ok.output and "no hardware/b60.yaml" in ok.output
     errors = pd.read_csv(out / "errors.csv")
     gemm_row = errors[(errors.error_class == "gemm") & (errors.regime == "memory")]
     assert (int(gemm_row.n.iloc[0]), gemm_row.median_abs_error.iloc[0]) == \
         (2, pytest.approx((0.25 + 0.1) / 2, abs=1e-4))
     assert gemm_row.median_error.iloc[0] == pytest.approx((0.25 - 0.1) / 2, abs=1e-4)
     summary = (out / "summary.md").read_text()
-    assert "| h100-sxm | vllm |" in summary and "b300" in summary
+    assert "| h100-sxm | vllm |" in summary and "b60" in summary
     assert (out / "h100-sxm.png").stat().st_size > 1000
     bad = runner.invoke(cli, ["kernels", "compare", str(corpus), "--device", "a40"])
     assert bad.exit_code == 2 and bad.output.count("\n") == 1
     assert "no corpus file for device ['a40']" in bad.output
     missing = runner.invoke(cli, ["kernels", "compare", str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "expected a corpus folder" in missing.output
-    only_b300 = runner.invoke(cli, ["kernels", "compare", str(corpus), "--device", "b300"])
-    assert only_b300.exit_code == 2 and "without one: b300" in only_b300.output
+    only_b60 = runner.invoke(cli, ["kernels", "compare", str(corpus), "--device", "b60"])
+    assert only_b60.exit_code == 2 and "without one: b60" in only_b60.output
