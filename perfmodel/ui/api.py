@@ -20,13 +20,13 @@ def choices() -> dict[str, Any]:
     and engines: the page's pick lists."""
     from perfmodel.specs import load
     from perfmodel.specs.dtypes import DTYPES, WEIGHT_FORMATS
+    from perfmodel.specs.engines import ENGINES
 
-    engines = ["vllm", "sglang", "trtllm"]
     return {"models": load.shipped(load.MODELS_DIR),
             "hardware": [{"name": n, "description": load.hardware(n).description}
                          for n in load.shipped(load.HARDWARE_DIR)],
             "dtypes": list(DTYPES), "weights_formats": list(WEIGHT_FORMATS),
-            "engines": engines}
+            "engines": list(ENGINES)}
 
 
 def _estimate(settings: dict[str, Any], uploads: Uploads) -> tuple[Any, list[str], list[str]]:
