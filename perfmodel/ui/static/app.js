@@ -131,7 +131,7 @@ function renderRoofline(r) {
     series.push({name: `${phase} operators`, kind: "points", color,
       points: r.points.filter(p => p.phase === phase).map(p => [p.intensity, p.attained_flops_per_s, p])});
   }
-  Charts.draw($("#roofline-chart"), {title: "Roofline: operators of one step", width: 760, height: 440,
+  Charts.draw($("#roofline-chart"), {title: "Roofline: operators of one step", width: 760, height: 440, legendBelow: true,
     x: {label: "arithmetic intensity (FLOP/byte)", log: true, min: 0.1, max: 1e4},
     y: {label: "attained FLOP/s", log: true}, series,
     tip: p => `${p.phase} ${p.name} (${p.op_class})\nFLOPs ${Charts.fmt(p.flops)}  bytes ${Charts.fmt(p.bytes)}\n` +

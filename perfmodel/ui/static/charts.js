@@ -133,7 +133,7 @@ const Charts = (() => {
     });
     const named = opts.series.filter(s => s.name && !s.hideLegend);
     named.forEach((s, i) => {
-      const y = m.t + 10 + i * 14, color = s.color || PALETTE[opts.series.indexOf(s) % PALETTE.length];
+      const y = (opts.legendBelow ? H - m.b - 8 - (named.length - 1 - i) * 14 : m.t + 10 + i * 14), color = s.color || PALETTE[opts.series.indexOf(s) % PALETTE.length];
       el("rect", {x: W - m.r - 150, y: y - 8, width: 10, height: 10, fill: color}, svg);
       el("text", {x: W - m.r - 136, y: y + 1}, svg).textContent = s.name;
     });
