@@ -2,8 +2,6 @@ from pathlib import Path
 
 import pytest
 
-import perfmodel as pm
-
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ("hardware", "models")   # folders of data the package ships: tests never write there
 
@@ -31,9 +29,13 @@ def shipped_folders_untouched():
 
 @pytest.fixture(scope="session")
 def a100():
-    return pm.hardware("a100-80gb-sxm")
+    from tests.datasheet import datasheet
+
+    return datasheet("a100-80gb-sxm")
 
 
 @pytest.fixture(scope="session")
 def h100():
-    return pm.hardware("h100-sxm")
+    from tests.datasheet import datasheet
+
+    return datasheet("h100-sxm")

@@ -12,6 +12,7 @@ import perfmodel as pm
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.roofline import op_time
 from perfmodel.cost.tiling import append_kv_rows, kv_splits, prefill_tile_fraction
+from tests.datasheet import datasheet
 
 BW = 2.039e12 * 0.865          # A100 80GB: peak bandwidth x memory_fraction
 PEAK = 312e12                  # bf16 dense
@@ -298,7 +299,7 @@ def test_a_few_new_tokens_on_a_cache_run_as_decode():
     head with one program per sequence would leave 131 of the 132 SMs idle (6.7 ms)."""
     from perfmodel.cost.step import Dtypes, Step, price_step
 
-    model, hw, plan = pm.model("deepseek-v3"), pm.hardware("h200-sxm"), pm.Parallelism(tp=8)
+    model, hw, plan = pm.model("deepseek-v3"), datasheet("h200-sxm"), pm.Parallelism(tp=8)
     times = {}
     for q in (1, 2, 16, 17):
         cost = price_step(model, hw, plan, Step.uniform(1, q, 2048 + q), Dtypes.of("fp8"))

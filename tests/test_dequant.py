@@ -14,8 +14,9 @@ from perfmodel.cost.roofline import op_time
 from perfmodel.specs.dtypes import CODE, weight_bytes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.load import load_hardware
+from tests.datasheet import datasheet, datasheet_path
 
-H100 = pm.hardware("h100-sxm")
+H100 = datasheet("h100-sxm")
 NO_DEQUANT = dataclasses.replace(H100, efficiency=dataclasses.replace(H100.efficiency,
                                                                       dequant={}))
 BF16, INT4, INT8, FP8 = CODE["bf16"], CODE["int4"], CODE["int8"], CODE["fp8"]
@@ -132,7 +133,7 @@ def test_through_the_estimate() -> None:
 
 
 def test_loader_checks(tmp_path: object) -> None:
-    text = (pm.specs.load.HARDWARE_DIR / "h100-sxm.yaml").read_text()
+    text = datasheet_path("h100-sxm").read_text()
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("    int8: {", "    bf16: {"))
     with pytest.raises(SpecError, match=r"dequant\.bf16"):

@@ -19,8 +19,9 @@ from perfmodel.report.levers import lever_lines
 from perfmodel.schedules.sweep import sweep
 from perfmodel.specs.dtypes import CODE, weight_bytes
 from perfmodel.specs.kinds import OP_CLASSES
+from tests.datasheet import datasheet
 
-H100 = pm.hardware("h100-sxm")
+H100 = datasheet("h100-sxm")
 NO_DEQUANT = dataclasses.replace(H100, efficiency=dataclasses.replace(H100.efficiency,
                                                                       dequant={}))
 LLAMA = pm.model("llama-3-8b")

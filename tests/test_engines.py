@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 import perfmodel as pm
 from perfmodel.cli.app import app
 from perfmodel.specs.errors import SpecError
-from perfmodel.specs.load import HARDWARE_DIR, load_hardware
+from perfmodel.specs.load import load_hardware
+from tests.datasheet import datasheet_path
 
 runner = CliRunner()
 CAL = {"source": "aiconfigurator-core 0.12.0: systems/data/h100_sxm/*/vllm/0.24.0",
@@ -26,8 +27,9 @@ SGLANG = {"efficiency": {"gemm_fraction": 0.5, "kernel_latency_by_kind": {"atten
 
 
 def _device(tmp_path: Path, **blocks: object) -> Path:
-    """h100-sxm's file with ``blocks`` added (None removes a block)."""
-    data = yaml.safe_load((HARDWARE_DIR / "h100-sxm.yaml").read_text())
+    """h100-sxm's datasheet file (no engine blocks) with ``blocks`` added (None removes a
+    block)."""
+    data = yaml.safe_load(datasheet_path("h100-sxm").read_text())
     data["efficiency"]["kernel_latency_by_kind"] = {"attention": 4e-6, "rms_norm": 3e-6}
     for key, value in blocks.items():
         data.pop(key) if value is None else data.__setitem__(key, value)
@@ -56,9 +58,9 @@ def test_an_engine_block_lays_its_efficiency_over_the_top_level_one(tmp_path):
 
 
 def test_a_shipped_device_without_engine_blocks_warns_once():
-    hw = pm.hardware("h100-sxm", engine="sglang")
-    assert hw.efficiency == pm.hardware("h100-sxm").efficiency
-    assert hw.engine_warning == "h100-sxm has no sglang calibration: vLLM's kernels priced"
+    hw = pm.hardware("h100-pcie", engine="sglang")
+    assert hw.efficiency == pm.hardware("h100-pcie").efficiency
+    assert hw.engine_warning == "h100-pcie has no sglang calibration: vLLM's kernels priced"
     assert hw.provenance() == {"engine": "sglang", "calibration": None}
 
 
@@ -119,10 +121,10 @@ def test_perfmodel_calibrates_block_still_loads():
 
 
 def test_estimate_engine_option_warns_and_json_carries_it(tmp_path):
-    base = ["estimate", "-m", "llama-3-8b", "-H", "h100-sxm", "--gen", "4"]
+    base = ["estimate", "-m", "llama-3-8b", "-H", "h100-pcie", "--gen", "4"]
     result = runner.invoke(app, [*base, "--engine", "sglang"])
     assert result.exit_code == 0, result.output
-    assert "h100-sxm has no sglang calibration: vLLM's kernels priced" in result.output
+    assert "h100-pcie has no sglang calibration: vLLM's kernels priced" in result.output
     path = _device(tmp_path, calibration=CAL, engines={"sglang": SGLANG})
     result = runner.invoke(app, [*base[:4], str(path), "--gen", "4", "--engine", "sglang",
                                  "-f", "json"])
@@ -143,9 +145,9 @@ def test_bad_engine_option_is_exit_2():
 
 
 @pytest.mark.parametrize(("args", "extra"), [
-    (["roofline", "-m", "llama-3-8b", "-H", "h100-sxm,a100-80gb-sxm", "--batch", "1"],
+    (["roofline", "-m", "llama-3-8b", "-H", "h100-pcie,a100-80gb-pcie", "--batch", "1"],
      ["--out", "r.png"]),
-    (["sweep", "-m", "llama-3-8b", "-H", "h100-sxm", "--batch", "1", "--context", "128",
+    (["sweep", "-m", "llama-3-8b", "-H", "h100-pcie", "--batch", "1", "--context", "128",
       "--gen", "2", "--no-figures"], ["--out", "s"]),
 ])
 def test_figure_commands_take_engine_and_warn_once_per_device(tmp_path, args, extra):
@@ -185,9 +187,10 @@ def test_harness_compare_prices_the_engine_asked_for(tmp_path):
         assert result.exit_code == 0, result.output
         out[engine] = _predicted(tmp_path / f"{engine}.csv")
     assert out["sglang"] > out["vllm"]        # gemm_fraction 0.5 against the file's own
-    result = runner.invoke(app, ["compare", str(csv), "-H", "h100-sxm", "--engine", "trtllm"])
+    result = runner.invoke(app, ["compare", str(csv), "-H", "h100-pcie", "--engine", "trtllm",
+                                 "--any-device"])
     assert result.exit_code == 0, result.output
-    assert result.output.count("h100-sxm has no trtllm calibration") == 1
+    assert result.output.count("h100-pcie has no trtllm calibration") == 1
 
 
 def _predicted(path: Path) -> float:

@@ -13,6 +13,7 @@ from perfmodel.cost.params import param_counts
 from perfmodel.cost.step import Dtypes, Step, price_step
 from perfmodel.specs import Parallelism, SpecError, Workload
 from perfmodel.specs.load import HARDWARE_DIR, MODELS_DIR, shipped
+from tests.datasheet import datasheet
 
 PLAN = Parallelism()
 
@@ -128,7 +129,7 @@ def test_decode_never_beats_weight_streaming(hw_name, model_name):
 
 
 def _decode_weight_bytes(model, batch):
-    cost = price_step(model, pm.hardware("h100-sxm"), Parallelism(),
+    cost = price_step(model, datasheet("h100-sxm"), Parallelism(),
                       Step.uniform(batch, 1, 600), Dtypes.of())
     return float(cost.total_bytes.weights[0])
 
@@ -153,7 +154,7 @@ def test_experts_touched():
 
 def test_linear_flops_are_two_per_param_per_token():
     model = pm.model("llama-2-7b")
-    cost = price_step(model, pm.hardware("h100-sxm"), Parallelism(), Step.uniform(2, 64, 64),
+    cost = price_step(model, datasheet("h100-sxm"), Parallelism(), Step.uniform(2, 64, 64),
                       Dtypes.of())
     layer_gemm = sum(cost.flops[i, 0] for i, (k, n) in enumerate(zip(cost.kinds, cost.names,
                                                                      strict=True))
@@ -187,7 +188,7 @@ def test_throughput_grows_with_batch_up_to_the_ceiling(h100):
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(st.integers(1, 256), st.integers(1, 20_000), st.integers(1, 4000))
 def test_longer_context_never_shortens_a_step(batch, context, extra):
-    hw, model = pm.hardware("h100-sxm"), pm.model("gemma-2-9b")
+    hw, model = datasheet("h100-sxm"), pm.model("gemma-2-9b")
     wl = Workload(batch=batch)
     assert _step(model, hw, wl, context + extra) >= _step(model, hw, wl, context)
 
@@ -195,14 +196,14 @@ def test_longer_context_never_shortens_a_step(batch, context, extra):
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(st.integers(1, 512), st.integers(1, 4096))
 def test_more_tokens_never_cost_less(batch, prompt):
-    hw, model = pm.hardware("a100-80gb-sxm"), pm.model("mixtral-8x7b")
+    hw, model = datasheet("a100-80gb-sxm"), pm.model("mixtral-8x7b")
     w = pm.Workloads.of(batch=[batch, batch + 1], prompt_len=prompt, gen_len=2)
     small, big = pm.estimate_many(hw, model, w).ttft_s
     assert big >= small
 
 
 def test_tensor_parallel_adds_communication_and_cuts_weight_time():
-    hw, model = pm.hardware("h100-sxm"), pm.model("llama-3-70b")
+    hw, model = datasheet("h100-sxm"), pm.model("llama-3-70b")
     one = pm.estimate(hw, model, Workload(), Parallelism(tp=1))
     eight = pm.estimate(hw, model, Workload(), Parallelism(tp=8))
     assert eight.memory.weights_bytes < one.memory.weights_bytes / 7
@@ -223,7 +224,7 @@ def test_plans_that_cannot_hold_are_errors(h100):
 
 
 def test_operators_dataframe():
-    est = pm.estimate(pm.hardware("h100-sxm"), pm.model("llama-2-7b"))
+    est = pm.estimate(datasheet("h100-sxm"), pm.model("llama-2-7b"))
     df = est.operators()
     assert set(df.phase) == {"prefill", "decode"}
     assert df.loc[df.phase == "decode", "time_s"].sum() == pytest.approx(est.decode.time_s)
@@ -242,7 +243,7 @@ def test_warnings_for_context_limit_and_fit(h100):
 
 
 def test_sync_launch_mode_adds_dispatch_to_every_op():
-    hw = pm.hardware("a100-80gb-sxm")
+    hw = datasheet("a100-80gb-sxm")
     sync = replace(hw, efficiency=replace(hw.efficiency, launch_mode="sync"))
     model, wl = pm.model("llama-2-7b"), Workload(prompt_len=64, gen_len=2)
     est = pm.estimate(sync, model, wl)

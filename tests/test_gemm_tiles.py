@@ -13,7 +13,7 @@ from perfmodel.cost.roofline import op_time
 from perfmodel.cost.tiling import gemm_choice, gemm_plan, gemm_tiles
 from perfmodel.specs import SpecError
 from perfmodel.specs.dtypes import CODE
-from perfmodel.specs.load import HARDWARE_DIR
+from tests.datasheet import datasheet, datasheet_path
 
 
 def _menu(hw: pm.Hardware, *tiles: tuple[int, int]) -> pm.Hardware:
@@ -27,9 +27,9 @@ def _choice(hw: pm.Hardware, m: float, n: float, k: float) -> tuple[float, float
 
 
 def test_shipped_hopper_menu():
-    hw = pm.hardware("h100-sxm")
+    hw = datasheet("h100-sxm")
     assert gemm_tiles(hw.efficiency) == ((128, 256), (256, 128), (128, 128))
-    assert pm.hardware("a100-80gb-sxm").efficiency.gemm_tiles == ()
+    assert datasheet("a100-80gb-sxm").efficiency.gemm_tiles == ()
 
 
 def test_a_1000_row_prefill_gemm_takes_the_tile_that_fills_the_waves(h100):
@@ -90,7 +90,7 @@ def test_adding_a_tile_never_makes_a_gemm_slower(name):
 
 
 def test_menu_in_the_file(tmp_path):
-    text = (HARDWARE_DIR / "a100-80gb-sxm.yaml").read_text()
+    text = (datasheet_path("a100-80gb-sxm")).read_text()
     path = tmp_path / "a.yaml"
     path.write_text(text.replace("  gemm_tile_n: 128\n",
                                  "  gemm_tile_n: 128\n  gemm_tiles: [[256, 128], [128, 256]]\n"))
@@ -102,7 +102,7 @@ def test_menu_in_the_file(tmp_path):
 @pytest.mark.parametrize("value", ["[128, 256]", "[[128, 0]]", "[[128, 256, 64]]", "128",
                                    "[[128, true]]", "[[128.5, 256]]"])
 def test_a_bad_menu_is_one_line_naming_the_field(tmp_path, value):
-    text = (HARDWARE_DIR / "a100-80gb-sxm.yaml").read_text()
+    text = (datasheet_path("a100-80gb-sxm")).read_text()
     path = tmp_path / "bad.yaml"
     path.write_text(text.replace("  gemm_tile_n: 128\n",
                                  f"  gemm_tile_n: 128\n  gemm_tiles: {value}\n"))
@@ -121,9 +121,9 @@ def test_calibrate_writes_the_menu_back(tmp_path):
 
     from validate.calibrate import _efficiency_block
 
-    hw = pm.hardware("h100-sxm")
+    hw = datasheet("h100-sxm")
     eff = replace(hw.efficiency, dequant={})
-    doc = yaml.safe_load((HARDWARE_DIR / "h100-sxm.yaml").read_text())
+    doc = yaml.safe_load((datasheet_path("h100-sxm")).read_text())
     doc["efficiency"] = _efficiency_block(eff, "test")
     path = tmp_path / "h100-sxm.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -64,12 +64,18 @@ def test_no_base_of_a_base(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("name", "bf16", "link_devices"), [
     ("b300", 2.25e15, 8), ("gb200", 2.5e15, 72), ("gb300", 2.5e15, 72)])
-def test_blackwell_variants_keep_b200s_efficiency(name: str, bf16: float,
-                                                  link_devices: int) -> None:
-    """The Blackwell files lay datasheet figures over b200's; the measured efficiency is
-    b200's (the same SM and kernels), the NVLink 5 link 900 GB/s per direction."""
+def test_blackwell_variants_carry_their_own_kernel_fit(name: str, bf16: float,
+                                                       link_devices: int) -> None:
+    """The Blackwell files lay datasheet figures over b200's; their efficiency is vLLM's
+    fitted to their own measured kernels (calibrate --from), the structure (tiles, launch,
+    RMSNorm rate) b200's; the NVLink 5 link 900 GB/s per direction."""
     hw, b200 = pm.hardware(name), pm.hardware("b200")
-    assert hw.efficiency == b200.efficiency
+    assert hw.calibration["engine"] == "vllm"
+    folder = {"b300": "b300_sxm", "gb200": "gb200", "gb300": "gb300"}[name]
+    assert f"systems/data/{folder} " in hw.calibration["source"]
+    assert hw.efficiency.gemm_fraction != b200.efficiency.gemm_fraction
+    assert (hw.efficiency.gemm_tile_m, hw.efficiency.gemm_tile_n, hw.efficiency.gemm_tiles) \
+        == (b200.efficiency.gemm_tile_m, b200.efficiency.gemm_tile_n, b200.efficiency.gemm_tiles)
     assert hw.peak("bf16") == bf16 and hw.peak("fp8") == 2 * bf16
     assert hw.interconnect.link_bytes_per_s == 900e9
     assert hw.interconnect.max_devices == link_devices

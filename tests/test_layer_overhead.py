@@ -13,6 +13,7 @@ from perfmodel.cost.roofline import op_time
 from perfmodel.specs import Parallelism, SpecError, Workload
 from perfmodel.specs.dtypes import CODE
 from perfmodel.specs.load import HARDWARE_DIR, load_hardware, shipped
+from tests.datasheet import datasheet, datasheet_path
 from validate.calibrate import fit_layer_overhead
 from validate.report import step_seconds
 from validate.suites import (
@@ -80,14 +81,14 @@ def test_shipped_hardware_has_no_overhead_and_unchanged_steps(hw_name):
 
 
 def test_op_time_of_the_glue_op():
-    hw = _with(pm.hardware("h100-sxm"), layer_overhead_s=X)
+    hw = _with(datasheet("h100-sxm"), layer_overhead_s=X)
     op = LayerOverhead(name="layer_overhead", count=4.0, dtype=CODE["fp32"])
     assert op_time(op, hw, "host").time_s == pytest.approx(4 * X)
     assert op_time(op, hw, "stream").time_s == 0.0 and op_time(op, hw, "kernel").time_s == 0.0
 
 
 def test_loader_reads_layer_overhead(tmp_path):
-    text = (HARDWARE_DIR / "h100-sxm.yaml").read_text().replace(
+    text = (datasheet_path("h100-sxm")).read_text().replace(
         "  kernel_latency_s:", "  layer_overhead_s: 250 us\n  kernel_latency_s:")
     path = tmp_path / "hw.yaml"
     path.write_text(text)
@@ -116,7 +117,7 @@ def test_fit_is_the_floored_median_of_measured_layer_minus_measured_kernels():
     (residual_add twice), over 10 unique shapes (both norms share one); every shape measured
     at 100 us -> the layer's kernels take 1.2 ms. Layers measured at 1.2 ms + 0.1 / 0.3 /
     0.9 ms -> glue = median = 0.3 ms, whatever the hardware predicts for those kernels."""
-    hw = _with(pm.hardware("h100-sxm"), launch_mode="sync", layer_overhead_s=1.0)
+    hw = _with(datasheet("h100-sxm"), launch_mode="sync", layer_overhead_s=1.0)
     steps = [Step("layer", CALIB_CPU, b, 1, 640) for b in (1, 2, 4)]
     assert [len(s.ops()) for s in steps] == [11, 11, 11]
     assert [float(sum(np.sum(op.count) for op in s.ops())) for s in steps] == [12, 12, 12]
@@ -142,7 +143,7 @@ def test_fit_is_the_floored_median_of_measured_layer_minus_measured_kernels():
 def test_fit_falls_back_to_predicted_time_for_unmeasured_ops():
     """One layer, every shape measured at 100 us except down_proj: its predicted time (with
     the given hardware) takes its place and the record names it."""
-    hw = _with(pm.hardware("h100-sxm"), launch_mode="sync")
+    hw = _with(datasheet("h100-sxm"), launch_mode="sync")
     step = Step("layer", CALIB_CPU, 1, 1, 640)
     down = next(op for op in step.ops() if op.name == "down_proj")
     kernels = [r for r in _kernel_rows(step, 1e-4) if "down_proj" not in r["name"].split("+")]
@@ -178,7 +179,7 @@ def test_calibration_measures_every_layer_kernel_and_no_validation_shape():
 
 
 def test_step_seconds_counts_one_layer_or_all_layers():
-    hw = _with(pm.hardware("h100-sxm"), launch_mode="sync")
+    hw = _with(datasheet("h100-sxm"), launch_mode="sync")
     glue = _with(hw, layer_overhead_s=X)
     layer, model = Step("layer", TINY_LLAMA, 1, 1, 512), Step("model", TINY_LLAMA, 1, 1, 512)
     assert step_seconds(layer, glue, "host") - step_seconds(layer, hw, "host") \

@@ -17,6 +17,7 @@ from perfmodel.cost.roofline import BOUNDS
 from perfmodel.cost.step import Dtypes, Step, price_step, step_records
 from perfmodel.specs import SpecError, load
 from perfmodel.specs.model import Quantization
+from tests.datasheet import datasheet
 
 DATA = Path(__file__).parent / "data" / "hf"
 runner = CliRunner()
@@ -52,7 +53,7 @@ def test_head_gemm_bytes_by_hand():
 def test_memory_difference_by_hand():
     """The head at 2 - 0.5625 = 1.4375 B less per weight: 525,336,576 x 1.4375 =
     755,171,328 B less, on the last pipeline stage only."""
-    hw, model = pm.hardware("h100-sxm"), pm.model("llama-3-8b")
+    hw, model = datasheet("h100-sxm"), pm.model("llama-3-8b")
     on, off = (pm.estimate(hw, model, pm.Workload(**INT4_G64, quantize_lm_head=q))
                for q in (True, False))
     assert off.memory.weights_bytes - on.memory.weights_bytes == 755_171_328
@@ -63,7 +64,7 @@ def test_memory_difference_by_hand():
 
 @pytest.mark.parametrize("weights", ["bf16", "fp16"])
 def test_no_effect_on_16_bit_weights(weights):
-    hw, model = pm.hardware("h100-sxm"), pm.model("llama-3-8b")
+    hw, model = datasheet("h100-sxm"), pm.model("llama-3-8b")
     on, off = (pm.estimate(hw, model, pm.Workload(batch=8, weights_dtype=weights,
                                                   quantize_lm_head=q)) for q in (True, False))
     assert (on.ttft_s, on.tpot_s, on.memory.weights_bytes) == \
@@ -72,7 +73,7 @@ def test_no_effect_on_16_bit_weights(weights):
 
 def test_per_configuration_in_one_call():
     """The flag is per row of a vectorised call: each row equals its own single call."""
-    hw, model = pm.hardware("h100-sxm"), pm.model("llama-3-8b")
+    hw, model = datasheet("h100-sxm"), pm.model("llama-3-8b")
     w = pm.Workloads.of(batch=[1, 1, 64], quantize_lm_head=[False, True, True], **INT4_G64)
     many = pm.estimate_many(hw, model, w)
     for i in range(len(w)):
@@ -119,7 +120,7 @@ def test_past_the_ridge_a_non_overlapped_conversion_can_lose():
     At decode batch 4,096 on an H100 the 16-bit head is compute-bound, and the int4 head
     adds its conversion on top: quantizing it is slower there. Even a head still
     memory-bound at 16 bits can lose near the ridge (Qwen3-14B at batch 192)."""
-    hw = pm.hardware("h100-sxm")
+    hw = datasheet("h100-sxm")
     (h0, b0, _), (h1, _, _) = _head_and_step(hw, pm.model("llama-3-8b"), np.array([4096]),
                                              WEIGHTS[0])
     assert BOUNDS[int(b0[0])] == "compute" and h1[0] > h0[0]
@@ -131,7 +132,7 @@ def test_past_the_ridge_a_non_overlapped_conversion_can_lose():
 def test_a_tied_head_is_refused():
     """Gemma-2's head is its embedding table: no single price is honest (the docstring of
     ``cost.memory.quantized_head``), so it is a one-line error naming model and field."""
-    hw, model = pm.hardware("h100-sxm"), pm.model("gemma-2-9b")
+    hw, model = datasheet("h100-sxm"), pm.model("gemma-2-9b")
     with pytest.raises(SpecError) as info:
         pm.estimate(hw, model, pm.Workload(weights_dtype="int4", quantize_lm_head=True))
     message = str(info.value)
@@ -176,7 +177,7 @@ def test_gptq_lm_head_from_hf(tmp_path):
 def test_gptq_lm_head_estimate_and_assumption(tmp_path):
     """The checkpoint's head is priced quantized by default; asking for a 16-bit head is
     the checkpoint's weights no longer, and the estimate says so."""
-    hw, model = pm.hardware("h100-sxm"), _gptq(tmp_path, True)
+    hw, model = datasheet("h100-sxm"), _gptq(tmp_path, True)
     default = pm.estimate(hw, model, pm.Workload.for_model(model))
     plain = pm.estimate(hw, model, pm.Workload.for_model(model, quantize_lm_head=False))
     # tiny head: 100 x 64 = 6,400 weights at 2 - (0.5 + 2.5 / 128) = 1.48046875 B less

@@ -7,8 +7,9 @@ import pytest
 import perfmodel as pm
 from perfmodel.specs import SpecError, units
 from perfmodel.specs.load import HARDWARE_DIR, MODELS_DIR, load_hardware, load_model, shipped
+from tests.datasheet import datasheet, datasheet_path
 
-HW_YAML = (HARDWARE_DIR / "h100-sxm.yaml").read_text()
+HW_YAML = (datasheet_path("h100-sxm")).read_text()
 MODEL_YAML = (MODELS_DIR / "llama-2-13b.yaml").read_text()
 
 
@@ -194,7 +195,7 @@ def test_hf_config_families(tmp_path, family):
     if family == "deepseek_v3":
         assert model.mla.kv_lora_rank == 16 and model.moe.first_dense_layers == 1
         assert model.head_dim == 12 and model.mtp_modules == 1
-    est = pm.estimate(pm.hardware("h100-sxm"), model, pm.Workload(prompt_len=64, gen_len=4))
+    est = pm.estimate(datasheet("h100-sxm"), model, pm.Workload(prompt_len=64, gen_len=4))
     assert est.e2e_s > 0
 
 

@@ -15,8 +15,9 @@ from perfmodel.cost.outliers import AddGemm, OutlierGemm
 from perfmodel.cost.roofline import op_time
 from perfmodel.cost.step import Dtypes, Step, price_step, step_records
 from perfmodel.specs.dtypes import CODE, mixed_bytes, weight_bytes
+from tests.datasheet import datasheet
 
-H100 = pm.hardware("h100-sxm")
+H100 = datasheet("h100-sxm")
 BF16, INT4 = CODE["bf16"], CODE["int4"]
 Q = float(weight_bytes(INT4, 64))            # 0.5 + 2 / 64 = 0.53125 B per int4 weight
 # H100 SXM: 3.35 TB/s x 0.9 streaming; 989.4 TFLOP/s bf16 x 0.8 best shape; 132 SMs x 128

@@ -14,8 +14,9 @@ import perfmodel as pm
 from perfmodel.cli.app import app
 from perfmodel.cost.params import stage_layers
 from perfmodel.schedules.pipeline import trip_seconds
+from tests.datasheet import datasheet
 
-H100 = pm.hardware("h100-sxm")
+H100 = datasheet("h100-sxm")
 LLAMA = pm.model("llama-3-70b")          # 80 layers, d 8192
 
 
@@ -98,7 +99,7 @@ def test_cli_pipeline_and_replicas():
 
 # --- expert parallelism inside the tensor-parallel group ----------------------------------
 
-DSV3, H200 = pm.model("deepseek-v3"), pm.hardware("h200-sxm")
+DSV3, H200 = pm.model("deepseek-v3"), datasheet("h200-sxm")
 
 
 def _moe(batch, plan, skew=0.0, prompt=2048, gen=16):
@@ -213,9 +214,9 @@ def test_sweep_takes_the_levers_as_dimensions(tmp_path):
         (p, d, s) for p in "12" for d in "12" for s in ("0", "1024")}
     one = next(r for r in rows if (r["pp"], r["dp"], r["workload_shared_prefix"],
                                    r["workload_batch"]) == ("2", "2", "1024", "64"))
-    est = pm.estimate(H100, LLAMA, pm.Workload(batch=64, prompt_len=2048, gen_len=16,
-                                               shared_prefix=1024),
-                      pm.Parallelism(tp=4, pp=2, dp=2))
+    est = pm.estimate(pm.hardware("h100-sxm"), LLAMA, pm.Workload(
+        batch=64, prompt_len=2048, gen_len=16, shared_prefix=1024),
+        pm.Parallelism(tp=4, pp=2, dp=2))
     assert float(one["tpot_s"]) == pytest.approx(est.tpot_s, rel=1e-9)
     assert float(one["throughput_tokens_per_s"]) == pytest.approx(
         est.throughput_tokens_per_s, rel=1e-9)

@@ -12,6 +12,7 @@ from perfmodel.cost.step import Dtypes, Step, price_step, step_records
 from perfmodel.cost.tiling import prefill_tile_fraction
 from perfmodel.specs import Parallelism, SpecError, Workloads
 from perfmodel.specs.load import HARDWARE_DIR, MODELS_DIR, shipped
+from tests.datasheet import datasheet
 
 CONTEXTS = np.linspace(1000, 4000, 63).round().astype(int)     # 63 decodes, 1,000 .. 4,000
 CHUNK = (1, 512, 512)                                            # a 512-token prefill chunk
@@ -24,7 +25,7 @@ def _price(model, hw, groups):
 @pytest.fixture(scope="module")
 def mixed():
     """Llama-3-8B on an H100: the mixed step, the chunk alone and the decodes alone."""
-    model, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
+    model, hw = pm.model("llama-3-8b"), datasheet("h100-sxm")
     decodes = [(1, 1, int(c)) for c in CONTEXTS]
     return (model, hw, _price(model, hw, [CHUNK, *decodes]), _price(model, hw, [CHUNK]),
             _price(model, hw, decodes))

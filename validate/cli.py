@@ -67,8 +67,28 @@ def calibrate(
         help="CSV of the calibration measurements, resumed if present "
              "(default: OUT with suffix .calibration.csv)")] = None,
     progress: ProgressOpt = True,
+    from_: Annotated[str | None, typer.Option(
+        "--from", help="fit a shipped device to measured kernels instead of measuring: "
+                       "'aiconfigurator' (the installed aiconfigurator-core's tables) or its "
+                       "systems/data folder; no torch needed")] = None,
+    hardware: Annotated[str | None, typer.Option(
+        "--hardware", "-H", help="with --from: the shipped device to fit")] = None,
+    engine: Annotated[str, typer.Option(help="with --from: vllm, sglang or trtllm")] = "vllm",
+    all_devices: Annotated[bool, typer.Option(
+        "--all", help="with --from: every shipped device the tables cover, every engine")
+    ] = False,
+    write_hardware: Annotated[bool, typer.Option(
+        help="with --from --all: write the fits into the shipped hardware/*.yaml")] = False,
+    report: Annotated[Path, typer.Option(help="with --from: report folder")] = Path(
+        "runs/calibration"),
 ) -> None:
-    """Measure bandwidth, GEMM rates and launch overhead; fit the efficiency; write a YAML."""
+    """Measure bandwidth, GEMM rates and launch overhead; fit the efficiency; write a YAML.
+    With --from, fit a shipped device's constants to measured kernels instead."""
+    if from_ is not None:
+        from validate.kernel_cli import calibrate_from
+
+        calibrate_from(from_, hardware, engine, all_devices, write_hardware, out, report)
+        return
     out_file(out, "--out", (".yaml", ".yml"))
     if measurements is not None:
         out_file(measurements, "--measurements")

@@ -6,13 +6,18 @@ a step's prefill chunks and its decodes at different contexts in one launch).
 - Decode groups (q_len = 1, and a few new tokens on a longer cache: ``_short``) share one
   pool of programs. With
   ``attention_decode_pack_gqa`` (FlashAttention), a program holds the query heads of one
-  KV head of one sequence, padded to a row tile (``packed_programs``); when the pool fills
+  KV head of one sequence (``packed_programs``), its rows padded to
+  ``attention_decode_tile_q`` (FlashAttention-3 packs a KV group's heads into the rows of
+  its kBlockM = 128-row tile for head_dim 128: hopper/tile_size.h, pack_gqa) or, unset, to
+  the smallest power of two from 16 up to 128; when the pool fills
   under 80% of the compute units its keys are split (flash-decoding, ``kv_splits`` on the
   pool's program count and its longest sequence's key tiles) and a combine kernel runs.
   Without it (PyTorch's CPU kernel) each query head is its own unsplit program and streams
   its KV head's cache again. The pool's efficiency is useful work over the units' time when
   the programs run longest-first: T = max(longest, total / units + idle share of the last
-  wave x shortest); for equal programs that is the wave fill.
+  wave x shortest); for equal programs that is the wave fill. Each program also does
+  ``attention_program_keys`` key positions' worth of work of its own (queries, page table,
+  output), whatever its keys.
 - Each prefill group has the tile efficiency of ``tiling.prefill_tile_fraction``.
 - The parts run one after another: compute time = sum of (FLOPs / (peak x efficiency)) over
   the parts (for one group, the group's own efficiency); memory time = all bytes over the
@@ -86,7 +91,9 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
         splits = kv_splits(np.maximum(pool, 1), np.maximum((tiles * decode).max(axis=-1), 1),
                            units)
         work = np.broadcast_to(programs * keys, decode.shape)
-        fill = np.broadcast_to(_pad(rows, 128)[0], decode.shape)
+        row_tile = eff.attention_decode_tile_q
+        fill = np.broadcast_to(rows / (np.ceil(rows / row_tile) * row_tile) if row_tile
+                               else _pad(rows, 128)[0], decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
     else:
         programs = op.batch * op.g("n_heads") * decode
@@ -94,16 +101,30 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
         splits, pad = np.ones(pool.shape), 1.0
     n = pool * splits
     total = (programs * keys).sum(axis=-1)
+    fixed = eff.attention_program_keys       # each program's own work, in key positions
     if decode.shape[-1] == 1:            # one group: equal programs, the makespan is the waves
-        work = keys[..., 0] / splits
+        work = keys[..., 0] / splits + fixed
         longest = shortest = work
     else:
-        work = keys / splits[..., None]  # per program, in key positions
+        work = keys / splits[..., None] + fixed  # per program, in key positions
         longest = (work * decode).max(axis=-1)
         shortest = np.where(decode, work, np.inf).min(axis=-1)
         shortest = np.where(np.isfinite(shortest), shortest, 0.0)
-    makespan = np.maximum(longest, total / units + (np.ceil(n / units) - n / units) * shortest)
-    return eff.attention * pad * divide(total, units * makespan), splits
+    busy = total + n * fixed
+    makespan = np.maximum(longest, busy / units + (np.ceil(n / units) - n / units) * shortest)
+    return eff.attention * head_share(hw, op.qk_dim) * pad * divide(total, units * makespan), \
+        splits
+
+
+def head_share(hw: Hardware, head_dim: np.ndarray) -> np.ndarray | float:
+    """MMA share of an attention program's time: head_dim / (head_dim +
+    ``attention_head_dim_half``). Each score needs 4 x head_dim MMA FLOPs (QK^T and PV) but
+    also an exp, a max and a rescale on the SFU / FP32 pipes whatever head_dim, which the
+    kernel overlaps only in part (FlashAttention-3: 989 TFLOP/s of MMA against 3.9 TFLOP/s
+    of exp on an H100 SXM, so at head_dim 128 the exps alone take half the MMA time; Shah et
+    al. 2024, section 3.1); a smaller head_dim spends a larger share on them. Off at 0."""
+    half = hw.efficiency.attention_head_dim_half
+    return head_dim / (head_dim + half) if half else 1.0
 
 
 _SHAPE = ("batch", "n_heads", "n_kv_heads", "qk_dim", "q_len", "kv_len", "window", "causal")
@@ -141,8 +162,8 @@ def _tile_efficiency(hw: Hardware, batch: np.ndarray, heads: np.ndarray, kv_head
                      head_dim: np.ndarray, q: np.ndarray, kv: np.ndarray,
                      window: np.ndarray, causal: np.ndarray) -> np.ndarray:
     attended = attended_positions(q, kv, window, causal=causal)
-    return hw.efficiency.attention * prefill_tile_fraction(hw, batch, heads, kv_heads, head_dim,
-                                                           q, kv, window, attended, causal)
+    return hw.efficiency.attention * head_share(hw, head_dim) * prefill_tile_fraction(
+        hw, batch, heads, kv_heads, head_dim, q, kv, window, attended, causal)
 
 
 def _append_kv(op: Attention, hw: Hardware, prefill: np.ndarray

@@ -28,6 +28,18 @@ The model follows NCCL's own (``src/graph/tuning.cc``, ``ncclTopoTuneModel`` and
   has per-protocol constants (LL, LL128, Simple); this model keeps one pair, the LL
   latencies and the Simple bandwidth, so it is optimistic in between.
 
+- custom all-reduce (``interconnect.custom_all_reduce_max_bytes`` > 0): vLLM and SGLang
+  run their own all-reduce kernel instead of NCCL for a message under that size over 2, 4,
+  6 or 8 devices of one NVLink node (vLLM ``distributed/device_communicators/
+  custom_all_reduce.py``, ``should_custom_ar``: ``_SUPPORTED_WORLD_SIZES = [2, 4, 6, 8]``,
+  ``max_size = 8192 * 1024``). Its kernel (``csrc/custom_all_reduce.cuh``, ``allreduce``)
+  is one-stage (each device reads every peer's whole buffer: (n-1) x S) for 2 devices or,
+  on a full NVLink node, below 512 KB (n <= 4) or 256 KB (n <= 8); two-stage otherwise
+  (reduce-scatter then all-gather through peer loads: 2(n-1)/n x S). Time =
+  custom_all_reduce_latency_s + bytes / (link x custom_all_reduce_fraction): its 36
+  blocks of peer loads reach a share of the link of their own, and one launch with a
+  flag handshake replaces NCCL's protocol latency.
+
 All-to-all (NCCL alltoall, DeepEP dispatch and combine): each device sends (n-1)/n of its
 bytes, spread evenly; on-node peers over the link, off-node peers over the device's own NIC,
 both at once; latency = base + one hop (every peer is sent to in parallel).
@@ -44,8 +56,8 @@ from perfmodel.specs.hardware import Hardware
 Num = float | np.ndarray
 
 __all__ = ["Parts", "all_gather_s", "all_reduce_parts", "all_reduce_s", "all_to_all_parts",
-           "all_to_all_s", "reduce_scatter_s", "ring_all_reduce", "send_s",
-           "tree_all_reduce"]
+           "all_to_all_s", "custom_all_reduce_parts", "reduce_scatter_s", "ring_all_reduce",
+           "send_s", "tree_all_reduce"]
 
 TREE_RATIO = 0.5        # NCCL tuning.cc: algorithm bandwidth = busBw x .5 for trees
 
@@ -118,13 +130,42 @@ def tree_all_reduce(hw: Hardware, devices: Num, nbytes: Num, nodes: Num = 1) -> 
     return Parts(np.where(single, 0.0, latency), np.where(single, 0.0, wire))
 
 
+CUSTOM_WORLD_SIZES = (2, 4, 6, 8)       # vLLM CustomAllreduce._SUPPORTED_WORLD_SIZES
+
+
+def custom_all_reduce_parts(hw: Hardware, devices: Num, nbytes: Num) -> Parts | None:
+    """The engine's custom all-reduce of ``nbytes`` over ``devices`` of one node (module
+    doc), whatever its size limit; None when the device has none."""
+    link = hw.interconnect
+    if not link.custom_all_reduce_max_bytes:
+        return None
+    n, s = _arrays(devices, nbytes)
+    one_stage = (n <= 2) | ((n <= 4) & (s < 512 * 1024)) | ((n <= 8) & (s < 256 * 1024))
+    moved = np.where(one_stage, (n - 1) * s, 2.0 * (n - 1) / np.maximum(n, 1) * s)
+    rate = link.link_bytes_per_s * link.custom_all_reduce_fraction
+    single = n <= 1
+    return Parts(np.where(single, 0.0, link.custom_all_reduce_latency_s + 0 * s),
+                 np.where(single, 0.0, _over(moved, rate)))
+
+
 def all_reduce_parts(hw: Hardware, devices: Num, nbytes: Num, nodes: Num = 1) -> Parts:
-    """The faster of ring and tree per instance (ring on a tie), as its two terms."""
+    """The engine's custom all-reduce where it applies (one NVLink node, 2/4/6/8 devices,
+    under its size limit), else the faster of NCCL's ring and tree per instance (ring on a
+    tie), as its two terms."""
     ring = ring_all_reduce(hw, devices, nbytes, nodes)
     tree = tree_all_reduce(hw, devices, nbytes, nodes)
     use_tree = tree.total < ring.total
-    return Parts(np.where(use_tree, tree.latency_s, ring.latency_s),
-                 np.where(use_tree, tree.wire_s, ring.wire_s))
+    out = Parts(np.where(use_tree, tree.latency_s, ring.latency_s),
+                np.where(use_tree, tree.wire_s, ring.wire_s))
+    custom = custom_all_reduce_parts(hw, devices, nbytes)
+    if custom is None:
+        return out
+    n, s, m = _arrays(devices, nbytes, nodes)
+    on = (m <= 1) & np.isin(n, CUSTOM_WORLD_SIZES) \
+        & (s < hw.interconnect.custom_all_reduce_max_bytes) \
+        & ((n <= 2) | (hw.interconnect.topology == "switch"))
+    return Parts(np.where(on, custom.latency_s, out.latency_s),
+                 np.where(on, custom.wire_s, out.wire_s))
 
 
 def all_reduce_s(hw: Hardware, devices: Num, nbytes: Num, nodes: Num = 1) -> np.ndarray:

@@ -224,17 +224,20 @@ def _block_stats(q: int, kv: int, window: int, span: int, bk: int, clip: int,
 def tile_fraction(units: int, batch: np.ndarray, heads: np.ndarray, q: np.ndarray,
                   kv: np.ndarray, window: np.ndarray, attended: np.ndarray, *, packed: int
                   | np.ndarray, bq: np.ndarray, bk: np.ndarray, clip: bool,
-                  splits: np.ndarray | float = 1.0, causal: np.ndarray | bool = True
-                  ) -> np.ndarray:
+                  splits: np.ndarray | float = 1.0, causal: np.ndarray | bool = True,
+                  fixed: float = 0.0) -> np.ndarray:
     """Useful share of the tile time of a prefill (see ``prefill_tile_fraction``) with
-    ``packed`` query heads per block row set (1: none), ``bq`` x ``bk`` tiles, and each
-    block's key tiles shared out over ``splits`` programs."""
+    ``packed`` query heads per block row set (1: none), ``bq`` x ``bk`` tiles, each
+    block's key tiles shared out over ``splits`` programs, and ``fixed`` key positions of
+    work per program (``attention_program_keys``)."""
     span = np.maximum(1, np.floor_divide(bq, packed))
     kmax, ksum, kmin, blocks = np.moveaxis(
         _per_key(_block_stats, q, kv, window, span, bk, int(clip), splits, causal), -1, 0)
     programs = np.floor_divide(batch * heads, packed) * splits
     n = programs * blocks
-    busy = np.maximum(kmax, programs * ksum / units + (np.ceil(n / units) - n / units) * kmin)
+    kmax, kmin = kmax + fixed, kmin + fixed
+    busy = np.maximum(kmax, (programs * ksum + n * fixed) / units
+                      + (np.ceil(n / units) - n / units) * kmin)
     useful = batch * heads * attended / bq
     return np.minimum(1.0, useful / (units * busy))
 
@@ -263,15 +266,18 @@ def prefill_tile_fraction(hw: Hardware, batch: np.ndarray, heads: np.ndarray,
         splits = append_kv_splits(hw, batch, heads, head_dim, q, kv, window)
         return tile_fraction(units, batch, heads, q, kv, window, attended, packed=1,
                              bq=APPEND_KV_TILE_Q, bk=decode_kv_tile(head_dim),
-                             clip=eff.attention_clip_kv, splits=splits, causal=causal)
+                             clip=eff.attention_clip_kv, splits=splits, causal=causal,
+                             fixed=eff.attention_program_keys)
     bq, bk = q_tile(eff, q), eff.attention_tile_kv
     frac = tile_fraction(units, batch, heads, q, kv, window, attended, packed=1, bq=bq, bk=bk,
-                         clip=eff.attention_clip_kv, causal=causal)
+                         clip=eff.attention_clip_kv, causal=causal,
+                         fixed=eff.attention_program_keys)
     group = np.floor_divide(heads, kv_heads)
     if eff.attention_pack_gqa and np.any(group > 1):
         packed = tile_fraction(units, batch, heads, q, kv, window, attended,
                                packed=np.maximum(group, 1), bq=bq, bk=bk,
-                               clip=eff.attention_clip_kv, causal=causal)
+                               clip=eff.attention_clip_kv, causal=causal,
+                               fixed=eff.attention_program_keys)
         frac = np.where(group > 1, np.maximum(frac, packed), frac)
     return frac
 

@@ -77,6 +77,17 @@ class Efficiency:
     # split, each streaming its KV head's cache again (PyTorch's CPU flash attention: a
     # matrix-vector product per head). calibrate on CPU: false
     attention_decode_pack_gqa: bool = True
+    # fixed work of one attention program (thread block), in key positions of its own tile:
+    # loading its queries, page table and softmax state, writing its output, whatever its
+    # keys (0: none). Fitted by calibrate --from; a decode of many short sequences is made
+    # of it
+    attention_program_keys: float = 0.0
+    # query rows of a decode program's tile: a KV group's query heads are padded to it
+    # (0: the smallest power of two from 16 to 128, a kernel for skinny shapes)
+    attention_decode_tile_q: int = 0
+    # attention's MMA share x head_dim / (head_dim + this): the per-score softmax work (an
+    # exp, max, rescale) that does not scale with head_dim (0: off; cost/attention.py)
+    attention_head_dim_half: float = 0.0
     # prefill runs as FlashAttention-2's flash_attn_with_kvcache given the chunk's new K/V
     # (Sarathi-Serve; vLLM's chunked prefill before its varlen path): the split-KV kernel,
     # 64 query rows x decode_kv_tile keys per program, keys split over programs when they are
@@ -186,6 +197,12 @@ class Interconnect:
     # network figure, so a plan spanning nodes is refused rather than guessed
     network_bytes_per_s: float = 0.0
     network_latency_s: float = 0.0
+    # the serving engine's own all-reduce for small messages inside an NVLink node (vLLM's
+    # and SGLang's custom all-reduce): used below max_bytes (0: none, NCCL always) over
+    # 2, 4, 6 or 8 devices; fixed cost and the share of link_bytes_per_s it reaches
+    custom_all_reduce_max_bytes: float = 0.0
+    custom_all_reduce_latency_s: float = 0.0
+    custom_all_reduce_fraction: float = 1.0
 
 
 @dataclass(frozen=True)

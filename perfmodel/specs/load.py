@@ -174,6 +174,12 @@ def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
         network_bytes_per_s=f.quantity("network_bytes_per_s", "bytes_per_s", 0.0,
                                        positive=False),
         network_latency_s=f.quantity("network_latency_s", "s", 0.0, positive=False),
+        custom_all_reduce_max_bytes=f.quantity("custom_all_reduce_max_bytes", "bytes", 0.0,
+                                               positive=False),
+        custom_all_reduce_latency_s=f.quantity("custom_all_reduce_latency_s", "s", 0.0,
+                                               positive=False),
+        custom_all_reduce_fraction=f.quantity("custom_all_reduce_fraction", "number", 1.0,
+                                              maximum=1.0),
     )
     _sources(f, "interconnect", sources)
     f.finish()
@@ -198,6 +204,11 @@ def _efficiency(f: Fields, sources: dict[str, str], scan_kernel: str) -> Efficie
         attention_clip_kv=f.flag("attention_clip_kv", False),
         attention_pack_gqa=f.flag("attention_pack_gqa", True),
         attention_decode_pack_gqa=f.flag("attention_decode_pack_gqa", True),
+        attention_program_keys=f.quantity("attention_program_keys", "number", 0.0,
+                                          positive=False),
+        attention_decode_tile_q=f.integer("attention_decode_tile_q", 0, minimum=0),
+        attention_head_dim_half=f.quantity("attention_head_dim_half", "number", 0.0,
+                                           positive=False),
         attention_append_kv=f.flag("attention_append_kv", False),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
         gemm_overlap=f.flag("gemm_overlap", True),
@@ -279,11 +290,13 @@ def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float
     kinds allowed are the registry's (``specs.kinds``)."""
     if f is None:
         return {}
-    kinds = OWN_FRACTION if memory_only else OWN_LATENCY
+    # attention streams its KV cache at a fraction of its own (calibrate --from fits it)
+    kinds = (*OWN_FRACTION, "attention") if memory_only else OWN_LATENCY
     out = {}
     for kind in list(f.data):
         if kind not in kinds:
-            what = "a memory-bound kernel kind" if memory_only else "a kernel kind"
+            what = "a memory-bound kernel kind or attention" if memory_only \
+                else "a kernel kind"
             raise f.error(kind, f"expected {what}: {', '.join(kinds)}")
         out[kind] = f.quantity(kind, unit, maximum=1.0) if unit == "number" \
             else f.quantity(kind, unit, positive=False)

@@ -32,9 +32,11 @@ PER_PAIR = 5
 def device(name: str) -> object:
     """The hardware record of a snapshot device (the same code on the old and new core)."""
     import perfmodel as pm
+    from tests.datasheet import datasheet_path
 
     path, append_kv = DEVICES[name]
-    hw = pm.hardware(path)
+    hw = pm.load_hardware(datasheet_path(path)) if not str(path).endswith(".yaml") \
+        else pm.hardware(path)
     if append_kv:
         hw = replace(hw, efficiency=replace(hw.efficiency, attention_append_kv=True))
     return hw
