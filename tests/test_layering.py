@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "perfmodel"
 # subpackages in data-path order: a module may import its own subpackage and those before it
-LAYERS = ("specs", "cost", "schedules", "serving", "compare", "report", "kernels", "cli")
+LAYERS = ("specs", "cost", "schedules", "serving", "compare", "report", "kernels", "cli",
+          "ui")
 
 
 def _module(path: Path) -> str:

@@ -28,7 +28,8 @@ CORE = {"estimate": ("perfmodel.cli.estimate", "estimate"),
         "report": ("perfmodel.cli.report", "report_cmd"),
         "simulate": ("perfmodel.cli.simulate", "simulate_cmd"),
         "plan": ("perfmodel.cli.plan", "plan_cmd"),
-        "compare-serving": ("perfmodel.cli.serving_compare", "compare_serving_cmd")}
+        "compare-serving": ("perfmodel.cli.serving_compare", "compare_serving_cmd"),
+        "ui": ("perfmodel.ui.command", "ui_cmd")}   # the optional page: its own package
 # command group -> (module, Typer): its subcommands (``perfmodel kernels import ...``)
 GROUPS = {"kernels": ("perfmodel.cli.kernels", "app")}
 _plugins_loaded = False

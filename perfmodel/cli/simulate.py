@@ -119,12 +119,10 @@ def simulate_cmd(
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
-    from perfmodel.specs import load
+    options = dict(locals())
     from perfmodel.specs.errors import SpecError
 
-    for name, value in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot)):
-        if value is not None and not value > 0:
-            fail(f"{name}: expected a positive number of seconds, got {value}")
+    check_slos(slo_ttft, slo_tpot)
     if out is not None and not out.strip():
         fail("--out: expected a folder name, got an empty one (it would write into the "
              "current folder; give --out . for that)")
@@ -136,19 +134,7 @@ def simulate_cmd(
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
     try:
-        m, hw = load.model(model), device(hardware, engine_name)
-        wl = workload(m, 1, input_len, output_len, weights_dtype, act_dtype, kv_dtype,
-                      quantize_lm_head=quantize_lm_head)
-        layout = plan(tp, 1, ep, dp, attention_dp, 0)
-        engine = _engine(max_num_seqs, max_num_batched_tokens, gpu_memory_utilization,
-                         block_size, chunked_prefill, prefix_caching, scheduler.value,
-                         cuda_graphs, max_model_len)
-        streams = _traffic(trace, rate, concurrency, num_requests, input_len, output_len,
-                           arrival, burstiness, length_dist, spread, lengths_from,
-                           shared_prefix, seed)
-        streams = _within_limit(streams, engine.max_model_len or m.max_position_embeddings,
-                                trace is None)
-        _warn_idle(streams, layout)
+        m, hw, wl, layout, engine, streams = inputs(options)
         runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label))
                 for r, reqs, label in streams]
         edges = [tuple(_run(m, hw, reqs, layout, engine, wl, False, label, edge)
@@ -156,7 +142,7 @@ def simulate_cmd(
             if band and hw.uncertainty is not None else None
     except SpecError as exc:
         fail(str(exc))
-    summaries = _summaries(runs, edges, hw, slo_ttft, slo_tpot)
+    summaries = banded_summaries(runs, edges, hw, slo_ttft, slo_tpot)
     _show(runs, summaries, fmt, m, hw, layout, wl, engine)
     if folder is not None:
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
@@ -190,7 +176,7 @@ def _warn_idle(streams: list, layout: Any) -> None:
                    f"{engines - fewest:,} stay idle", err=True)
 
 
-def _summaries(runs: list, edges: list | None, hw: Any, slo_ttft: float | None,
+def banded_summaries(runs: list, edges: list | None, hw: Any, slo_ttft: float | None,
                slo_tpot: float | None) -> list[dict]:
     """Each run's summary, with its 80% band where ``edges`` has the low and high runs."""
     from perfmodel.serving.bands import NO_BAND, banded_summary
@@ -350,3 +336,34 @@ def _write(out: Path, runs: list, summaries: list[dict], dpi: int, capacity: flo
             save(plots.load_curve(points, capacity), folder / "load.png", dpi)
             (folder / "load.txt").write_text(tables.load_table(points))
     typer.echo(f"wrote {out}/")
+
+
+def check_slos(slo_ttft: float | None, slo_tpot: float | None) -> None:
+    """A one-line error for an SLO that is not a positive number of seconds."""
+    for name, value in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot)):
+        if value is not None and not value > 0:
+            fail(f"{name}: expected a positive number of seconds, got {value}")
+
+
+def inputs(p: dict[str, Any]) -> tuple:
+    """(model, device, workload, plan, engine config, [(rate, requests, label)]) of
+    ``simulate``'s parsed options ``p`` (keyword names as the command's parameters): what
+    the command simulates, and what the browser page simulates for the same options."""
+    from perfmodel.specs import load
+
+    m, hw = load.model(p["model"]), device(p["hardware"], p["engine_name"])
+    wl = workload(m, 1, p["input_len"], p["output_len"], p["weights_dtype"], p["act_dtype"],
+                  p["kv_dtype"], quantize_lm_head=p["quantize_lm_head"])
+    layout = plan(p["tp"], 1, p["ep"], p["dp"], p["attention_dp"], 0)
+    engine = _engine(p["max_num_seqs"], p["max_num_batched_tokens"],
+                     p["gpu_memory_utilization"], p["block_size"], p["chunked_prefill"],
+                     p["prefix_caching"], p["scheduler"].value, p["cuda_graphs"],
+                     p["max_model_len"])
+    streams = _traffic(p["trace"], p["rate"], p["concurrency"], p["num_requests"],
+                       p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
+                       p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
+                       p["seed"])
+    streams = _within_limit(streams, engine.max_model_len or m.max_position_embeddings,
+                            p["trace"] is None)
+    _warn_idle(streams, layout)
+    return m, hw, wl, layout, engine, streams
