@@ -1,6 +1,7 @@
 """Benchmark the tool itself: configurations per second, one estimate, CLI answers.
 
     python benchmarks/bench_core.py [--quick]
+    python benchmarks/bench_core.py --sweep-memory     # the 10^6-point sweep's peak memory
 
 Not a test: prints the numbers the README quotes. Every measurement is Llama-3-70B on an
 H100 SXM, 2,048-token prompts and 256 generated tokens (255 decode steps summed exactly),
@@ -11,6 +12,8 @@ by 10-30% between runs.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -61,6 +64,36 @@ def cli_seconds(args: list[str], repeats: int) -> float:
                    repeats)
 
 
+def startup_ratio(repeats: int) -> tuple[float, float, float, float]:
+    """Median wall times, then CPU times (user + system: steadier on a shared machine), of
+    ``python -m perfmodel.cli estimate -m llama-2-13b -H h100-sxm`` and of ``python -c
+    "import numpy"``, run alternately (the machine's load moves both alike). Both read
+    bytecode, as after a ``pip install``: a private pycache (one warm-up run each fills it),
+    whatever PYTHONDONTWRITEBYTECODE says."""
+    estimate = [sys.executable, "-m", "perfmodel.cli", "estimate", "-m", "llama-2-13b",
+                "-H", "h100-sxm"]
+    numpy = [sys.executable, "-c", "import numpy"]
+    with tempfile.TemporaryDirectory() as cache:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env |= {"PYTHONPYCACHEPREFIX": cache, "PYTHONPATH": str(ROOT)}
+        wall: dict[int, list[float]] = {0: [], 1: []}
+        cpu: dict[int, list[float]] = {0: [], 1: []}
+        for i in range(repeats + 1):
+            for j, command in enumerate((estimate, numpy)):
+                before, start = _child_cpu(), time.perf_counter()
+                subprocess.run(command, check=True, capture_output=True, cwd=ROOT, env=env)
+                if i:                     # the first round fills the cache
+                    wall[j].append(time.perf_counter() - start)
+                    cpu[j].append(_child_cpu() - before)
+    return (statistics.median(wall[0]), statistics.median(wall[1]),
+            statistics.median(cpu[0]), statistics.median(cpu[1]))
+
+
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def sweep_args(out: str) -> list[str]:
     """100,000 configurations: 500 batches x 25 prompts x 2 weight x 2 KV dtypes x 2 GPUs."""
     batches = ",".join(str(b) for b in range(1, 501))
@@ -70,10 +103,42 @@ def sweep_args(out: str) -> list[str]:
             "--gen", "256", "--no-figures", "--out", out]
 
 
+def million_sweep_args(out: str) -> list[str]:
+    """10^6 configurations: 1,000 batches x 125 prompts x 2 weight x 2 KV dtypes x 2 GPUs."""
+    batches = ",".join(str(b) for b in range(1, 1001))
+    prompts = ",".join(str(128 * i) for i in range(1, 126))
+    return ["sweep", "-m", "llama-3-70b", "-H", "h100-sxm,h200-sxm", "--batch", batches,
+            "--context", prompts, "--weights-dtype", "bf16,fp8", "--kv-dtype", "bf16,fp8",
+            "--gen", "256", "--no-figures", "--out", out]
+
+
+def million_sweep() -> tuple[float, float, float]:
+    """(peak resident GB, CPU s, wall s) of ``python -m perfmodel.cli sweep`` over 10^6
+    configurations, in a child process of its own (its peak is the children's maximum:
+    the only child so far)."""
+    with tempfile.TemporaryDirectory() as out:
+        before, start = _child_cpu(), time.perf_counter()
+        subprocess.run([sys.executable, "-m", "perfmodel.cli", *million_sweep_args(out)],
+                       check=True, capture_output=True, cwd=ROOT,
+                       env=os.environ | {"PYTHONPATH": str(ROOT)})
+        wall = time.perf_counter() - start
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return peak_kb / 1e6, _child_cpu() - before, wall
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    quick = parser.parse_args().quick
+    parser.add_argument("--sweep-memory", action="store_true", help=(
+        "only the 10^6-point sweep's peak memory (minutes; run it alone: the peak is the "
+        "largest child process's)"))
+    args = parser.parse_args()
+    if args.sweep_memory:
+        peak, cpu, wall = million_sweep()
+        print(f"perfmodel sweep --no-figures, 10^6 configurations: peak {peak:.2f} GB "
+              f"resident, {cpu:.0f} s CPU, {wall:.0f} s wall")
+        return
+    quick = args.quick
     reps = 3 if quick else 5
     rate, n = grid_rate(12_500, 3 if quick else 5)
     print(f"estimate_many: {rate:,.0f} configurations/s ({n:,} configurations per call, "
@@ -84,6 +149,10 @@ def main() -> None:
                 "--gen", "256"]
     print(f"perfmodel estimate (CLI wall, median of {reps}): "
           f"{cli_seconds(estimate, reps):.3f} s")
+    est, numpy, est_cpu, numpy_cpu = startup_ratio(5 if quick else 15)
+    print(f"estimate CLI against python -c 'import numpy' (median of {5 if quick else 15}): "
+          f"wall {est:.3f} s / {numpy:.3f} s = {est / numpy:.2f}x, CPU {est_cpu:.3f} s / "
+          f"{numpy_cpu:.3f} s = {est_cpu / numpy_cpu:.2f}x (target < 2x)")
     print(f"perfmodel --help (CLI start, median of {reps}): {cli_seconds(['--help'], reps):.3f} s")
     with tempfile.TemporaryDirectory() as out:
         wall = cli_seconds(sweep_args(out), 1 if quick else 3)

@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "perfmodel"
 # subpackages in data-path order: a module may import its own subpackage and those before it
-LAYERS = ("specs", "cost", "schedules", "serving", "compare", "report", "cli")
+LAYERS = ("specs", "cost", "schedules", "serving", "compare", "report", "kernels", "cli",
+          "ui")
 
 
 def _module(path: Path) -> str:
@@ -92,7 +93,7 @@ def test_files_stay_under_400_lines():
 
 def test_import_perfmodel_is_light():
     code = ("import sys, perfmodel; "
-            "heavy = [m for m in ('torch', 'matplotlib', 'pandas', 'scipy', 'typer') "
+            "heavy = [m for m in ('torch', 'matplotlib', 'pandas', 'scipy', 'typer', 'pyarrow') "
             "if m in sys.modules]; print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)

@@ -166,7 +166,8 @@ def test_parameter_totals_against_published(name, total, active):
     tolerance = 0.02 if name == "nemotron-h-8b" else 0.01
     assert counts.total == pytest.approx(total, rel=tolerance)
     if active is not None:
-        assert counts.active(m) == pytest.approx(active, rel=0.01)
+        # Jamba's 12B counts the input embedding in (ours leaves the gather out)
+        assert counts.active(m) + counts.embedding == pytest.approx(active, rel=0.01)
 
 
 def test_qwen3_next_shared_expert_gate_by_hand():
@@ -188,7 +189,7 @@ def test_qwen3_next_shared_expert_gate_by_hand():
 def test_minimax_active_without_embeddings_is_the_published_45_9b():
     m = model("minimax-text-01")
     c = param_counts(m)
-    assert c.active(m) - c.embedding - c.lm_head == pytest.approx(45.9e9, rel=0.01)
+    assert c.active(m) - c.lm_head == pytest.approx(45.9e9, rel=0.01)
 
 
 def _spec(**extra):

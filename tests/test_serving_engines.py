@@ -184,7 +184,7 @@ def test_priced_ahead_equals_step_by_step(name, flags, monkeypatch):
     engine = engine_config(name, **flags)
     ahead = sim.simulate(model, hw, reqs, engine=engine)
     monkeypatch.setattr(sim, "LOOKAHEAD", 1)
-    monkeypatch.setattr(sim._Guess, "__init__", _one_step_guess(sim._Guess.__init__))
+    monkeypatch.setattr(sim.Guess, "__init__", _one_step_guess(sim.Guess.__init__))
     alone = sim.simulate(model, hw, reqs, engine=engine)
     np.testing.assert_allclose(ahead.first_token_s, alone.first_token_s, rtol=1e-12)
     np.testing.assert_allclose(ahead.token_s, alone.token_s, rtol=1e-12)

@@ -22,6 +22,7 @@ import pytest
 import perfmodel as pm
 from perfmodel.compare import rows as compare_rows
 from perfmodel.cost.attention import SHORT_Q
+from perfmodel.cost.params import param_counts
 from perfmodel.cost.roofline import op_time
 from tests.snapshot.configs import OP_DEVICES, device
 
@@ -93,11 +94,19 @@ def _new_estimate(entry: dict) -> dict:
         assert out["decode_tokens_per_s"] == 0.0
         out["decode_tokens_per_s"] = fields["batch"] / out["tpot_s"]   # the old definition
     out["workload"] = out["workload"] | {"tp": plan.tp}
+    # and active parameters without the input embedding (a gather), as gpt-oss's card
+    # counts them: the old core's count had it in
+    counts = param_counts(est.model)
+    out["params_active"] = counts.total - counts.experts * (1 - _routed_share(est.model))
     del out["parallelism"]
     mla = est.model.mla is not None
     out["operators"] = [o.to_dict() | {"name": _old_name(o.phase, o.name, mla)}
                         for o in est.ops]
     return out
+
+
+def _routed_share(model: pm.Model) -> float:
+    return model.moe.top_k / model.moe.n_experts if model.moe else 1.0
 
 
 def _old_name(phase: str, name: str, mla: bool) -> str:

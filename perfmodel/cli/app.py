@@ -29,7 +29,10 @@ CORE = {"estimate": ("perfmodel.cli.estimate", "estimate"),
         "simulate": ("perfmodel.cli.simulate", "simulate_cmd"),
         "plan": ("perfmodel.cli.plan", "plan_cmd"),
         "compare-serving": ("perfmodel.cli.serving_compare", "compare_serving_cmd"),
-        "calibrate-serving": ("perfmodel.cli.serving_calibrate", "calibrate_serving_cmd")}
+        "calibrate-serving": ("perfmodel.cli.serving_calibrate", "calibrate_serving_cmd"),
+        "ui": ("perfmodel.ui.command", "ui_cmd")}   # the optional page: its own package
+# command group -> (module, Typer): its subcommands (``perfmodel kernels import ...``)
+GROUPS = {"kernels": ("perfmodel.cli.kernels", "app")}
 _plugins_loaded = False
 
 
@@ -46,6 +49,9 @@ def build(only: str | None = None) -> typer.Typer:
     for name, (module, function) in CORE.items():
         if only is None or name == only:
             cli.command(name)(getattr(importlib.import_module(module), function))
+    for name, (module, attr) in GROUPS.items():
+        if only is None or name == only:
+            cli.add_typer(getattr(importlib.import_module(module), attr), name=name)
     return cli
 
 
@@ -157,7 +163,7 @@ def main() -> None:
     """Console entry point. A core command runs alone, without looking up plugins or
     building the other commands (fast start)."""
     first = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
-    if first in CORE:
+    if first in CORE or first in GROUPS:
         run(build(only=first))
     run(load_plugins())
 

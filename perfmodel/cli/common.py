@@ -7,23 +7,18 @@ so nothing imports ``app`` back (no cycle). Module level: typer and the standard
 
 from __future__ import annotations
 
-import os
 import shlex
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from enum import Enum
-from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli.errors import fail, raising
+from perfmodel.cli.outputs import out_dir, out_file, save, writing
 from perfmodel.specs.dtypes import DTYPES, WEIGHT_FORMATS
 
-
-def fail(message: str) -> NoReturn:
-    """Print ``error: <message>`` on stderr and exit with code 2 (a user mistake)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+# re-exported: their homes are cli.errors and cli.outputs
+__all__ = ["fail", "out_dir", "out_file", "raising", "save", "writing"]
 
 
 def command_line(command: str, **options: Any) -> str:
@@ -252,7 +247,7 @@ def _rates(text: str, k: int) -> float | list[float]:
     return values[0] if len(values) == 1 else values
 
 
-# --- comma lists and output paths -------------------------------------------------------
+# --- comma lists -------------------------------------------------------
 
 def _unique(option: str, values: list, text: str) -> list:
     """``values`` without repeats (first kept); one ``warning:`` line says what was dropped
@@ -321,76 +316,3 @@ def dtypes(option: str, text: str) -> list[str]:
         if d not in DTYPES:
             fail(f"{option}: unknown dtype {d!r}, expected one of {', '.join(DTYPES)}")
     return out
-
-
-def out_dir(path: Path, option: str = "--out", shown: Path | None = None) -> Path:
-    """Fail early (one line, before any work) unless ``path`` is, or can be made as, a
-    folder this process can write in: a file in the way, a read-only parent or a place
-    like /proc all fail here (the message names ``shown``, default ``path``). ``writing``
-    makes the folder for real."""
-    for p in (path, *path.parents):
-        if p.exists():
-            if not p.is_dir():
-                fail(f"{option}: {str(p)!r} is a file, expected a directory")
-            break
-    try:
-        _probe(path)
-    except OSError as exc:
-        where = "there" if shown is None else f"in {str(path)!r}"
-        fail(f"{option}: {str(shown or path)!r}: cannot write {where} ({exc.strerror or exc}), "
-             "expected a directory this user can create or write in")
-    return path
-
-
-def _probe(path: Path) -> None:
-    """Make the missing folders of ``path`` and a file in it, then remove what was made
-    (raises the OSError a real write would meet)."""
-    import tempfile
-
-    made: list[Path] = []
-    try:
-        for p in (*reversed(path.parents), path):
-            if not p.exists():
-                p.mkdir()
-                made.append(p)
-        fd, probe = tempfile.mkstemp(prefix=".perfmodel-probe-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    finally:
-        for p in reversed(made):
-            with suppress(OSError):
-                p.rmdir()
-
-
-def out_file(path: Path, option: str = "--out", suffixes: tuple[str, ...] = ()) -> Path:
-    """Fail early (one line, before any work) unless ``path`` names a file that can be
-    written: the right suffix (when ``suffixes`` are given), not a directory, in a folder
-    that ``out_dir`` accepts, and not a read-only file."""
-    if suffixes and path.suffix not in suffixes:
-        shown = " or ".join([", ".join(suffixes[:-1]), suffixes[-1]] if suffixes[:-1]
-                            else suffixes)
-        fail(f"{option}: expected a {shown} file name, got {str(path)!r}")
-    if path.is_dir():
-        fail(f"{option}: {str(path)!r} is a directory, expected a file name")
-    out_dir(path.parent, option, shown=path)
-    if path.exists() and not os.access(path, os.W_OK):
-        fail(f"{option}: {str(path)!r}: read-only, expected a file this user can write")
-    return path
-
-
-@contextmanager
-def writing(path: Path, option: str = "--out") -> Iterator[Path]:
-    """Make the directory ``path`` and turn an OS error while writing the outputs in it (no
-    permission, disk full) into one ``error:`` line."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
-    except OSError as exc:
-        fail(f"{option}: cannot write {exc.filename or path}: {exc.strerror or exc}")
-
-
-def save(fig: Any, path: Path, dpi: int) -> int:
-    """Write ``fig`` to ``path`` (format from the suffix); returns the bytes written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)   # constrained layout keeps legends and labels inside
-    return path.stat().st_size

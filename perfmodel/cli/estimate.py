@@ -6,7 +6,7 @@ typer reads the Annotated option types at registration time.
 """
 
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -101,25 +101,12 @@ def estimate(
     breakdown: Annotated[bool, typer.Option(help="list every operator")] = False,
 ) -> None:
     """Estimate TTFT, per-token latency, throughput and memory for one configuration."""
+    options = {k: v for k, v in locals().items() if k not in ("fmt", "breakdown")}
     from perfmodel.report import tables
-    from perfmodel.schedules.estimates import estimate as run
-    from perfmodel.specs import load
     from perfmodel.specs.errors import SpecError
 
     try:
-        spec = speculation(draft, draft_k, acceptance, mtp_depth, draft_heads)
-        diffuse = diffusion(diffusion_steps, diffusion_block, diffusion_prompt_cache)
-        weights_dtype, group_size, fmt_fields = weights_format(weights_format_name,
-                                                               weights_dtype, group_size)
-        m = load.model(model)
-        wl = workload(m, batch, prompt, gen, weights_dtype, act_dtype, kv_dtype, group_size,
-                      cuda_graphs, memory_fraction, kv_block, shared_prefix=shared_prefix,
-                      prefix_hit_rate=prefix_hit_rate, expert_skew=expert_skew,
-                      outlier_fraction=outlier_fraction, quantize_lm_head=quantize_lm_head,
-                      kv_group_size=kv_group_size,
-                      kv_scale_bytes=kv_scale_bytes, **fmt_fields)
-        layout = plan(tp, pp, ep, dp, attention_dp, expert_replicas)
-        result = run(load.hardware(hardware, engine), m, wl, layout, spec, diffuse)
+        result = compute(**options)
     except SpecError as exc:
         fail(str(exc))
     if fmt is Format.json:
@@ -136,6 +123,40 @@ def estimate(
         if breakdown:
             typer.echo("")
             typer.echo(tables.breakdown(result))
+
+
+def compute(model: str, hardware: str, engine: str = "vllm", batch: int = 1,
+            prompt: int = 512, gen: int = 128, weights_dtype: str | None = None,
+            weights_format_name: str | None = None, act_dtype: str = "bf16",
+            kv_dtype: str = "bf16", tp: int = 1, pp: int = 1, ep: int = 1, dp: int = 1,
+            attention_dp: bool = False, expert_replicas: int = 0,
+            group_size: int | None = None, outlier_fraction: float = 0.0,
+            quantize_lm_head: bool | None = None, kv_group_size: int | None = None,
+            kv_scale_bytes: float = 4.0, cuda_graphs: bool = False,
+            memory_fraction: float = 0.9, kv_block: int = 16, shared_prefix: int = 0,
+            prefix_hit_rate: float = 1.0, expert_skew: float = 0.0, draft: str | None = None,
+            draft_k: int | None = None, acceptance: str | None = None,
+            mtp_depth: int | None = None, draft_heads: int | None = None,
+            diffusion_steps: int | None = None, diffusion_block: int | None = None,
+            diffusion_prompt_cache: bool = False) -> Any:
+    """The ``Estimate`` of ``perfmodel estimate``'s options (parsed values, keyword names as
+    the command's parameters): what the command prints, and what the browser page shows.
+    A user mistake raises SpecError (or, outside ``raising()``, exits via ``fail``)."""
+    from perfmodel.schedules.estimates import estimate as run
+    from perfmodel.specs import load
+
+    spec = speculation(draft, draft_k, acceptance, mtp_depth, draft_heads)
+    diffuse = diffusion(diffusion_steps, diffusion_block, diffusion_prompt_cache)
+    weights_dtype, group_size, fmt_fields = weights_format(weights_format_name,
+                                                           weights_dtype, group_size)
+    m = load.model(model)
+    wl = workload(m, batch, prompt, gen, weights_dtype, act_dtype, kv_dtype, group_size,
+                  cuda_graphs, memory_fraction, kv_block, shared_prefix=shared_prefix,
+                  prefix_hit_rate=prefix_hit_rate, expert_skew=expert_skew,
+                  outlier_fraction=outlier_fraction, quantize_lm_head=quantize_lm_head,
+                  kv_group_size=kv_group_size, kv_scale_bytes=kv_scale_bytes, **fmt_fields)
+    layout = plan(tp, pp, ep, dp, attention_dp, expert_replicas)
+    return run(load.hardware(hardware, engine), m, wl, layout, spec, diffuse)
 
 
 def list_specs() -> None:

@@ -6,12 +6,14 @@ typer reads the Annotated option types at registration time. Bad input prints on
 ``error: ...``, and exits with code 2.
 """
 
+from collections.abc import Iterable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
     WEIGHT_FORMATS,
     AttentionDp,
@@ -202,25 +204,37 @@ def sweep_cmd(
         rates = [None] if acceptances is None else [
             str(a) for a in numbers("--acceptances", acceptances, float, 0.0)]
         speculations = [speculation(draft, draft_k, a, mtp_depth, draft_heads) for a in rates]
-        columns = sweep.sweep(models, hws, batches, prompts, base, None if formats else wdts,
-                              kdts, plans=plans, levers=levers, speculations=speculations,
-                              weights_formats=formats or None)
+        blocks = sweep.sweep_blocks(models, hws, batches, prompts, base,
+                                    None if formats else wdts, kdts, plans=plans,
+                                    levers=levers, speculations=speculations,
+                                    weights_formats=formats or None,
+                                    block=0 if figures else sweep.BLOCK_POINTS)
+        first = next(blocks)            # a mistake the first point meets: before any file
         kv_models_all = list({m.name: m for m in [*models, *kv_list]}.values())
         contexts = sweep.powers_of_two(512, 131072)
         kv_rows = sweep.kv_cache_table(kv_models_all, contexts, base, tp)
         mb_rows = sweep.max_batch_table(kv_models_all, hws[0], contexts, base, par)
     except SpecError as exc:
         fail(str(exc))
-    with writing(out):
-        _write_csv(out / "sweep.csv", columns)
+    with staged(out) as folder:   # Ctrl-C leaves no partial file
+        if figures:
+            parts = [first, *_evaluated(blocks)]
+            columns = {k: sweep.concat([p[k] for p in parts]) for k in first}
+            _write_csv(folder / "sweep.csv", columns)
+        else:
+            columns = None
+            points = _write_csv(folder / "sweep.csv", first, _evaluated(blocks))
         for name, rows in (("kv_cache.csv", kv_rows), ("max_batch.csv", mb_rows)):
-            _write_csv(out / name, {k: [r[k] for r in rows] for k in rows[0]} if rows else {})
-        drawn = _sweep_figures(out, sweep.rows(columns), kv_rows, mb_rows,
+            _write_csv(folder / name, {k: [r[k] for r in rows] for k in rows[0]} if rows
+                       else {})
+        drawn = _sweep_figures(folder, sweep.rows(columns), kv_rows, mb_rows,
                                split_batch or batches[0],
                                f"TP {tp}, weights {(formats or wdts)[0]}, KV {kdts[0]}",
                                fmt.value, dpi) \
-            if figures else []
-    typer.echo(f"wrote {out}/sweep.csv ({len(columns['ttft_s'])} points), kv_cache.csv, "
+            if columns is not None else []
+        if columns is not None:
+            points = len(columns["ttft_s"])
+    typer.echo(f"wrote {out}/sweep.csv ({points} points), kv_cache.csv, "
                "max_batch.csv" + "".join(f", {f}" for f in drawn))
     for reason in left_out:
         typer.echo(f"note: --kv-models: left out {reason}")
@@ -291,10 +305,29 @@ def _splittable(models: list, tp: int) -> tuple[list, list[str]]:
     return keep, reasons
 
 
-def _write_csv(path: Path, columns: dict) -> None:
-    from perfmodel.report.tables import columns_csv
+def _write_csv(path: Path, columns: dict, more: Iterable[dict] = ()) -> int:
+    """Write ``columns`` then each block of ``more`` (the same columns) as one CSV, a block
+    of rows at a time (10^6 rows in bounded memory); returns the rows written."""
+    import itertools
 
-    path.write_text(columns_csv(columns))
+    from perfmodel.report.tables import write_columns
+
+    rows = 0
+    with path.open("w", newline="") as f:
+        for i, block in enumerate(itertools.chain([columns], more)):
+            write_columns(f, block, header=i == 0)
+            rows += len(next(iter(block.values()))) if block else 0
+    return rows
+
+
+def _evaluated(blocks: Iterator[dict]) -> Iterator[dict]:
+    """``blocks``, a SpecError a later block meets turned into the one-line error."""
+    from perfmodel.specs.errors import SpecError
+
+    try:
+        yield from blocks
+    except SpecError as exc:
+        fail(str(exc))
 
 
 def _sweep_figures(out: Path, rows: list[dict], kv_rows: list[dict], mb_rows: list[dict],

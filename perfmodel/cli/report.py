@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
     AcceptanceOpt,
     AttentionDp,
@@ -50,7 +51,6 @@ from perfmodel.cli.common import (
     speculation,
     weights_format,
     workload,
-    writing,
 )
 from perfmodel.cli.devices import EngineOpt
 from perfmodel.cli.figures import Dpi, FigFormat, Fmt, Models
@@ -132,15 +132,16 @@ def report_cmd(
         fail(str(exc))
     from perfmodel.report import pages as report_pages
 
-    with writing(out):
+    with staged(out) as folder:   # Ctrl-C leaves no partial file
         images = {}
         for name, fig in figures.items():
-            save(fig, out / name, dpi)
-            images[name] = (out / name).read_bytes()
+            save(fig, folder / name, dpi)
+            images[name] = (folder / name).read_bytes()
         for name, text in files.items():
-            (out / name).write_text(text)
-        (out / "report.md").write_text(report_pages.to_markdown(blocks))
-        (out / "report.html").write_text(report_pages.to_html(blocks, images, blocks[0].text))
+            (folder / name).write_text(text)
+        (folder / "report.md").write_text(report_pages.to_markdown(blocks))
+        (folder / "report.html").write_text(report_pages.to_html(blocks, images,
+                                                                 blocks[0].text))
     typer.echo(f"wrote {out}/report.md, report.html, " + ", ".join([*figures, *files]))
 
 
@@ -255,7 +256,7 @@ def _comparison_report(models: list, hw: Any, wl: Any, par: Any, ctx: list[int],
     from perfmodel.cost.memory import kv_bytes_of, kv_bytes_per_token
     from perfmodel.report import pages as report_pages
     from perfmodel.report import sweep_plots
-    from perfmodel.schedules import sweep
+    from perfmodel.schedules import crossover, sweep
     from perfmodel.schedules.estimates import estimate
     from perfmodel.specs.workload import Workloads
 
@@ -278,7 +279,7 @@ def _comparison_report(models: list, hw: Any, wl: Any, par: Any, ctx: list[int],
     blocks = report_pages.comparison_report(estimates, whole, command, [(name, caption),
                                                                         cross], mb, at_ceiling)
     files = {"kv_cache.csv": _csv(_columns(kv)), "max_batch.csv": _csv(_columns(mb)),
-             "crossover.csv": _csv(_columns(cross_rows))}
+             "crossover.csv": _csv(_columns(cross_rows, crossover.CROSSOVER_COLUMNS))}
     return blocks, {name: fig, cross[0]: cross_fig}, files
 
 
@@ -306,8 +307,10 @@ def _crossover(models: list, hw: Any, wl: Any, par: Any, ctx: list[int], ext: st
     return (f"context_crossover.{ext}", caption), fig, found
 
 
-def _columns(rows: list[dict]) -> dict:
-    return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
+def _columns(rows: list[dict], names: tuple[str, ...] = ()) -> dict:
+    """Records as columns; no record: ``names`` as empty columns (a CSV of a header only:
+    no crossing still says what a crossing would hold)."""
+    return {k: [r[k] for r in rows] for k in rows[0]} if rows else {k: [] for k in names}
 
 
 def _join(a: Any, b: Any) -> Any:

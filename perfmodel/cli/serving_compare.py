@@ -14,7 +14,8 @@ from typing import Annotated
 
 import typer
 
-from perfmodel.cli.common import fail, out_dir, writing
+from perfmodel.cli.atomic import staged
+from perfmodel.cli.common import fail, out_dir
 from perfmodel.cli.devices import engine_option
 
 
@@ -76,6 +77,12 @@ def compare_serving_cmd(
         fail(str(exc))
     if not runs:
         fail(f"--only: no run id contains {only!r}")
+    lacking = [r.id for r in runs if r.regenerated]
+    if requests is not None and lacking:     # said, not silently regenerated
+        typer.echo(f"warning: --requests: {requests.name} has no rows for "
+                   f"{len(lacking)} of the {len(runs)} runs ({', '.join(lacking[:3])}"
+                   f"{', ...' if len(lacking) > 3 else ''}, column experiment_id): they are "
+                   "regenerated from their rate and mean lengths (Poisson)", err=True)
     rows = []
     for run in runs:
         if progress:
@@ -100,7 +107,7 @@ def _write(rows: list[dict], summary: dict, fmt: Format, out: Path | None) -> No
         typer.echo(tables.compare_table(rows, fmt is Format.markdown))
         typer.echo(tables.compare_summary(summary, fmt is Format.markdown))
     if out is not None:
-        with writing(out) as folder:
+        with staged(out) as folder:
             (folder / "runs.json").write_text(json.dumps({"runs": rows, "summary": summary},
                                                          indent=2, default=str))
             (folder / "runs.csv").write_text(_csv(serving.flat(rows)))

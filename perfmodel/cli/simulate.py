@@ -5,34 +5,30 @@ Module level: typer and the standard library only (``perfmodel --help`` stays fa
 ``from __future__ import annotations``: typer reads the Annotated option types.
 """
 
-from dataclasses import replace
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
     AttentionDp,
-    Dp,
     DtypeOpt,
     Ep,
     HardwareOpt,
     ModelOpt,
-    Pp,
     QuantizeHead,
     Tp,
     WeightsOpt,
     fail,
-    numbers,
     out_dir,
-    plan,
     save,
-    workload,
-    writing,
 )
-from perfmodel.cli.devices import EngineOpt, device
-from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
+from perfmodel.cli.devices import EngineOpt
+from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt
+from perfmodel.cli.simulate_inputs import inputs
 
 _TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
 _ENGINE = "engine (vLLM's flag names and defaults)"
@@ -52,7 +48,15 @@ class Scheduler(str, Enum):
     static = "static"
 
 
+# generated-traffic options a trace replaces: given with --trace they would be ignored
+_GENERATED = ("num_requests", "input_len", "output_len", "arrival", "burstiness",
+              "length_dist", "spread", "lengths_from", "shared_prefix", "seed", "turns",
+              "think_time", "turn_growth")
+_ANNOUNCE_AFTER_S = 2.0    # a run still going after this long says how long it will take
+
+
 def simulate_cmd(
+    ctx: typer.Context,
     model: ModelOpt,
     hardware: HardwareOpt,
     engine_name: EngineOpt = "vllm",       # --engine (``engine`` is the EngineConfig)
@@ -140,129 +144,134 @@ def simulate_cmd(
     act_dtype: DtypeOpt = "bf16",
     kv_dtype: DtypeOpt = "bf16",
     tp: Tp = 1,
-    pp: Pp = 1,
     ep: Ep = 1,
-    dp: Dp = 1,
+    dp: Annotated[int, Opt(min=1, help=(
+        "data-parallel replicas, each serving every dp-th request"))] = 1,
     attention_dp: AttentionDp = False,
     slo_ttft: Annotated[float | None, Opt(help="TTFT SLO, seconds (goodput)")] = None,
     slo_tpot: Annotated[float | None, Opt(help="TPOT SLO, seconds (goodput)")] = None,
     fmt: Annotated[Format, Opt("--format", "-f")] = Format.table,
-    out: Annotated[Path | None, Opt(help=(
+    out: Annotated[str | None, Opt(help=(
         "folder for requests.csv, steps.csv, summary.json and the figures"))] = None,
     progress: Annotated[bool, Opt(help="a progress bar on stderr")] = True,
     dpi: Annotated[int, Opt(min=1, max=1200)] = 120,
+    band: Annotated[bool, Opt(help=(
+        "the 80% band: simulate again with every step at the low and the high edge of its "
+        "kernels' band (a device with an uncertainty: block; 3x the time)"))] = True,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
-    from perfmodel.specs import load
+    options = dict(locals())
     from perfmodel.specs.errors import SpecError
 
-    for name, value in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot)):
-        if value is not None and not value > 0:
-            fail(f"{name}: expected a positive number of seconds, got {value}")
-    if out is not None:
-        out_dir(out)
+    check_slos(slo_ttft, slo_tpot)
+    if out is not None and not out.strip():
+        fail("--out: expected a folder name, got an empty one (it would write into the "
+             "current folder; give --out . for that)")
+    folder = None if out is None else out_dir(Path(out))
+    if trace is not None:
+        given = [name for name in _GENERATED
+                 if ctx.get_parameter_source(name).name == "COMMANDLINE"]
+        if given:
+            fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
+                 "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
     try:
-        m, hw = load.model(model), device(hardware, engine_name)
-        wl = workload(m, 1, input_len, output_len, weights_dtype, act_dtype, kv_dtype,
-                      quantize_lm_head=quantize_lm_head)
-        layout = plan(tp, pp, ep, dp, attention_dp, 0)
-        values = locals()
-        engine = _engine(engine_name, values)
-        engine = replace(engine, host=host_profile(engine_name, engine_version, engine_mode,
-                                                   engine_profile, frontend, host_time))
-        streams = _traffic(trace, rate, concurrency, num_requests, input_len, output_len,
-                           arrival, burstiness, length_dist, spread, lengths_from,
-                           shared_prefix, seed, (turns, think_time, turn_growth))
-        runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label,
-                         (router, workers)))
+        m, hw, wl, layout, engine, streams = inputs(options)
+        fleet = (router, workers)
+        runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet))
                 for r, reqs, label in streams]
+        edges = [tuple(_run(m, hw, reqs, layout, engine, wl, False, label, edge, fleet)
+                       for edge in (0, 1)) for _, reqs, label in streams] \
+            if band and hw.uncertainty is not None else None
     except SpecError as exc:
         fail(str(exc))
-    _show(runs, fmt, slo_ttft, slo_tpot, m, hw, layout, wl, engine)
-    if out is not None:
-        _write(out, runs, slo_ttft, slo_tpot, dpi, _capacity(m, hw, layout, wl, engine))
+    summaries = banded_summaries(runs, edges, hw, slo_ttft, slo_tpot)
+    _show(runs, summaries, fmt, m, hw, layout, wl, engine)
+    if folder is not None:
+        _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
 
 
-_FLAGS = {"vllm": ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-                   "block_size", "chunked_prefill", "prefix_caching", "scheduler",
-                   "cuda_graphs", "max_model_len"),
-          "sglang": ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests",
-                     "schedule_policy", "schedule_conservativeness", "page_size",
-                     "mem_fraction_static", "enable_mixed_chunk", "disable_radix_cache"),
-          "trtllm": ("max_num_tokens", "max_batch_size", "capacity_scheduler_policy",
-                     "enable_chunked_prefill", "tokens_per_block",
-                     "kv_cache_free_gpu_memory_fraction")}
+def banded_summaries(runs: list, edges: list | None, hw: Any, slo_ttft: float | None,
+               slo_tpot: float | None) -> list[dict]:
+    """Each run's summary, with its 80% band where ``edges`` has the low and high runs."""
+    from perfmodel.serving.bands import NO_BAND, banded_summary
 
-
-def _engine(name: str, values: dict) -> Any:
-    """The engine's settings from its own flags; another engine's flag is refused."""
-    from perfmodel.serving.engines import engine_config
-
-    for other, flags in _FLAGS.items():
-        given = [f for f in flags if other != "vllm" and values[f] is not None]
-        if other != name and given:
-            fail(f"--{given[0].replace('_', '-')}: applies to --engine {other}, not {name}")
-    flags = {f: values[f] for f in _FLAGS[name]}
-    if name == "vllm":
-        flags["scheduler"] = values["scheduler"].value
-    else:
-        flags["cuda_graphs" if name == "trtllm" else "disable_cuda_graph"] = \
-            values["cuda_graphs"] if name == "trtllm" else not values["cuda_graphs"]
-        flags["max_seq_len" if name == "trtllm" else "context_length"] = \
-            values["max_model_len"] or None
-    return engine_config(name, **flags)
-
-
-def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
-             input_len: int, output_len: int, arrival: str, burstiness: float,
-             length_dist: str, spread: float, lengths_from: Path | None,
-             shared_prefix: int, seed: int, talk: tuple = (1, 0.0, None)) -> list:
-    """[(offered rate or None, Requests, label)]: one stream, or one per --rate."""
-    from perfmodel.serving import traffic
-
-    sources = sum(x is not None and x != 0 for x in (trace, rate, concurrency or None))
-    if sources != 1:
-        fail("give one source of traffic: --trace FILE, --rate R or --concurrency C")
-    if trace is not None:
-        return [(None, traffic.read_trace(trace), trace.name)]
-    lengths = traffic.read_trace(lengths_from) if lengths_from is not None else None
-    common = dict(input_len=input_len, output_len=output_len, length_dist=length_dist,
-                  spread=spread, lengths_from=lengths, shared_prefix=shared_prefix, seed=seed)
-    if talk != (1, 0.0, None):
-        common.update(turns=talk[0], think_time=talk[1], turn_growth=talk[2])
-    if concurrency:
-        return [(None, traffic.generate(n, concurrency=concurrency, **common),
-                 f"{concurrency} users")]
-    rates = numbers("--rate", rate, float, minimum=0.0)
-    if any(r <= 0 for r in rates):
-        fail(f"--rate: expected request rates > 0, got {rate}")
-    extra = {"burstiness": burstiness} if arrival == "gamma" else {}
-    return [(r, traffic.generate(n, rate=r, arrival=arrival, **extra, **common),
-             f"{r:g} req/s") for r in rates]
+    out = [res.summary(slo_ttft, slo_tpot) for _, res in runs]
+    if edges is None:
+        note = NO_BAND if hw.uncertainty is None else "no band: --no-band"
+        return [dict(s, band=note) for s in out]
+    return [banded_summary(s, *(e.summary(slo_ttft, slo_tpot) for e in pair),
+                           hw.uncertainty.describe() + "; every step at its band's edge")
+            for s, pair in zip(out, edges, strict=True)]
 
 
 def _run(m: Any, hw: Any, reqs: Any, layout: Any, engine: Any, wl: Any, progress: bool,
-         label: str, fleet: tuple = ("round-robin", 1)) -> Any:
+         label: str, edge: int | None = None, fleet: tuple = ("round-robin", 1)) -> Any:
     from perfmodel.serving.simulate import simulate
 
     extra = {"router": fleet[0], "workers": fleet[1]}
+    closed = bool(reqs.closed_loop)
+    announce = _Eta(len(reqs), 0.0 if closed else float(reqs.arrival_s[-1]), label)
+    if edge is not None:        # a band's edge: the same run again, no second progress line
+        return simulate(m, hw, reqs, layout, engine, wl, label=label, edge=edge, **extra)
     if not progress:
-        return simulate(m, hw, reqs, layout, engine, wl, label=label, **extra)
+        return simulate(m, hw, reqs, layout, engine, wl, announce, label, **extra)
     from tqdm import tqdm
 
     with tqdm(total=len(reqs), desc=label, unit="req", leave=False, mininterval=0.5,
               disable=None) as bar:
-        def tick(done: int, total: int) -> None:
-            bar.update(done - bar.n)
+        def tick(done: int, total: int, clock: float) -> None:
+            bar.update(max(done - bar.n, 0))
+            announce(done, total, clock)
         return simulate(m, hw, reqs, layout, engine, wl, tick, label, **extra)
 
 
-def _show(runs: list, fmt: Format, slo_ttft: float | None, slo_tpot: float | None,
-          m: Any, hw: Any, layout: Any, wl: Any, engine: Any) -> None:
+class _Eta:
+    """``simulate``'s progress callback: ``_ANNOUNCE_AFTER_S`` seconds after the first
+    call (the set-up before it is not the pace), says once on stderr how long the whole
+    will take at the pace since, if that is over twice as long. The share done is the
+    larger of the requests finished and the simulated clock over the last arrival (the
+    first requests finish late in a long run); dp engines run one after another, each
+    ``total`` of the ``n``."""
+
+    def __init__(self, n: int, last_arrival_s: float, label: str) -> None:
+        self.n, self.last, self.label = n, last_arrival_s, label
+        self.said, self.start, self.first = False, time.perf_counter(), None
+        self.before, self.seen = 0, (0, 0, 0.0)     # requests of the engines already run
+
+    def __call__(self, done: int, total: int, clock: float) -> None:
+        if done < self.seen[0] or clock < self.seen[2]:      # the next engine began
+            self.before += self.seen[1]
+        self.seen = (done, total, clock)
+        share = max(done / max(total, 1), min(clock / self.last, 1.0) if self.last > 0 else 0)
+        part, now = (self.before + share * total) / self.n, time.perf_counter()
+        if self.first is None:
+            self.first = (now, part)
+        since, gained = now - self.first[0], part - self.first[1]
+        if self.said or gained <= 0 or since < _ANNOUNCE_AFTER_S:
+            return
+        self.said = True
+        whole = now - self.start + since / gained * (1.0 - part)
+        if whole > 2 * _ANNOUNCE_AFTER_S:
+            typer.echo(f"note: {self.label}: {part:.2%} of {self.n:,} requests simulated in "
+                       f"{now - self.start:.0f} s: about {_duration(whole)} in all", err=True)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:,.0f} days"
+
+
+def _show(runs: list, summaries: list[dict], fmt: Format, m: Any, hw: Any, layout: Any,
+          wl: Any, engine: Any) -> None:
     from perfmodel.report import serving_tables as tables
 
-    points = [(r, res.summary(slo_ttft, slo_tpot)) for r, res in runs]
+    points = [(r, s) for (r, _), s in zip(runs, summaries, strict=True)]
     if fmt is Format.json:
         if len(points) == 1:
             typer.echo(tables.summary_json(points[0][1]))
@@ -292,24 +301,29 @@ def _capacity(m: Any, hw: Any, layout: Any, wl: Any, engine: Any) -> float:
     return capacity_rps(m, hw, layout, wl, engine)
 
 
-def _write(out: Path, runs: list, slo_ttft: float | None, slo_tpot: float | None,
-           dpi: int, capacity: float) -> None:
+def _write(out: Path, runs: list, summaries: list[dict], dpi: int, capacity: float) -> None:
     from perfmodel.report import serving_plots as plots
     from perfmodel.report import serving_tables as tables
 
-    with writing(out) as folder:
+    with staged(out) as folder:   # Ctrl-C leaves no partial file
         for i, (_, res) in enumerate(runs):
             tag = "" if len(runs) == 1 else f"-{i}"
             (folder / f"requests{tag}.csv").write_text(tables.requests_csv(res))
             (folder / f"steps{tag}.csv").write_text(tables.steps_csv(res))
-            (folder / f"summary{tag}.json").write_text(
-                tables.summary_json(res.summary(slo_ttft, slo_tpot)))
+            (folder / f"summary{tag}.json").write_text(tables.summary_json(summaries[i]))
             save(plots.time_series(res), folder / f"timeseries{tag}.png", dpi)
         results = [res for _, res in runs]
         save(plots.latency_cdfs(results, [r.label for r in results]),
              folder / "latency_cdf.png", dpi)
         if len(runs) > 1:
-            points = [(r, res.summary(slo_ttft, slo_tpot)) for r, res in runs]
+            points = [(r, s) for (r, _), s in zip(runs, summaries, strict=True)]
             save(plots.load_curve(points, capacity), folder / "load.png", dpi)
             (folder / "load.txt").write_text(tables.load_table(points))
     typer.echo(f"wrote {out}/")
+
+
+def check_slos(slo_ttft: float | None, slo_tpot: float | None) -> None:
+    """A one-line error for an SLO that is not a positive number of seconds."""
+    for name, value in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot)):
+        if value is not None and not value > 0:
+            fail(f"{name}: expected a positive number of seconds, got {value}")

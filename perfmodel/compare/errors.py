@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from perfmodel.compare.rows import TIMINGS, canonical, records, row_timing, shape_key
+from perfmodel.compare.rows import TIMINGS, canonical, row_parts, row_timing, shape_key
 from perfmodel.cost.ops import OpRecord, kind_names
 from perfmodel.cost.roofline import op_time, peak
 from perfmodel.specs.errors import SpecError
@@ -54,7 +54,9 @@ def _measured(row: dict, where: str) -> float:
 def predict_rows(rows: Iterable[dict], hw: Hardware, timing: str = "kernel",
                  where: str = "measurements") -> list[dict]:
     """Rows with ``predicted_s``, ``error``, ``op_class``, ``regime``, ``size`` (and
-    ``intensity``, ``flops``, ``bytes``) added.
+    ``intensity``, ``flops``, ``bytes``) added. A row that timed several kernels
+    (``compare.forms``) is predicted as their sum; the other columns are its primary
+    record's.
 
     ``timing`` is kernel | stream | host, or ``auto`` (each row's ``timing`` column).
     """
@@ -65,9 +67,12 @@ def predict_rows(rows: Iterable[dict], hw: Hardware, timing: str = "kernel",
     measured = np.array([_measured(r, f"{where}: row {i + 2}") for i, r in enumerate(rows)])
     codes = np.array([TIMINGS.index(row_timing(r, timing)) for r in rows], dtype=np.int64)
     out = [dict(r) for r in rows]
-    for index, op in records(rows, where):
-        predicted = op_time(op, hw, codes[index]).time_s
-        columns = {"predicted_s": predicted, "error": predicted / measured[index] - 1.0,
+    total = np.zeros(len(rows))
+    for index, op, primary in row_parts(rows, where, hw):
+        total[index] += op_time(op, hw, codes[index]).time_s
+        if not primary:
+            continue
+        columns = {"predicted_s": np.nan, "error": np.nan,     # filled below; first, as before
                    "op_class": [op_class(k) for k in kind_names(op)],
                    "regime": regime(op, hw),
                    "size": np.where(ideal_time(op, hw) < SMALL_IDEAL_S, "small", "large"),
@@ -75,6 +80,8 @@ def predict_rows(rows: Iterable[dict], hw: Hardware, timing: str = "kernel",
         lists = {k: np.broadcast_to(v, index.shape).tolist() for k, v in columns.items()}
         for j, i in enumerate(index):
             out[i].update({k: v[j] for k, v in lists.items()})
+    for i, row in enumerate(out):
+        row.update(predicted_s=float(total[i]), error=float(total[i] / measured[i] - 1.0))
     return out
 
 

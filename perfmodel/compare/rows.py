@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+import perfmodel.compare.forms as forms
 from perfmodel.cost.ops import (
     Attention,
     Embedding,
@@ -68,8 +69,10 @@ def _dtypes(rows: Sequence[dict], where: str, first_row: Sequence[int]) -> np.nd
     return np.array([CODE[n] for n in names])
 
 
-def _record(kind: str, rows: Sequence[dict], where: str, line: Sequence[int]) -> OpRecord:
-    """One record of ``rows``, all of op ``kind``'s record type (elements at the row dtype)."""
+def _parts(kind: str, rows: Sequence[dict], where: str, line: Sequence[int],
+           hw: Hardware | None = None) -> list[forms.Part]:
+    """The records of ``rows``, all of op ``kind`` (elements at the row dtype): the primary
+    one first, then the kernels the measured call also ran (``compare.forms``)."""
     dtype = _dtypes(rows, where, line)
     b = BYTES[dtype]
 
@@ -77,20 +80,25 @@ def _record(kind: str, rows: Sequence[dict], where: str, line: Sequence[int]) ->
         return _column(rows, key, where, line)
 
     if kind == "gemm":
-        return Gemm(m=col("m"), n=col("n"), k=col("k"), weight_bytes=b, act_bytes=b,
-                    dtype=dtype)
+        return forms.gemm_parts(rows, col, dtype, where, line)
     if kind == "attention":
-        hd = col("head_dim")
-        return Attention(batch=col("batch")[:, None], q_len=col("q_len")[:, None],
-                         kv_len=col("kv_len")[:, None], n_heads=col("n_heads"),
-                         n_kv_heads=col("n_kv_heads"), qk_dim=hd, v_dim=hd,
-                         cache_elems=2 * hd, act_bytes=b, kv_bytes=b, dtype=dtype)
+        return forms.attention_parts(rows, col, dtype, where, line)
+    if kind == "moe":
+        return forms.moe_parts(rows, col, dtype, where, line)
+    if kind in ("all_reduce", "all_to_all"):
+        return forms.collective_parts(kind, rows, col, hw)
     if kind in POINTWISE:
         code = np.array([POINTWISE_CODE[r["op"]] for r in rows])
-        return Pointwise(code=code, rows=col("m"), n=col("n"), act_bytes=b, dtype=dtype)
+        return [(Pointwise(code=code, rows=col("m"), n=col("n"), act_bytes=b, dtype=dtype),
+                 True)]
     if kind == "embedding":
-        return Embedding(rows=col("m"), n=col("n"), act_bytes=b, dtype=dtype)
-    return KvWrite(rows=col("m"), n=col("n"), act_bytes=b, kv_bytes=b, dtype=dtype)
+        return [(Embedding(rows=col("m"), n=col("n"), act_bytes=b, dtype=dtype), True)]
+    return [(KvWrite(rows=col("m"), n=col("n"), act_bytes=b, kv_bytes=b, dtype=dtype), True)]
+
+
+def _record(kind: str, rows: Sequence[dict], where: str, line: Sequence[int]) -> OpRecord:
+    """The primary record of ``rows`` (``_parts``)."""
+    return _parts(kind, rows, where, line)[0][0]
 
 
 def _check_op(row: dict, where: str) -> str:
@@ -101,10 +109,11 @@ def _check_op(row: dict, where: str) -> str:
     return kind
 
 
-def records(rows: Sequence[dict], where: str = "measurements"
-            ) -> list[tuple[np.ndarray, OpRecord]]:
-    """(row indices, record) per record type: every row rebuilt as the operator it describes
-    (SpecError naming the row and column for a bad value)."""
+def row_parts(rows: Sequence[dict], where: str = "measurements", hw: Hardware | None = None
+              ) -> list[tuple[np.ndarray, OpRecord, bool]]:
+    """(row indices, record, primary) per record type: every row rebuilt as the kernels its
+    measured call ran; a row's time is the sum of its records', its class and regime are its
+    primary record's (``compare.forms``). ``hw`` sets the nodes a collective spans."""
     groups: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
         kind = _check_op(row, f"{where}: row {i + 2}")
@@ -113,8 +122,17 @@ def records(rows: Sequence[dict], where: str = "measurements"
     for index in groups.values():
         part = [rows[i] for i in index]
         first = part[0]["op"]
-        out.append((np.array(index), _record(first, part, where, [i + 2 for i in index])))
+        for op, primary in _parts(first, part, where, [i + 2 for i in index], hw):
+            out.append((np.array(index), op, primary))
     return out
+
+
+def records(rows: Sequence[dict], where: str = "measurements"
+            ) -> list[tuple[np.ndarray, OpRecord]]:
+    """(row indices, record) per record type: every row rebuilt as the operator it describes
+    (its primary record, ``row_parts``; SpecError naming the row and column for a bad
+    value)."""
+    return [(index, op) for index, op, primary in row_parts(rows, where) if primary]
 
 
 def row_op(row: dict, where: str = "row") -> OpRecord:

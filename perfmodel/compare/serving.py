@@ -54,6 +54,7 @@ class Run:
     notes: list = field(default_factory=list)
     kernels: str = "vllm"       # the engine whose kernels price it (its engine column)
     ttft_floor_s: float = float("nan")  # the run's shortest measured TTFT (its rows')
+    regenerated: bool = False    # no request rows: made from the rate and mean lengths
 
 
 def _names() -> dict:
@@ -205,7 +206,7 @@ def _run(row: dict, names: dict, rows: Any | None, files: tuple) -> Run:
         ok = rows[rows["status"].astype(str).str.strip() == "ok"]
         floor = float(np.nanmin(_column(ok, "ttft_s"))) if len(ok) else floor
     return Run(row["id"], model, hw, plan, engine, reqs, measured, skip,
-               notes + more + named + why, kernels, floor)
+               notes + more + named + why, kernels, floor, rows is None or not len(rows))
 
 
 def load_runs(experiments: str | Path, requests: str | Path | None = None) -> list[Run]:
@@ -216,6 +217,8 @@ def load_runs(experiments: str | Path, requests: str | Path | None = None) -> li
     missing = [c for c in NEEDED if c not in exp.columns]
     if missing:
         raise SpecError(f"{experiments}: missing column {missing[0]!r}")
+    if exp.empty:
+        raise SpecError(f"{experiments}: no runs, only a header; expected one row per run")
     req = _read(requests, pd, {"request_id": str}) if requests is not None else None
     missing = [c for c in REQUEST_COLUMNS if req is not None and c not in req.columns]
     if missing:

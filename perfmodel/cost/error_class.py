@@ -20,27 +20,45 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfmodel.cost.ops import Attention, Gemm, OpRecord, kind_names
-from perfmodel.specs.kinds import ERROR_CLASSES, KINDS
+from perfmodel.cost.ops import Attention, Gemm, OpRecord, Pointwise
+from perfmodel.specs.kinds import ERROR_CLASSES, KINDS, POINTWISE
 
-__all__ = ["ERROR_CLASSES", "GEMV_ROWS", "error_class"]
+__all__ = ["CODE", "ERROR_CLASSES", "GEMV_ROWS", "error_class", "error_code"]
 
 GEMV_ROWS = 64
+CODE = {c: i for i, c in enumerate(ERROR_CLASSES)}     # each class's code (``error_code``)
+_RULE = {"collective": CODE["collective"], "host": CODE["host"]}
 
 
 def error_class(op: OpRecord) -> np.ndarray:
     """The error class of every instance of ``op`` (an array of str, the instance shape)."""
-    shape = op.shape
+    return np.asarray(ERROR_CLASSES, dtype=object)[error_code(op)]
+
+
+def error_code(op: OpRecord, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """``error_class`` as codes (int8, positions in ``ERROR_CLASSES``): what a priced step
+    carries per operator and row (``cost.band``). ``shape``: the instance shape when the
+    caller knows it (``op.shape`` broadcasts every field to find it)."""
+    shape = op.shape if shape is None else shape
     if isinstance(op, Gemm):
         grouped = np.broadcast_to(np.asarray(op.groups) > 1, shape)
         narrow = np.broadcast_to(np.asarray(op.m) < GEMV_ROWS, shape)
-        return np.where(grouped, "moe", np.where(narrow, "gemv", "gemm")).astype(object)
+        return np.where(grouped, CODE["moe"],
+                        np.where(narrow, CODE["gemv"], CODE["gemm"])).astype(np.int8)
     if isinstance(op, Attention):
         # a group with batch 0 is padding; an instance decodes when every real group has
         # one new token per sequence
         q = np.where(np.asarray(op.batch) > 0, np.asarray(op.q_len), 1)
         decode = np.broadcast_to(np.all(q <= 1, axis=-1), shape)
-        return np.where(decode, "attention_decode", "attention_prefill").astype(object)
-    rules = {"collective": "collective", "host": "host"}
-    names = np.asarray(kind_names(op), dtype=object)
-    return np.vectorize(lambda k: rules.get(KINDS[k].rule, "memory"), otypes=[object])(names)
+        return np.where(decode, CODE["attention_decode"],
+                        CODE["attention_prefill"]).astype(np.int8)
+    if isinstance(op, Pointwise):     # a kind per code: classify each code once
+        return np.broadcast_to(_POINTWISE[np.asarray(op.code, dtype=int)], shape).copy()
+    return np.full(shape, _code(op.kind), np.int8)
+
+
+def _code(kind: str) -> int:
+    return _RULE.get(KINDS[kind].rule, CODE["memory"])
+
+
+_POINTWISE = np.array([_code(k) for k in POINTWISE], np.int8)     # by pointwise code

@@ -43,9 +43,17 @@ class ParamCounts:
                 + self.experts + self.shared_experts + self.router)
 
     def active(self, model: Model) -> float:
-        """Parameters one token touches: routed experts scaled by top_k / n_experts."""
+        """Active parameters as gpt-oss's model card counts them (5.13 B of 116.83 B for
+        gpt-oss-120b): the routed experts scaled by top_k / n_experts, and the input
+        embedding left out, since a token gathers one row of it (a table tied to the LM
+        head still counts, once, as the head; learned positions never do). Mixtral's
+        12.9 B, Qwen3's and Llama 4's figures count the embedding too: this plus
+        ``embedding``. Bytes do not come from this count."""
         share = model.moe.top_k / model.moe.n_experts if model.moe else 1.0
-        return self.total - self.experts * (1.0 - share)
+        positions = model.max_position_embeddings * model.d_model \
+            if model.position == "learned" else 0
+        gathered = positions if model.tie_embeddings else self.embedding
+        return self.total - self.experts * (1.0 - share) - gathered
 
 
 def unquantized(model: Model) -> tuple[str, ...]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from perfmodel.cost import instantiate
+from perfmodel.cost.band import class_seconds
+from perfmodel.cost.error_class import error_code
 from perfmodel.cost.layers import step_template
 from perfmodel.cost.memory import kv_bytes_per_element, quantized_head
 from perfmodel.cost.ops import ByteCounts, OpRecord
@@ -88,6 +90,11 @@ class Step:
     def mixed(cls, groups: list[tuple[int, int, int]], logits_all: bool = False,
               expert_skew: float = 0.0) -> Step:
         """One step of several groups, each (count, new_tokens, context)."""
+        if not groups or any(not isinstance(g, (tuple, list)) or len(g) != 3 for g in groups):
+            bad = next((g for g in groups if not isinstance(g, (tuple, list)) or len(g) != 3),
+                       "nothing")
+            raise SpecError(f"step: mixed: expected groups of (count, new_tokens, context), "
+                            f"got {bad!r}")
         count, new, ctx = (np.array([[g[i] for g in groups]]) for i in range(3))
         return cls(count, new, ctx, logits_all, expert_skew)
 
@@ -161,11 +168,17 @@ class Dtypes:
 
 class OperatorTotals:
     """Per-row totals of a cost held as (operators, N) arrays ``time_s``, ``flops``,
-    ``bytes``: what a step or a phase adds up to."""
+    ``bytes``, ``error_codes`` (each operator's error class, ``cost.error_class``): what a
+    step or a phase adds up to."""
 
     time_s: np.ndarray
     flops: np.ndarray
     bytes: ByteCounts
+    error_codes: np.ndarray
+
+    def class_seconds(self) -> np.ndarray:
+        """(error classes, N) seconds of each row per error class (``cost.band``)."""
+        return class_seconds(self.time_s, self.error_codes)
 
     @property
     def time(self) -> np.ndarray:
@@ -189,7 +202,9 @@ class StepCost(OperatorTotals):
     (0: the operator does not run in that row); ``flops``, ``bytes`` and ``time_s`` cover all
     instances; ``compute_s``, ``memory_s``, ``fixed_s`` are per instance; ``bound`` codes
     (``roofline.BOUNDS``); ``dequant_s``: of ``time_s``, the seconds a weight-only GEMM's
-    in-kernel conversion adds (``cost.dequant``; 0 for every other operator)."""
+    in-kernel conversion adds (``cost.dequant``; 0 for every other operator);
+    ``error_codes``: each operator's error class in each row (``cost.error_class``), what
+    its uncertainty band is read from (``cost.band``)."""
 
     names: tuple[str, ...]
     kinds: tuple[str, ...]
@@ -207,12 +222,13 @@ class StepCost(OperatorTotals):
     memory_efficiency: np.ndarray
     dtype: np.ndarray            # compute dtype codes (``specs.dtypes``)
     dequant_s: np.ndarray
+    error_codes: np.ndarray
 
     def take(self, index: slice | np.ndarray) -> StepCost:
         """The steps at ``index`` (along N)."""
         arrays = {k: getattr(self, k)[:, index] for k in (
             "count", "flops", "time_s", "compute_s", "memory_s", "fixed_s", "bound",
-            "compute_efficiency", "memory_efficiency", "dtype", "dequant_s")}
+            "compute_efficiency", "memory_efficiency", "dtype", "dequant_s", "error_codes")}
         return StepCost(self.names, self.kinds, self.classes, self.positions, bytes=ByteCounts(
             *(b[:, index] for b in self.bytes.astuple())), **arrays)
 
@@ -230,17 +246,38 @@ def price_step(model: Model, hw: Hardware, plan: Parallelism, step: Step, dtypes
     ``timing``: how host launches count (``roofline``; None: the device's own, a name, or
     codes per row). ``part``: "all" operators, or only the "context" ones (whose shape moves
     with the context: attention, MLA's form-dependent projections) or the "static" rest."""
+    check_records(model, hw, plan, step, dtypes)
     names, kinds, positions, t, built = _build(model, hw, plan, step, dtypes, timing, part)
     out = np.zeros((_FIELDS, len(names), len(step)))
+    codes = np.zeros((len(names), len(step)), np.int8)
     start = 0
     for block, rec in built:
         end = start + len(block.positions)
         out[0, start:end] = rec.count
         if out[0, start:end].any():
             _priced(out[:, start:end], rec, hw, t)
+            codes[start:end] = error_code(rec, codes[start:end].shape)
         start = end
     return StepCost(names, kinds, tuple(op_class(k) for k in kinds), positions, out[0], out[1],
-                    ByteCounts(*out[2:7]), *out[7:])
+                    ByteCounts(*out[2:7]), *out[7:], codes)
+
+
+_RECORDS = (("model", Model, "pm.model('llama-3-8b')"),
+            ("hw", Hardware, "pm.hardware('h100-sxm')"),
+            ("plan", Parallelism, "pm.Parallelism()"),
+            ("step", Step, "pm.Step.uniform(8, 1, 2048)"),
+            ("dtypes", Dtypes, "pm.Dtypes.of()"))
+
+
+def check_records(*args: object) -> None:
+    """SpecError naming the first argument of ``price_step`` that is not the record its
+    place expects (hardware and model swapped raised an AttributeError)."""
+    for (what, kind, example), value in zip(_RECORDS, args, strict=True):
+        if not isinstance(value, kind):
+            hint = f" (a name: load it first, {example})" if isinstance(value, str) else ""
+            raise SpecError(f"price_step: argument {what!r} must be a {kind.__name__} record "
+                            f"like {example}, got type {type(value).__name__}{hint}; the "
+                            "order is (model, hw, plan, step, dtypes)")
 
 
 def step_records(model: Model, hw: Hardware | None, plan: Parallelism, step: Step,

@@ -29,13 +29,21 @@ def summary_table(summary: dict, title: str = "") -> str:
     for label, key in ROWS:
         v = summary[key]
         lines.append(f"{label:{LABEL}s} " + " ".join(f"{v[k] * 1e3:10.2f}" for k in STATS))
+        for edge in ("low", "high") if f"{STATS[0]}_low" in v else ():
+            lines.append(f"{'  80% ' + edge:{LABEL}s} " + " ".join(
+                f"{v[f'{k}_{edge}'] * 1e3:10.2f}" for k in STATS))
     lines += [f"{k:{LABEL}s} {v}" for k, v in _summary_extras(summary)]
     return "\n".join(lines) + "\n"
 
 
 def _summary_extras(summary: dict) -> list[tuple[str, str]]:
     extra = [("throughput", f"{summary['throughput_tokens_per_s']:,.0f} output tokens/s, "
-                            f"{summary['requests_per_s']:.3f} requests/s")]
+                            f"{summary['requests_per_s']:.3f} requests/s" + (
+                                f" (80%: {summary['throughput_tokens_per_s_low']:,.0f} to "
+                                f"{summary['throughput_tokens_per_s_high']:,.0f} tokens/s)"
+                                if "throughput_tokens_per_s_low" in summary else ""))]
+    if "band" in summary:
+        extra.append(("band", summary["band"]))
     if "goodput_requests_per_s" in summary:
         extra.append(("goodput", f"{summary['goodput_requests_per_s']:.3f} requests/s within "
                                  "the SLOs"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TextIO
 
 import numpy as np
 
@@ -38,16 +39,29 @@ def rows(e: Estimate) -> list[tuple[str, str]]:
         ("fits", fit),
         ("max batch", str(mem.max_batch)),
         *(_latency_rows(e) if e.denoise is None else _denoise_rows(e)),
-        ("end to end", fmt_time(e.e2e_s)),
-        ("throughput", f"{fmt_rate(e.throughput_tokens_per_s, 'tok/s')} overall" + (
+        ("end to end", fmt_time(e.e2e_s) + _band(e, "e2e_s", fmt_time)),
+        ("throughput", f"{_rate(e, 'throughput_tokens_per_s')} overall" + (
             "" if e.denoise is not None else
-            f", {fmt_rate(e.decode_tokens_per_s, 'tok/s')} in decode" if e.decode.steps
+            f", {_rate(e, 'decode_tokens_per_s')} in decode" if e.decode.steps
             else ", no decode steps")),
+        ("band", e.band_note),
     ] + [("warning", w) for w in e.warnings if w != e.memory_warning]  # fits covers memory
 
 
+def _band(e: Estimate, figure: str, fmt: Callable[[float], str]) -> str:
+    """" (80%: low to high)" of ``figure`` (``Estimate.edges``), or nothing without a band."""
+    edges = e.edges(figure)
+    return "" if edges is None else f" (80%: {fmt(edges[0])} to {fmt(edges[1])})"
+
+
+def _rate(e: Estimate, figure: str) -> str:
+    return fmt_rate(getattr(e, figure), "tok/s") + _band(
+        e, figure, lambda x: fmt_rate(x, "tok/s"))
+
+
 def _latency_rows(e: Estimate) -> list[tuple[str, str]]:
-    return [("TTFT (prefill)", f"{fmt_time(e.ttft_s)}  [{e.prefill.bound}-bound, "
+    return [("TTFT (prefill)", f"{fmt_time(e.ttft_s)}{_band(e, 'ttft_s', fmt_time)}  "
+                               f"[{e.prefill.bound}-bound, "
                                f"{fmt_count(e.prefill.flops)}FLOP, "
                                f"{fmt_bytes(e.prefill.bytes.total)}]"),
             *_prefix_rows(e), ("TPOT (decode mean)", _tpot(e)), *_speculation_rows(e)]
@@ -56,10 +70,12 @@ def _latency_rows(e: Estimate) -> list[tuple[str, str]]:
 def _denoise_rows(e: Estimate) -> list[tuple[str, str]]:
     """A diffusion LM's: the whole output at once, then its time per token."""
     d = e.denoise
-    return [("TTFT (whole output)", f"{fmt_time(e.ttft_s)}  [{d.steps} denoising steps, "
+    return [("TTFT (whole output)", f"{fmt_time(e.ttft_s)}{_band(e, 'ttft_s', fmt_time)}  "
+                                    f"[{d.steps} denoising steps, "
                                     f"{d.bound}-bound, {fmt_count(d.flops)}FLOP, "
                                     f"{fmt_bytes(d.bytes.total)}]"),
-            ("TPOT (denoise / gen)", f"{fmt_time(e.tpot_s)}  [a step: first "
+            ("TPOT (denoise / gen)", f"{fmt_time(e.tpot_s)}{_band(e, 'tpot_s', fmt_time)}  "
+                                     f"[a step: first "
                                      f"{fmt_time(d.first_step_s)}, last "
                                      f"{fmt_time(d.last_step_s)}]")]
 
@@ -108,7 +124,7 @@ def _kv_scales(wl: Workload) -> str:
 def _tpot(e: Estimate) -> str:
     if not e.decode.steps:
         return f"none (no decode step; the next would take {fmt_time(e.tpot_s)})"
-    return (f"{fmt_time(e.tpot_s)}  [{e.decode.bound}-bound; first "
+    return (f"{fmt_time(e.tpot_s)}{_band(e, 'tpot_s', fmt_time)}  [{e.decode.bound}-bound; first "
             f"{fmt_time(e.decode.first_step_s)}, last {fmt_time(e.decode.last_step_s)}]")
 
 
@@ -133,12 +149,18 @@ _BREAKDOWN_COLS = ("phase", "name", "op_class", "count", "flops", "bytes", "inte
                    "time_s", "share", "bound")
 
 
+def _breakdown_cols(e: Estimate) -> tuple[str, ...]:
+    return _BREAKDOWN_COLS + (("error_class", "80% band") if e.band is not None else ())
+
+
 def _breakdown_cells(e: Estimate, o: OpSummary) -> list[str]:
     phase_time = e.phase(o.phase).time_s
     share = o.time_s / phase_time if phase_time else 0.0
+    band = [o.error_class, f"{fmt_time(o.band[0])} to {fmt_time(o.band[1])}"] \
+        if e.band is not None and o.band is not None else []
     return [o.phase, o.name, o.op_class, f"{o.count:g}", fmt_count(o.flops),
             fmt_bytes(o.bytes.total), f"{o.intensity:.3g}", fmt_time(o.time_s),
-            f"{share:.1%}", o.bound]
+            f"{share:.1%}", o.bound, *band]
 
 
 def breakdown_note(e: Estimate) -> str:
@@ -160,8 +182,9 @@ def breakdown_note(e: Estimate) -> str:
 
 def breakdown(e: Estimate) -> str:
     """Every operator of both phases: FLOPs, bytes, intensity, time, share and bound."""
-    cells = [list(_BREAKDOWN_COLS)] + [_breakdown_cells(e, o) for o in e.ops]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(_BREAKDOWN_COLS))]
+    cols = _breakdown_cols(e)
+    cells = [list(cols)] + [_breakdown_cells(e, o) for o in e.ops]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     return breakdown_note(e) + "\n" + "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
 
@@ -169,7 +192,7 @@ def breakdown(e: Estimate) -> str:
 def breakdown_markdown(e: Estimate) -> str:
     """The breakdown as a markdown table."""
     return breakdown_note(e) + "\n\n" + markdown_table(
-        _BREAKDOWN_COLS, (_breakdown_cells(e, o) for o in e.ops))
+        _breakdown_cols(e), (_breakdown_cells(e, o) for o in e.ops))
 
 
 def to_json(e: Estimate, with_ops: bool = False) -> str:
@@ -226,5 +249,20 @@ def column_cells(columns: dict[str, np.ndarray | list]) -> Iterator[list[str]]:
 def columns_csv(columns: dict[str, np.ndarray | list]) -> str:
     """CSV text of ``columns`` (``column_cells``; "\n" line ends, quoting as csv.writer)."""
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(column_cells(columns))
+    write_columns(buf, columns)
     return buf.getvalue()
+
+
+def write_columns(out: TextIO, columns: dict[str, np.ndarray | list],
+                  block: int = 65_536, header: bool = True) -> None:
+    """Write ``columns_csv(columns)`` to ``out`` a block of ``block`` rows at a time: the
+    text cells of one block at most are held (a 10^6-point sweep's cells took 5 GB).
+    ``header`` False: the rows only (more rows of a CSV already begun)."""
+    writer = csv.writer(out, lineterminator="\n")
+    if header:
+        writer.writerow(list(columns))
+    n = len(next(iter(columns.values()))) if columns else 0
+    for start in range(0, n, block):
+        cells = column_cells({k: v[start:start + block] for k, v in columns.items()})
+        next(cells)                      # the header, written once above
+        writer.writerows(cells)

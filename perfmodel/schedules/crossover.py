@@ -88,6 +88,9 @@ def context_curves(models: Sequence[Model], hw: Hardware, contexts: Sequence[int
     return out
 
 
+CROSSOVER_COLUMNS = ("model", "reference", "quantity", "context", "value", "below_after")
+
+
 def crossovers(models: Sequence[Model], hw: Hardware, base: Workload, plan: Parallelism,
                lo: int, hi: int) -> list[dict]:
     """Where each model's curves cross the first model's in [lo, hi]: rows of model,
@@ -106,4 +109,4 @@ def crossovers(models: Sequence[Model], hw: Hardware, base: Workload, plan: Para
     return out
 
 
-__all__ = ["QUANTITIES", "context_curves", "crossings", "crossovers", "curve"]
+__all__ = ["CROSSOVER_COLUMNS", "QUANTITIES", "context_curves", "crossings", "crossovers", "curve"]

@@ -144,7 +144,8 @@ def _chunks(cfg: np.ndarray) -> list[slice]:
     """Runs of whole configurations of about ``CHUNK_POINTS`` points each."""
     starts = np.flatnonzero(np.r_[True, cfg[1:] != cfg[:-1]])
     holding = np.searchsorted(starts, np.arange(0, len(cfg), CHUNK_POINTS), side="right") - 1
-    edges = [*np.unique(starts[holding]).tolist(), len(cfg)]
+    firsts = starts[holding]         # sorted: drop repeats without np.unique (it loads np.ma)
+    edges = [*firsts[np.r_[True, firsts[1:] != firsts[:-1]]].tolist(), len(cfg)]
     return [slice(a, b) for a, b in itertools.pairwise(edges)]
 
 
@@ -207,4 +208,4 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
         last_step = np.where(live, static_step + last.sum(axis=0), last_step)
     return PhaseCost("decode", np.maximum(steps, 0), first.names, first.kinds, first.classes,
                      first.positions, first.count, time, flops, ByteCounts(*nbytes), bound,
-                     first.time, last_step, first.time_s, dequant)
+                     first.time, last_step, first.time_s, dequant, first.error_codes)

@@ -114,7 +114,7 @@ def _summed(cost: StepCost, owner: np.ndarray, repeats: np.ndarray) -> PhaseCost
                      cost.count[:, starts], total(cost.time_s), total(cost.flops),
                      ByteCounts(*(total(b) for b in cost.bytes.astuple())),
                      cost.bound[:, starts], row[starts], row[ends], cost.time_s[:, starts],
-                     total(cost.dequant_s))
+                     total(cost.dequant_s), cost.error_codes[:, starts])
 
 
 def diffusion_assumptions(w: Workloads, d: Diffusion) -> list[tuple[np.ndarray, str]]:

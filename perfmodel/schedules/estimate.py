@@ -17,12 +17,15 @@ from perfmodel.cost.ops import ByteCounts, Num
 from perfmodel.cost.routing import device_imbalance
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
+from perfmodel.specs.uncertainty import Uncertainty
 from perfmodel.specs.workload import Parallelism, Workload
 
 
 @dataclass(frozen=True)
 class OpSummary:
-    """One operator summed over a phase (all layers, all steps); ``count`` is per step."""
+    """One operator summed over a phase (all layers, all steps); ``count`` is per step.
+    ``error_class``: its kernels' (``cost.error_class``); ``band``: the 80% band of its own
+    time from its class's band alone (None: the device has none)."""
 
     phase: str
     name: str
@@ -33,6 +36,8 @@ class OpSummary:
     bytes: ByteCounts
     time_s: float
     bound: str
+    error_class: str = ""
+    band: tuple[float, float] | None = None
 
     @property
     def intensity(self) -> float:
@@ -43,7 +48,9 @@ class OpSummary:
         return float("inf") if self.flops else 0.0
 
     def to_dict(self) -> dict:
-        row = {k: v for k, v in asdict(self).items() if k != "bytes"}
+        row = {k: v for k, v in asdict(self).items() if k not in ("bytes", "band")}
+        if self.band is not None:
+            row["time_s_low"], row["time_s_high"] = self.band
         row.update({f"bytes_{k}": v for k, v in asdict(self.bytes).items()})
         row["bytes"] = self.bytes.total
         row["intensity"] = self.intensity
@@ -100,6 +107,18 @@ class SpeculationSummary:
         if not self.searched:
             del out["break_even_batch"]
         return out
+
+
+NO_BAND = "no band: device has no kernel measurements"
+
+
+def band_note(unc: Uncertainty | None) -> str:
+    """Whose band the figures carry, in one line (or that there is none)."""
+    if unc is None:
+        return NO_BAND
+    return f"{unc.describe()}; kernel errors correlated within a class, independent across " \
+        "classes"
+
 
 
 def mean_step(total_s: Num, steps: Num, first_step_s: Num) -> Num:
@@ -165,6 +184,19 @@ class Estimate:
     assumed: tuple[str, ...] = ()       # what the numbers assume (``schedules.assumptions``)
     ttft_without_prefix_cache_s: float | None = None   # the prefill with nothing cached
     speculation: SpeculationSummary | None = None      # speculative decoding, when on
+    # the 80% band of each headline figure, (low, high) by name (``schedules.bands``);
+    # None: the device has no kernel measurements, so no band
+    band: dict[str, tuple[float, float]] | None = None
+
+    def edges(self, figure: str) -> tuple[float, float] | None:
+        """(low, high) of ``figure`` ("ttft_s", "tpot_s", "e2e_s",
+        "throughput_tokens_per_s", "decode_tokens_per_s"); None without a band."""
+        return None if self.band is None else self.band[figure]
+
+    @property
+    def band_note(self) -> str:
+        """Whose band the figures carry, in one line (or that there is none)."""
+        return band_note(self.hardware.uncertainty if self.band is not None else None)
 
     def phase(self, name: str) -> Phase:
         for p in self.phases:
@@ -271,6 +303,9 @@ class Estimate:
         }
         if self.workload.shared_prefix:
             out["ttft_without_prefix_cache_s"] = self.ttft_without_prefix_cache_s
+        for figure, (low, high) in (self.band or {}).items():
+            out |= {f"{figure}_low": low, f"{figure}_high": high}
+        out["band"] = self.band_note
         out |= {p.name: p.to_dict() for p in self.phases}
         if self.speculation is not None:
             out["speculation"] = self.speculation.to_dict()

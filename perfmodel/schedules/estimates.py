@@ -10,15 +10,19 @@ the typed ``Estimate`` of one. ``estimate`` is the length-1 case.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 
 import numpy as np
 
+from perfmodel.cost.band import band, class_seconds
 from perfmodel.cost.dequant import converts
+from perfmodel.cost.error_class import CODE
 from perfmodel.cost.memory import MemoryEstimate, memory_estimate
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.params import param_counts
 from perfmodel.cost.timebase import BOUNDS, COMPUTE
 from perfmodel.schedules.assumptions import Assumption, assumptions, check_plan, joined
+from perfmodel.schedules.bands import FIGURES, Edges, request_bands
 from perfmodel.schedules.diffusion import (
     DENOISE,
     Diffusion,
@@ -30,6 +34,7 @@ from perfmodel.schedules.estimate import (
     Estimate,
     OpSummary,
     Phase,
+    band_note,
     context_warning,
     diffusion_latency,
     expert_imbalance,
@@ -46,12 +51,26 @@ from perfmodel.specs.dtypes import DTYPES, compute_codes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
+from perfmodel.specs.uncertainty import ERROR_CLASSES, Uncertainty
 from perfmodel.specs.workload import Parallelism, Workload, Workloads
+
+
+def _edge(figure: str, side: int) -> property:
+    def get(self: Estimates) -> np.ndarray:
+        edges = self.bands
+        return getattr(self, figure) if edges is None else edges[figure][side]
+    get.__doc__ = (f"(N,) the {('low', 'high')[side]} edge of ``{figure}``'s 80% band "
+                   f"(``schedules.bands``); ``{figure}`` itself where the device has no band")
+    return property(get)
 
 
 @dataclass(frozen=True, eq=False)
 class Estimates:
-    """N estimates of one model on one device under one plan, as arrays (one entry each)."""
+    """N estimates of one model on one device under one plan, as arrays (one entry each).
+    Where the device has an ``uncertainty:`` block, each headline figure has an 80% band:
+    ``ttft_s_low`` / ``ttft_s_high``, ``tpot_s_*``, ``e2e_s_*``,
+    ``throughput_tokens_per_s_*``, ``decode_tokens_per_s_*`` (the pessimistic edge: the
+    times' ``_high``, the throughputs' ``_low``); ``has_band`` says whether there is one."""
 
     hardware: Hardware
     model: Model
@@ -67,6 +86,28 @@ class Estimates:
 
     def __len__(self) -> int:
         return len(self.workloads)
+
+    @cached_property
+    def bands(self) -> Edges | None:
+        """(low, high) per headline figure (``schedules.bands.FIGURES``); None without a
+        band (the device's file has no ``uncertainty:`` block)."""
+        unc = self.hardware.uncertainty
+        if unc is None:
+            return None
+        w = self.workloads
+        return request_bands(self.phases, unc, w.batch, w.gen_len, self.plan.dp)
+
+    @property
+    def has_band(self) -> bool:
+        return self.hardware.uncertainty is not None
+
+    ttft_s_low, ttft_s_high = _edge("ttft_s", 0), _edge("ttft_s", 1)
+    tpot_s_low, tpot_s_high = _edge("tpot_s", 0), _edge("tpot_s", 1)
+    e2e_s_low, e2e_s_high = _edge("e2e_s", 0), _edge("e2e_s", 1)
+    throughput_tokens_per_s_low = _edge("throughput_tokens_per_s", 0)
+    throughput_tokens_per_s_high = _edge("throughput_tokens_per_s", 1)
+    decode_tokens_per_s_low = _edge("decode_tokens_per_s", 0)
+    decode_tokens_per_s_high = _edge("decode_tokens_per_s", 1)
 
     def phase(self, name: str) -> PhaseCost:
         return next(p for p in self.phases if p.name == name)
@@ -107,11 +148,15 @@ class Estimates:
         converts = bool(self.converts[i])
         return Estimate(self.hardware, self.model, self.workloads.item(i), self.plan,
                         self.params_total, self.params_active, self.memory.item(i),
-                        tuple(_phase(p, i, converts) for p in self.phases),
+                        tuple(_phase(p, i, converts, self.hardware.uncertainty)
+                              for p in self.phases),
                         tuple(line for mask, line in self.assumed
                               if np.broadcast_to(mask, (len(self),))[i]),
                         float(self.ttft_without_prefix_cache_s[i]),
-                        self.speculation.item(i) if self.speculation else None)
+                        self.speculation.item(i) if self.speculation else None,
+                        None if self.bands is None else {
+                            k: (float(lo[i]), float(hi[i])) for k, (lo, hi) in
+                            self.bands.items()})
 
     @property
     def converts(self) -> np.ndarray:
@@ -184,6 +229,10 @@ class Estimates:
         for f in fields(self.plan):
             out[f.name] = np.full(n, getattr(self.plan, f.name))
         out |= self.speculation.columns() if self.speculation else {}
+        out["band"] = [band_note(self.hardware.uncertainty)] * n
+        for figure in FIGURES if self.bands is not None else ():
+            out |= {f"{figure}_low": self.bands[figure][0],
+                    f"{figure}_high": self.bands[figure][1]}
         for p in self.phases:
             total = p.total_bytes.total
             out |= {f"{p.name}_time_s": p.time, f"{p.name}_flops": p.total_flops,
@@ -195,25 +244,39 @@ class Estimates:
         return out
 
 
-def _phase(p: PhaseCost, i: int, converts: bool = False) -> Phase:
+def _phase(p: PhaseCost, i: int, converts: bool = False,
+           unc: Uncertainty | None = None) -> Phase:
     """Phase ``i`` of ``p``: its operators, each without the seconds its weight conversion
     adds, and where the weights are converted (``converts``) one ``dequant`` row with them
-    (``cost.dequant``), so the rows still add up to the phase."""
+    (``cost.dequant``; a GEMM's error class), so the rows still add up to the phase; each
+    operator with its own band under ``unc``."""
     live = [j for j in np.argsort(p.positions).tolist() if p.count[j, i] > 0]
-    count, flops, time, bound, dequant = (x[:, i].tolist() for x in (
-        p.count, p.flops, p.time_s, p.bound, p.dequant_s))
+    count, flops, time, bound, dequant, codes = (x[:, i].tolist() for x in (
+        p.count, p.flops, p.time_s, p.bound, p.dequant_s, p.error_codes))
     nbytes = [b[:, i].tolist() for b in p.bytes.astuple()]
     ops = tuple(OpSummary(p.name, p.names[j], p.kinds[j], p.classes[j], count[j], flops[j],
                           ByteCounts(*(b[j] for b in nbytes)), time[j] - dequant[j],
-                          BOUNDS[int(bound[j])]) for j in live)
+                          BOUNDS[int(bound[j])], *_own_band(time[j] - dequant[j],
+                                                            int(codes[j]), unc))
+                for j in live)
     added = sum(dequant)
     if converts:
         ops += (OpSummary(p.name, DEQUANT, DEQUANT, DEQUANT, 0.0, 0.0, ByteCounts(), added,
-                          BOUNDS[COMPUTE]),)
+                          BOUNDS[COMPUTE], *_own_band(added, CODE["gemm"], unc)),)
     total = ByteCounts(*(sum(b) for b in nbytes))
     return Phase(p.name, int(p.steps[i]), sum(time), sum(flops), total,
                  BOUNDS[int(p.phase_bound[i])], float(p.first_step_s[i]),
                  float(p.last_step_s[i]), ops, added)
+
+
+def _own_band(t: float, code: int, unc: Uncertainty | None
+              ) -> tuple[str, tuple[float, float] | None]:
+    """(error class, its band on ``t`` seconds alone) for an operator of class ``code``."""
+    name = ERROR_CLASSES[code]
+    if unc is None:
+        return name, None
+    low, high = band(class_seconds(np.array([[t]]), np.array([[code]])), unc)
+    return name, (float(low[0]), float(high[0]))
 
 
 def device_batch(w: Workloads, plan: Parallelism) -> Workloads:

@@ -4,7 +4,9 @@
 step template's order) and per configuration, the time, FLOPs and bytes summed over the
 phase's steps, the instances per step, and the bound that held for most of the time;
 ``dequant_s``, the part of each operator's time that its weight conversion adds
-(``cost.dequant``), which reports show as a ``dequant`` row of their own.
+(``cost.dequant``), which reports show as a ``dequant`` row of their own; ``error_codes``,
+each operator's error class, so the phase's uncertainty band is its operators'
+(``cost.band``; a row the schedule adds, not a kernel, is ``host``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class PhaseCost(OperatorTotals):
     last_step_s: np.ndarray     # (N,)
     first_step_ops_s: np.ndarray    # (operators, N) each operator's time in the first step
     dequant_s: np.ndarray       # (operators, N) of time_s, the weight conversion's seconds
+    error_codes: np.ndarray     # (operators, N) error classes (``cost.error_class``)
 
     @cached_property
     def phase_bound(self) -> np.ndarray:
@@ -66,4 +69,5 @@ def single_step_phase(name: str, cost: StepCost) -> PhaseCost:
     time = cost.time
     return PhaseCost(name, np.ones(len(time), dtype=np.int64), cost.names, cost.kinds,
                      cost.classes, cost.positions, cost.count, cost.time_s, cost.flops,
-                     cost.bytes, cost.bound, time, time, cost.time_s, cost.dequant_s)
+                     cost.bytes, cost.bound, time, time, cost.time_s, cost.dequant_s,
+                     cost.error_codes)

@@ -28,6 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from perfmodel.cost.collectives import send_s
+from perfmodel.cost.error_class import CODE
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.params import stage_layers
 from perfmodel.cost.timebase import COMMUNICATION, IDLE
@@ -111,7 +112,9 @@ def pipeline_phase(phase: PhaseCost, model: Model, plan: Parallelism, micro: np.
                         np.full((1, len(total)), IDLE)]),
         first, phase.last_step_s * ratio,
         np.concatenate([first_ops, first_p2p[None], first_idle[None]]),
-        np.concatenate([phase.dequant_s * scale, zero, zero]))
+        np.concatenate([phase.dequant_s * scale, zero, zero]),
+        np.concatenate([phase.error_codes, np.full((1, len(total)), CODE["collective"]),
+                        np.full((1, len(total)), CODE["host"])]).astype(np.int8))
 
 
 def _busiest(time_s: np.ndarray, names: tuple[str, ...], model: Model, pp: int) -> np.ndarray:

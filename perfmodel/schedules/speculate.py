@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel.cost.error_class import CODE
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.step import Dtypes
 from perfmodel.schedules.assumptions import Assumption, check_speculation, speculation_assumptions
@@ -96,7 +97,8 @@ def speculative_decode(model: Model, hw: Hardware, plan: Parallelism, w: Workloa
         np.concatenate([v.count, np.full((1, n), float(draft_steps))]), per_round * rounds,
         np.concatenate([v.flops, row(rc.draft_flops)]) * rounds, nbytes,
         np.concatenate([v.bound, row(rc.draft_bound)]), per_token, per_token,
-        per_round / rc.tokens_per_round, np.concatenate([v.dequant_s, row(0.0)]) * rounds)
+        per_round / rc.tokens_per_round, np.concatenate([v.dequant_s, row(0.0)]) * rounds,
+        np.concatenate([v.error_codes, np.full((1, n), CODE["host"], np.int8)]))
     return phase, rc
 
 

@@ -17,7 +17,7 @@ no decode step to split). ``rows`` turns columns into records for the figures.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 
 import numpy as np
@@ -35,6 +35,8 @@ from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import OP_CLASSES
 from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workload, Workloads
+
+BLOCK_POINTS = 131_072    # points per block when a sweep is streamed to its CSV
 
 
 def sweep(models: Sequence[Model], hardware: Sequence[Hardware], batches: Iterable[int],
@@ -55,6 +57,24 @@ def sweep(models: Sequence[Model], hardware: Sequence[Hardware], batches: Iterab
     ``workload_weights_format``.
     ``base`` supplies every other workload field (gen_len, act dtype, ...); the dtype lists
     default to its dtypes. Invalid workloads raise SpecError before any point is evaluated."""
+    parts = list(sweep_blocks(models, hardware, batches, prompts, base, weights_dtypes,
+                              kv_dtypes, plan, plans, levers, speculations, weights_formats,
+                              block=0))
+    return {k: concat([p[k] for p in parts]) for k in parts[0]}
+
+
+def sweep_blocks(models: Sequence[Model], hardware: Sequence[Hardware],
+                 batches: Iterable[int], prompts: Iterable[int], base: Workload | None = None,
+                 weights_dtypes: Iterable[str] | None = None,
+                 kv_dtypes: Iterable[str] | None = None, plan: Parallelism | None = None,
+                 plans: Sequence[Parallelism] | None = None,
+                 levers: dict[str, Sequence] | None = None,
+                 speculations: Sequence[object] | None = None,
+                 weights_formats: Sequence[str] | None = None,
+                 block: int = BLOCK_POINTS) -> Iterator[dict[str, np.ndarray | list]]:
+    """``sweep``'s columns, in its order, at most ``block`` points at a time (0: a
+    whole (model, device, plan, speculation) grid each), so that a 10^6-point sweep can be
+    written as it is computed: every point is priced alone, so blocks change no value."""
     base = base or Workload()
     formats = _check_formats(weights_formats, weights_dtypes, levers)
     axes = {**{k: list(v) for k, v in (levers or {}).items()},
@@ -68,10 +88,16 @@ def sweep(models: Sequence[Model], hardware: Sequence[Hardware], batches: Iterab
     if formats:
         w, names = _formatted(w, formats, [len(v) for v in axes.values()],
                               list(axes).index("weights_dtype"))
-    parts = [_named(point_columns(estimate_many(hw, m, w, p, sp)), names)
-             for m in models for hw in hardware
-             for p in (plans or [plan]) for sp in (speculations or [None])]
-    return {k: _concat([p[k] for p in parts]) for k in parts[0]}
+    size = block or len(w)
+    cuts = [(a, min(a + size, len(w))) for a in range(0, len(w), size)]
+    for m in models:
+        for hw in hardware:
+            for p in plans or [plan]:
+                for sp in speculations or [None]:
+                    for a, b in cuts:
+                        part = w if b - a == len(w) else w.take(np.arange(a, b))
+                        yield _named(point_columns(estimate_many(hw, m, part, p, sp)),
+                                     None if names is None else names[a:b])
 
 
 _FORMAT_FIELDS = ("weight_group_size", "weight_scale_bytes")
@@ -120,7 +146,8 @@ def _named(cols: dict[str, np.ndarray | list],
     return out
 
 
-def _concat(values: list) -> np.ndarray | list:
+def concat(values: list) -> np.ndarray | list:
+    """One column from its blocks (arrays, or lists of text)."""
     if isinstance(values[0], list):
         return [x for v in values for x in v]
     return np.concatenate(values)

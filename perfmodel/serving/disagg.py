@@ -131,7 +131,7 @@ def _check_requests(requests: Requests) -> None:
 def simulate_disaggregated(model: Model, requests: Requests, prefill: Pool, decode: Pool,
                            link: str = "network", engine: EngineConfig | None = None,
                            workload: Workload | None = None,
-                           progress: Callable[[int, int], None] | None = None,
+                           progress: Callable[[int, int, float], None] | None = None,
                            label: str = "") -> SimResult:
     """Serve ``requests`` on ``prefill`` and ``decode`` pools (see the module docstring):
     one ``SimResult`` per request, TTFT to the decode side's first token, the decode
@@ -142,8 +142,9 @@ def simulate_disaggregated(model: Model, requests: Requests, prefill: Pool, deco
     workload = workload or Workload.for_model(model)
     n = len(requests)
 
-    def part(offset: int) -> Callable[[int, int], None] | None:
-        return None if progress is None else lambda done, _: progress(offset + done, 2 * n)
+    def part(offset: int) -> Callable[[int, int, float], None] | None:
+        return None if progress is None else \
+            lambda done, _, clock: progress(offset + done, 2 * n, clock)
 
     first = replace(requests, output_tokens=np.ones(n, np.int64), prefilled=None)
     pre = simulate(model, prefill.hardware, first, prefill.plan, prefill.engine or engine,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel.cost.band import band
 from perfmodel.cost.memory import (
     head_bytes_of,
     kv_bytes_per_token,
@@ -87,11 +88,16 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
 
 class StepPricer:
     """Times of engine steps of one model on one device under one plan and workload's
-    dtypes. ``times(batches)`` prices them all in one ``price_step`` call."""
+    dtypes. ``times(batches)`` prices them all in one ``price_step`` call. ``edge`` 0 or 1:
+    each step's time at the low or high edge of its 80% band (``cost.band``; the device's
+    ``uncertainty:`` block) instead of its centre."""
 
     def __init__(self, model: Model, hw: Hardware, plan: Parallelism, w: Workload,
-                 engine: EngineConfig) -> None:
-        self.model, self.hw, self.plan = model, hw, plan
+                 engine: EngineConfig, edge: int | None = None) -> None:
+        if edge is not None and hw.uncertainty is None:
+            raise SpecError(f"simulate: {hw.name} has no uncertainty: block, so no band edge "
+                            f"to price steps at")
+        self.model, self.hw, self.plan, self.edge = model, hw, plan, edge
         ws = Workloads.from_list([w])
         self.dtypes = Dtypes.of_workloads(ws)
         self.skew = float(w.expert_skew)
@@ -103,8 +109,9 @@ class StepPricer:
         self.priced = 0
 
     def times(self, batches: list[Batch]) -> np.ndarray:
-        """Seconds of each batch's step: its GPU time and the engine's host time that
-        shows (``HostTime.step``; ``last_host`` keeps the latter)."""
+        """Seconds of each batch's step: its GPU time (at the band ``edge`` when one is
+        set) and the engine's host time that shows (``HostTime.step``; ``last_host`` keeps
+        the latter; host time has no band)."""
         k = len(batches)
         g = max(len(b.ids) for b in batches)
         count = np.zeros((k, g), np.int64)
@@ -122,8 +129,10 @@ class StepPricer:
                           self.dtypes.take(np.zeros(k, np.int64)), timing)
         self.calls += 1
         self.priced += k
-        self.last_host = self.host.step(cost.time, count.sum(axis=1))
-        return cost.time + self.last_host
+        gpu = cost.time if self.edge is None else band(cost.class_seconds(),
+                                                       self.hw.uncertainty)[self.edge]
+        self.last_host = self.host.step(gpu, count.sum(axis=1))
+        return gpu + self.last_host
 
 
 def capacity_rps(model: Model, hw: Hardware, plan: Parallelism, w: Workload,

@@ -77,7 +77,7 @@ def deal(requests: Requests, engines: int, router: str) -> list[np.ndarray]:
 
 def lockstep(start: Callable[[Requests], object], advance: Callable[[object], None],
              requests: Requests, engines: int, router: str,
-             progress: Callable[[int, int], None] | None) -> tuple[list, list]:
+             progress: Callable[[int, int, float], None] | None) -> tuple[list, list]:
     """Replicas run in lockstep under a load-aware ``router``: ``start(slots)`` makes an
     engine's run, ``advance(run)`` runs it to ``run.horizon``."""
     runs = [start(_slots(requests, 64)) for _ in range(engines)]
@@ -101,7 +101,7 @@ def lockstep(start: Callable[[Requests], object], advance: Callable[[object], No
         _place(runs[e], requests, i, int(tokens[i]))
         local[e].append(i)
         if progress is not None:
-            progress(sum(r.done for r in runs), len(requests))
+            progress(sum(r.done for r in runs), len(requests), t)
     for run in runs:
         run.horizon = np.inf
         advance(run)
@@ -185,7 +185,8 @@ def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = Non
     token, as SGLang's and vLLM's DP-attention ranks do to join the expert layer's
     collectives), and the step lasts as long as the slowest rank's (the expert layer
     waits for every rank's tokens). ``record(run, batch, effect, dt, queue_more)`` is the
-    simulator's bookkeeping of a committed step."""
+    simulator's bookkeeping of a committed step; ``progress(done, total, clock_s)`` as in
+    ``serving.simulate``."""
     from perfmodel.serving.scheduler import Batch
 
     one = np.ones(1, np.int64)
@@ -216,4 +217,4 @@ def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = Non
             record(run, batch, effect, dt, queue_more=True,
                    host=float(pricer.last_host.max()))
         if progress is not None:
-            progress(sum(r.done for r in runs), sum(r.known for r in runs))
+            progress(sum(r.done for r in runs), sum(r.known for r in runs), runs[0].t)

@@ -9,6 +9,7 @@ import numpy as np
 
 from perfmodel.specs.errors import SpecError
 
+MAX_TOKENS = 1_000_000_000     # per request: beyond any context limit, within int64 sums
 
 @dataclass(frozen=True, eq=False)
 class Requests:
@@ -68,6 +69,17 @@ class Requests:
         return cls(arrival, np.asarray(input_tokens, np.int64).reshape(-1),
                    np.asarray(output_tokens, np.int64).reshape(-1),
                    np.where(ptok > 0, ids, -1), np.where(ids >= 0, ptok, 0), closed_loop)
+
+    def take(self, keep: np.ndarray) -> Requests:
+        """The requests ``keep`` picks (a boolean mask or increasing indices), every column
+        with them; a closed loop keeps at most one user per request left."""
+        def pick(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[keep]
+        n = len(self.arrival_s[keep])
+        return Requests(self.arrival_s[keep], self.input_tokens[keep], self.output_tokens[keep],
+                        self.prefix_id[keep], self.prefix_tokens[keep],
+                        min(self.closed_loop, n), pick(self.prefilled), self.client_cap,
+                        pick(self.session_id), pick(self.turn))
 
     def __len__(self) -> int:
         return len(self.arrival_s)

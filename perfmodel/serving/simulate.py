@@ -11,7 +11,8 @@ that arrives while others wait joins the tail of the queue, so it cannot change 
 until the queue ahead of it has drained: under load most steps are priced in blocks.
 
 ``plan.dp`` replicas (and, under data-parallel attention, each of the ``ep`` attention
-devices) run their own engine; requests are dealt to them round-robin in arrival order.
+devices) run their own engine; requests are dealt to them round-robin in arrival order
+or by a router (``serving.fleet``); an engine left without a request idles.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from perfmodel.serving import fleet, host_time
 from perfmodel.serving.arrivals import Arrivals
 from perfmodel.serving.config import EngineConfig
+from perfmodel.serving.dry_run import Dry, Guess, dry_run
 from perfmodel.serving.engine import StepPricer, kv_pool
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.results import SimResult, StepLog
@@ -34,6 +36,7 @@ from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workload
 
 LOOKAHEAD = 64      # steps priced together at most
+Progress = Callable[[int, int, float], None]    # (requests done, of, simulated clock s)
 
 
 @dataclass(eq=False)
@@ -53,7 +56,7 @@ class _Run:
     done: int = 0
     known: int = 0                  # requests placed on this engine so far
     horizon: float = np.inf         # steps starting from then on wait (lockstep routing)
-    guess: _Guess = field(default_factory=lambda: _Guess())
+    guess: Guess = field(default_factory=lambda: Guess())
     last_done: int = 0              # requests the last committed step finished
     last_done_tokens: int = 0       # and their prompt + output tokens
     load_tokens: int = 0            # prompt + output tokens of unfinished requests
@@ -61,12 +64,16 @@ class _Run:
 
 def simulate(model: Model, hw: Hardware, requests: Requests,
              plan: Parallelism | None = None, engine: EngineConfig | None = None,
-             workload: Workload | None = None,
-             progress: Callable[[int, int], None] | None = None,
-             label: str = "", router: str = "round-robin", workers: int = 1) -> SimResult:
+             workload: Workload | None = None, progress: Progress | None = None,
+             label: str = "", router: str = "round-robin", workers: int = 1,
+             edge: int | None = None) -> SimResult:
     """Serve ``requests`` on ``plan.dp`` replicas of ``model`` on ``hw`` (dtypes from
-    ``workload``, default as the checkpoint stores them) with ``engine``'s scheduler.
-    ``progress(done, total)`` is called as requests finish."""
+    ``workload``, default as the checkpoint stores them) with ``engine``'s scheduler,
+    behind ``router`` (``serving.fleet``; ``workers`` processes for replicas run apart).
+    ``progress(done, total, clock_s)`` is called as the simulation advances: requests
+    finished and the simulated clock, per engine (dp engines run one after another, each
+    ``total`` of the requests; engines in lockstep together). ``edge`` 0 / 1: every step's
+    GPU time priced at the low / high edge of its 80% band (``serving.bands``)."""
     plan = plan or Parallelism()
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
@@ -84,12 +91,7 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         raise SpecError(f"--max-num-batched-tokens: {engine.max_num_batched_tokens} cannot hold "
                         f"a request of {longest} tokens whole, which chunked prefill off needs"
                         " (vLLM refuses a budget below max_model_len without chunking)")
-    engines = plan.dp * plan.attention_ways
-    if engines > len(requests):
-        ways = f" x {plan.attention_ways} attention devices" if plan.attention_ways > 1 else ""
-        raise SpecError(f"--dp: {plan.dp} replicas{ways} = {engines} engines for "
-                        f"{len(requests)} requests: expected at least one request per engine "
-                        "(more --num-requests, or a smaller --dp)")
+    engines = plan.dp * plan.attention_ways     # more than requests: the rest idle
     one = replace(plan, dp=1)
     pool = kv_pool(model, hw, one, workload, engine)
     if -(-longest // engine.block_size) > pool.blocks:
@@ -99,7 +101,7 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     fleet.check(router, workers, requests, engines, plan.attention_ways)
     client, requests = requests, host_time.admitted(requests, engine.host)
     parts, runs = run_replicas(model, hw, one, workload, engine, requests, engines,
-                               pool.blocks, router, workers, progress)
+                               pool.blocks, router, workers, progress, edge)
     res = _merge(requests, parts, runs, pool.blocks, label,
                  {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
                   "engine": engine, "router": router,
@@ -110,35 +112,42 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
 
 def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                  engine: EngineConfig, requests: Requests, engines: int, blocks: int,
-                 router: str, workers: int, progress: Callable[[int, int], None] | None
-                 ) -> tuple[list, list]:
+                 router: str, workers: int, progress: Progress | None,
+                 edge: int | None = None) -> tuple[list, list]:
     """(each replica's requests, as indices in arrival order; each replica's ``_Run``):
     dealt ahead and run apart (in ``workers`` processes), or, under a load-aware router,
-    run in lockstep (``serving.fleet``)."""
-    ways = plan.attention_ways
-    if ways > 1:            # data-parallel attention: each replica's ranks in lockstep
-        parts = fleet.deal(requests, engines, router)
-        runs = [_start(model, hw, plan, w, engine, _subset(requests, idx, engines), blocks)
-                for idx in parts]
-        for g in range(0, engines, ways):
-            fleet.ranks_lockstep(runs[g:g + ways], _record, progress)
-        return parts, runs
+    run in lockstep (``serving.fleet``). An engine given no request (fewer requests than
+    engines) idles and is left out."""
+    def start(reqs: Requests) -> _Run:
+        return _start(model, hw, plan, w, engine, reqs, blocks, edge)
+
     if router in fleet.LOAD_AWARE and engines > 1:
-        return fleet.lockstep(lambda slots: _start(model, hw, plan, w, engine, slots, blocks),
-                              _advance, requests, engines, router, progress)
-    parts = fleet.deal(requests, engines, router)
+        parts, runs = fleet.lockstep(start, _advance, requests, engines, router, progress)
+        kept = [e for e, idx in enumerate(parts) if len(idx)]
+        return [parts[e] for e in kept], [runs[e] for e in kept]
+    dealt, ways = fleet.deal(requests, engines, router), plan.attention_ways
+    if ways > 1:            # data-parallel attention: each replica's ranks in lockstep
+        parts, runs = [], []
+        for g in range(0, engines, ways):   # an idle rank's dummy step is never the longest
+            group = [idx for idx in dealt[g:g + ways] if len(idx)]
+            ranks = [start(_subset(requests, idx, engines)) for idx in group]
+            if ranks:
+                fleet.ranks_lockstep(ranks, _record, progress)
+            parts, runs = parts + group, runs + ranks
+        return parts, runs
+    parts = [idx for idx in dealt if len(idx)]
     jobs = [(model, hw, plan, w, engine, _subset(requests, idx, engines), blocks)
             for idx in parts]
-    if workers == 1 or engines == 1:
-        return parts, [_simulate_one(*job, progress) for job in jobs]
+    if workers == 1 or len(jobs) == 1:
+        return parts, [_simulate_one(*job, progress, edge) for job in jobs]
     import multiprocessing as mp
 
-    with mp.get_context("fork").Pool(min(workers, engines)) as pool:
-        return parts, pool.map(_one, jobs, chunksize=1)
+    with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+        return parts, pool.map(_one, [(*job, None, edge) for job in jobs], chunksize=1)
 
 
 def _one(job: tuple) -> _Run:
-    run = _simulate_one(*job, None)
+    run = _simulate_one(*job)
     run.pricer.model = run.pricer.hw = None     # not needed back: keep the pickle small
     return run
 
@@ -147,34 +156,32 @@ def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
     if engines == 1:
         return requests
     users = -(-requests.closed_loop // engines) if requests.closed_loop else 0
-    pre = None if requests.prefilled is None else requests.prefilled[idx]
-    session = None if requests.session_id is None else requests.session_id[idx]
-    return Requests(requests.arrival_s[idx], requests.input_tokens[idx],
-                    requests.output_tokens[idx], requests.prefix_id[idx],
-                    requests.prefix_tokens[idx], users, pre, session_id=session)
+    return replace(requests.take(idx), closed_loop=users, client_cap=0, turn=None)
 
 
 def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                   engine: EngineConfig, requests: Requests, blocks: int,
-                  progress: Callable[[int, int], None] | None) -> _Run:
-    run = _start(model, hw, plan, w, engine, requests, blocks)
+                  progress: Progress | None, edge: int | None = None) -> _Run:
+    run = _start(model, hw, plan, w, engine, requests, blocks, edge)
     _advance(run, progress)
     return run
 
 
 def _start(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
-           engine: EngineConfig, requests: Requests, blocks: int) -> _Run:
+           engine: EngineConfig, requests: Requests, blocks: int,
+           edge: int | None = None) -> _Run:
     n = len(requests)
     offsets = np.concatenate([[0], np.cumsum(requests.output_tokens)])
     grows = None if requests.session_id is None else requests.session_id >= 0
     state = engine.state(requests.input_tokens, requests.output_tokens, requests.prefix_id,
                          requests.prefix_tokens, blocks, requests.prefilled, grows)
     nan = np.full(n, np.nan)
-    return _Run(state, StepPricer(model, hw, plan, w, engine), Arrivals(requests), offsets,
-                np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy(), known=n)
+    return _Run(state, StepPricer(model, hw, plan, w, engine, edge), Arrivals(requests),
+                offsets, np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy(),
+                known=n)
 
 
-def _advance(run: _Run, progress: Callable[[int, int], None] | None = None) -> None:
+def _advance(run: _Run, progress: Progress | None = None) -> None:
     """Run the engine until every request it knows has finished, or (a replica run in
     lockstep under a router) until its clock reaches ``run.horizon``, the next arrival the
     router has yet to place: no step that starts at or after it is committed."""
@@ -189,100 +196,16 @@ def _advance(run: _Run, progress: Callable[[int, int], None] | None = None) -> N
                 raise RuntimeError("simulate: requests left that never arrive")
             run.t = min(t, run.horizon)
             continue
-        dry = _dry_run(run, guess)
+        dry = dry_run(run, guess)
         times = run.pricer.times(dry.plans)
         guess.learn(dry.features, times)
         stood = _replay(run, dry, times, run.pricer.last_host)
         guess.lookahead = int(min(LOOKAHEAD, max(4, 2 * stood)))
         if progress is not None:
-            progress(run.done, run.known)
+            progress(run.done, run.known, run.t)
 
 
-class _Guess:
-    """A step's time guessed before it is priced, to place arrivals in a dry run: a least-
-    squares fit of the steps priced so far on the step's tokens, sequences, cached context
-    and prompt-chunk attention (recent steps weigh most). Only where arrivals land rests on
-    it: every committed step is priced."""
-
-    def __init__(self) -> None:
-        self.xtx = np.eye(5) * 1e-9
-        self.xty = np.zeros(5)
-        self.coef = np.array([1e-3, 0, 0, 0, 0])
-        self.lookahead = 16
-
-    @staticmethod
-    def features(batch: object) -> np.ndarray:
-        chunk = batch.new > 1
-        return np.array([1.0, batch.new.sum(), len(batch.ids), batch.context.sum() * 1e-3,
-                         (batch.new * batch.context)[chunk].sum() * 1e-6])
-
-    def __call__(self, features: np.ndarray) -> float:
-        return float(features @ self.coef)
-
-    def learn(self, features: list, times: np.ndarray) -> None:
-        x = np.array(features)
-        self.xtx = 0.9 * self.xtx + x.T @ x
-        self.xty = 0.9 * self.xty + x.T @ times
-        self.coef = np.linalg.lstsq(self.xtx + np.eye(5) * 1e-12, self.xty, rcond=None)[0]
-
-
-@dataclass(eq=False)
-class _Dry:
-    """Steps formed ahead on a copy of the state: each step's batch and effect (emitted,
-    their output counts, finished, KV blocks in use, waiting), the open-loop arrivals the
-    dry run had let in before it (``seen``) and the highest request it had scheduled."""
-
-    state: EngineState
-    plans: list = field(default_factory=list)
-    effects: list = field(default_factory=list)
-    seen: list = field(default_factory=list)
-    top: list = field(default_factory=list)
-    features: list = field(default_factory=list)
-    ended: list = field(default_factory=list)     # requests finished before each step
-
-
-def _dry_run(run: _Run, guess: _Guess) -> _Dry:
-    """Up to ``LOOKAHEAD`` steps formed from a copy of the state, letting in the open loop's
-    arrivals at the steps the guessed times place them (a closed loop's users with no
-    think time send their next requests at once; one with a think time ends the run)."""
-    dry = _Dry(run.state.copy())
-    arrivals = run.arrivals
-    sched = arrivals.requests.arrival_s
-    closed = arrivals.requests.closed_loop
-    seen, queued, top, t, ended = arrivals.next_open, arrivals.next_closed, -1, run.t, 0
-    for j in range(guess.lookahead):
-        room = min(len(sched), arrivals.limit(ended))
-        while j and not closed and seen < room and sched[seen] <= t:
-            dry.state.waiting.append(seen)
-            seen += 1
-        batch = dry.state.schedule()
-        if batch is None:
-            break
-        emit, done = dry.state.commit(batch)
-        top = max(top, int(batch.ids.max()))
-        dry.plans.append(batch)
-        dry.effects.append((emit, dry.state.emitted[emit], done, dry.state.pool.used,
-                            len(dry.state.waiting)))
-        dry.seen.append(seen)
-        dry.top.append(top)
-        dry.ended.append(ended)
-        dry.features.append(guess.features(batch))
-        t += guess(dry.features[-1])
-        ended += len(done)
-        if t >= run.horizon:
-            break
-        if closed and len(done):
-            nxt = list(range(queued, min(queued + len(done), len(sched))))
-            queued += len(nxt)
-            if any(sched[i] > 0 for i in nxt):
-                break
-            dry.state.waiting.extend(nxt)
-        if not dry.state.running and not dry.state.waiting:
-            break
-    return dry
-
-
-def _valid(run: _Run, dry: _Dry, times: np.ndarray) -> tuple[int, int]:
+def _valid(run: _Run, dry: Dry, times: np.ndarray) -> tuple[int, int]:
     """(how many of the priced steps stand, open-loop arrivals by the end of the last).
     A step stands unless a request that had arrived by its start was not let in while it
     left the queue empty with room (``Batch.open``), or one the dry run let in early was
@@ -304,7 +227,7 @@ def _valid(run: _Run, dry: _Dry, times: np.ndarray) -> tuple[int, int]:
     return len(dry.plans), int(arrivals.open_count(t, arrivals.limit(done)))
 
 
-def _replay(run: _Run, dry: _Dry, times: np.ndarray, host: np.ndarray) -> int:
+def _replay(run: _Run, dry: Dry, times: np.ndarray, host: np.ndarray) -> int:
     """Commit the steps that stand (how many, returned): the dry run's state when all do
     (less the arrivals it let in early), else the real state run again through them."""
     cut, arrived = _valid(run, dry, times)
@@ -331,7 +254,7 @@ def _replay(run: _Run, dry: _Dry, times: np.ndarray, host: np.ndarray) -> int:
     return cut
 
 
-def _sent(run: _Run, dry: _Dry, times: np.ndarray, upto: int) -> None:
+def _sent(run: _Run, dry: Dry, times: np.ndarray, upto: int) -> None:
     """The send times of the open-loop requests the adopted dry run let in: when due, or,
     held back by the client's cap, at the start of the step it let them in."""
     arrivals = run.arrivals

@@ -12,6 +12,7 @@ import numpy as np
 
 from perfmodel.specs.dtypes import DTYPE_BYTES, DTYPES
 from perfmodel.specs.errors import SpecError
+from perfmodel.specs.uncertainty import Uncertainty
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,9 @@ class Hardware:
     # US dollars per device-hour (the optional ``price:`` block; its ``source`` says whose
     # price and when); None: no price, so the planner ranks per GPU only
     price_per_hour: float | None = None
+    # the 80% band on each error class's kernel times (the optional ``uncertainty:`` block,
+    # ``specs.uncertainty``); None: no kernel measurements, so estimates carry no band
+    uncertainty: Uncertainty | None = None
     # derived tables the cost model keeps per device (a fresh one for every copy)
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -46,6 +46,7 @@ class Kind:
 
 _MN = ("m", "n")
 _ATTENTION = ("batch", "q_len", "kv_len", "n_heads", "n_kv_heads", "head_dim")
+_COLLECTIVE = ("message_bytes", "n_devices")   # bytes of each device's buffer, devices
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("gemm", "gemm", "gemm", "own", own_fraction=False, row=("m", "n", "k")),
@@ -70,6 +71,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("gather", "elementwise", "stream", own_fraction=False, own_latency=False, row=None,
          reads=1, writes=1),
     Kind("kv_cache_write", "elementwise", "stream"),
+    # a W8A8 / W4A4 linear's activation quantization (``cost.quantize``): priced inside the
+    # measured linear it belongs to, never a row of its own
+    Kind("quantize", "elementwise", "stream", own_fraction=False, own_latency=False, row=None),
     Kind("embedding", "embedding", "stream"),
     # recurrent layers (``cost.scan``): the chunked scan is matmul work within chunks and a
     # stream over the tokens and the state; fused, timed by the stream rule's max(compute,
@@ -77,10 +81,14 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("ssm_scan", "recurrent", "scan", "own", row=None),
     Kind("linear_attention", "recurrent", "scan", "own", row=None),
     Kind("conv1d", "recurrent", "stream", "own", row=None),
+    # a measured MoE layer (``compare.forms``): its experts' two grouped GEMMs and the
+    # activation between them (m tokens, n hidden, k the expert width per device)
+    Kind("moe", "gemm", "gemm", "own", own_fraction=False, own_latency=False,
+         row=("m", "n", "k", "experts", "topk")),
     Kind("all_reduce", "communication", "collective", "own", own_fraction=False,
-         own_latency=False, row=None),
+         own_latency=False, row=_COLLECTIVE),
     Kind("all_to_all", "communication", "collective", "own", own_fraction=False,
-         own_latency=False, row=None),
+         own_latency=False, row=_COLLECTIVE),
     Kind("layer_overhead", "framework", "host", "none", own_fraction=False, own_latency=False,
          row=None),
     # rows a schedule adds to a phase, not kernels the step template prices

@@ -369,13 +369,14 @@ _FLOAT_RANGES = {"usable_memory_fraction": (0.0, 1.0, "in (0, 1]", False),
 def _column(name: str, value: object) -> np.ndarray:
     """One field as a checked array (names the field and the first bad value)."""
     where = f"workload: {name}"
+    if np.size(value) == 0:     # grid(batch=[]) raised an IndexError
+        raise SpecError(f"{where}: an empty list, expected at least one value")
     if name in _DTYPE_FIELDS and isinstance(value, np.ndarray) and value.dtype.kind in "iu":
         if value.size and (value.min() < 0 or value.max() >= len(DTYPES)):
             raise SpecError(f"{where}: dtype codes must be in 0..{len(DTYPES) - 1}")
         return value.astype(np.int8)
     if name in _DTYPE_FIELDS:
-        names = np.asarray(value, dtype=object)
-        flat = names.reshape(-1)
+        flat = (names := np.asarray(value, dtype=object)).reshape(-1)
         for item in dict.fromkeys(flat.tolist()):
             dtype_code(item if isinstance(item, str) else repr(item), where)
         return np.array([CODE[x] for x in flat.tolist()], dtype=np.int8).reshape(names.shape)

@@ -1,0 +1,128 @@
+"""What ``simulate``'s options describe: the model, device, workload, plan, engine settings
+(each engine's own flags, and its host time) and the request streams, shared by the command
+and the browser page (``inputs``).
+
+Module level: typer and the standard library only (``perfmodel --help`` stays fast).
+"""
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from perfmodel.cli.common import fail, numbers, plan, workload
+from perfmodel.cli.devices import device
+from perfmodel.cli.host import host_profile
+
+
+def inputs(p: dict[str, Any]) -> tuple:
+    """(model, device, workload, plan, engine config, [(rate, requests, label)]) of
+    ``simulate``'s parsed options ``p`` (keyword names as the command's parameters): what
+    the command simulates, and what the browser page simulates for the same options."""
+    from perfmodel.specs import load
+
+    m, hw = load.model(p["model"]), device(p["hardware"], p["engine_name"])
+    wl = workload(m, 1, p["input_len"], p["output_len"], p["weights_dtype"], p["act_dtype"],
+                  p["kv_dtype"], quantize_lm_head=p["quantize_lm_head"])
+    layout = plan(p["tp"], 1, p["ep"], p["dp"], p["attention_dp"], 0)
+    engine = replace(_engine(p["engine_name"], p), host=host_profile(
+        p["engine_name"], p["engine_version"], p["engine_mode"], p["engine_profile"],
+        p["frontend"], p["host_time"]))
+    streams = _traffic(p["trace"], p["rate"], p["concurrency"], p["num_requests"],
+                       p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
+                       p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
+                       p["seed"], (p["turns"], p["think_time"], p["turn_growth"]))
+    streams = _within_limit(streams, engine.max_model_len or m.max_position_embeddings,
+                            p["trace"] is None)
+    _warn_idle(streams, layout)
+    return m, hw, wl, layout, engine, streams
+
+
+def _within_limit(streams: list, limit: int, generated: bool) -> list:
+    """Generated streams less their requests past the context limit, each count said on
+    stderr (vLLM rejects them with HTTP 400: ``traffic.within_limit``); a trace's such
+    request stays an error (``simulate`` names it)."""
+    from perfmodel.serving import traffic
+
+    if not generated:
+        return streams
+    out = []
+    for r, reqs, label in streams:
+        kept, dropped = traffic.within_limit(reqs, limit)
+        if dropped:
+            typer.echo(f"warning: {label}: {dropped:,} of {len(reqs):,} generated requests "
+                       f"are longer (input + output) than the context limit {limit:,}: "
+                       "rejected, as vLLM rejects them (HTTP 400), and left out of every "
+                       "figure", err=True)
+        out.append((r, kept, label))
+    return out
+
+
+def _warn_idle(streams: list, layout: Any) -> None:
+    engines = layout.dp * layout.attention_ways
+    fewest = min(len(reqs) for _, reqs, _ in streams)
+    if fewest < engines:
+        typer.echo(f"warning: {fewest:,} requests over {engines:,} engines: "
+                   f"{engines - fewest:,} stay idle", err=True)
+
+
+_FLAGS = {"vllm": ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                   "block_size", "chunked_prefill", "prefix_caching", "scheduler",
+                   "cuda_graphs", "max_model_len"),
+          "sglang": ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests",
+                     "schedule_policy", "schedule_conservativeness", "page_size",
+                     "mem_fraction_static", "enable_mixed_chunk", "disable_radix_cache"),
+          "trtllm": ("max_num_tokens", "max_batch_size", "capacity_scheduler_policy",
+                     "enable_chunked_prefill", "tokens_per_block",
+                     "kv_cache_free_gpu_memory_fraction")}
+
+
+def _engine(name: str, values: dict) -> Any:
+    """The engine's settings from its own flags; another engine's flag is refused."""
+    from perfmodel.serving.engines import engine_config
+
+    for other, flags in _FLAGS.items():
+        given = [f for f in flags if other != "vllm" and values[f] is not None]
+        if other != name and given:
+            fail(f"--{given[0].replace('_', '-')}: applies to --engine {other}, not {name}")
+    flags = {f: values[f] for f in _FLAGS[name]}
+    if name == "vllm":
+        flags["scheduler"] = values["scheduler"].value
+    else:
+        flags["cuda_graphs" if name == "trtllm" else "disable_cuda_graph"] = \
+            values["cuda_graphs"] if name == "trtllm" else not values["cuda_graphs"]
+        flags["max_seq_len" if name == "trtllm" else "context_length"] = \
+            values["max_model_len"] or None
+    return engine_config(name, **flags)
+
+
+def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
+             input_len: int, output_len: int, arrival: str, burstiness: float,
+             length_dist: str, spread: float, lengths_from: Path | None,
+             shared_prefix: int, seed: int, talk: tuple = (1, 0.0, None)) -> list:
+    """[(offered rate or None, Requests, label)]: one stream, or one per --rate."""
+    from perfmodel.serving import traffic
+
+    sources = sum(x is not None and x != 0 for x in (trace, rate, concurrency or None))
+    if sources != 1:
+        fail("give one source of traffic: --trace FILE, --rate R or --concurrency C")
+    if trace is not None:
+        return [(None, traffic.read_trace(trace), trace.name)]
+    lengths = traffic.read_trace(lengths_from) if lengths_from is not None else None
+    common = dict(input_len=input_len, output_len=output_len, length_dist=length_dist,
+                  spread=spread, lengths_from=lengths, shared_prefix=shared_prefix, seed=seed)
+    if talk != (1, 0.0, None):
+        common.update(turns=talk[0], think_time=talk[1], turn_growth=talk[2])
+    if concurrency:
+        return [(None, traffic.generate(n, concurrency=concurrency, **common),
+                 f"{concurrency} users")]
+    rates = numbers("--rate", rate, float, minimum=0.0)
+    if any(r <= 0 for r in rates):
+        fail(f"--rate: expected request rates > 0, got {rate}")
+    if any(math.isinf(r) for r in rates):
+        typer.echo(f"warning: --rate inf: all {n:,} requests arrive at t=0 (vLLM's "
+                   "--request-rate inf)", err=True)
+    return [(r, traffic.generate(n, rate=r, arrival=arrival, burstiness=burstiness, **common),
+             f"{r:g} req/s") for r in rates]

@@ -1,0 +1,82 @@
+"""The 80% band on a priced time, from the device's per-class kernel bands.
+
+A priced step carries each operator's error class (``StepCost.error_codes``, codes of
+``cost.error_class``); ``class_seconds`` sums its time per class, and sums of steps (a phase,
+a request) add those per-class totals, so the band is built from the operators up, never
+from a reported total.
+
+The device's ``uncertainty:`` block (``specs.uncertainty``) says a kernel of class ``c``
+predicted at ``t`` is measured in ``[t / (1 + q90_c), t / (1 + q10_c)]`` four times in five.
+How the operators' errors combine (``band``):
+
+- within a class, fully correlated: one kernel family's bias holds over all its calls, in
+  every layer, step and phase, so the class's total ``T_c`` has the band
+  ``[lo_c, hi_c] = [T_c / (1 + q90_c), T_c / (1 + q10_c)]`` (a sum of calls does not
+  average its error away);
+- across classes, independent (a GEMM library's error says nothing of the attention
+  kernel's): the deviations below the centre, ``T_c - lo_c``, add in quadrature, and so do
+  those above, ``hi_c - T_c``, around the centre ``T = sum T_c``:
+  ``low = T - sqrt(sum (T_c - lo_c)^2)``, ``high = T + sqrt(sum (hi_c - T_c)^2)``.
+  A class whose band lies wholly on one side of its centre (every held-out kernel
+  over- or under-predicted: a bias) first moves the centre by its near edge, linearly, and
+  the rest of its band adds in quadrature as above.
+
+The centre is never moved by the band (the band is around the estimate, which stays the
+estimate); a class the block does not list counts as exact. ``rule="linear"`` (classes
+fully correlated too: deviations add) is the pessimistic alternative the coverage report
+(reports/kernels/coverage.py) compares against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.specs.uncertainty import ERROR_CLASSES, Uncertainty
+
+RULES = ("quadrature", "linear")
+
+
+def class_seconds(time_s: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """(classes, N): ``time_s`` (operators, N) summed per error class (``codes``, same shape
+    or broadcastable: each operator's class in each row)."""
+    codes = np.broadcast_to(codes, time_s.shape)
+    out = np.zeros((len(ERROR_CLASSES), *time_s.shape[1:]))
+    for k in np.unique(codes).tolist():
+        out[k] = np.where(codes == k, time_s, 0.0).sum(axis=0)
+    return out
+
+
+def band(class_s: np.ndarray, unc: Uncertainty, rule: str = "quadrature"
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) of the total of ``class_s`` (classes, ...): the module docstring's rule."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
+    class_s = np.asarray(class_s, dtype=float)
+    total = class_s.sum(axis=0)
+    shift = np.zeros_like(total)
+    below, above = [], []
+    for k, name in enumerate(ERROR_CLASSES):
+        if name not in unc.q10:
+            continue
+        t = class_s[k]
+        lo, hi = t / (1.0 + unc.q90[name]), t / (1.0 + unc.q10[name])
+        s = np.maximum(lo - t, 0.0) + np.minimum(hi - t, 0.0)     # a one-sided band's bias
+        shift = shift + s
+        below.append(t + s - lo)
+        above.append(hi - t - s)
+    if not below:
+        return total, total
+    down, up = np.stack(below), np.stack(above)
+    if rule == "linear":
+        return total + shift - down.sum(axis=0), total + shift + up.sum(axis=0)
+    return (total + shift - np.sqrt((down ** 2).sum(axis=0)),
+            total + shift + np.sqrt((up ** 2).sum(axis=0)))
+
+
+def edges(time_s: np.ndarray, codes: np.ndarray, unc: Uncertainty | None
+          ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(low, high) per row of operators ``time_s`` (operators, N) of classes ``codes``;
+    None without a band."""
+    if unc is None:
+        return None
+    return band(class_seconds(time_s, codes), unc)

@@ -1,0 +1,263 @@
+"""Read aiconfigurator-core's measured kernel tables into corpus rows (``kernels.corpus``).
+
+aiconfigurator-core (NVIDIA, Apache-2.0) ships, per device, op family, engine and engine
+version, parquet tables of latencies in milliseconds timed by its collector
+(github.com/ai-dynamo/aiconfigurator, ``collector/``):
+``systems/data/<device>/<family>/<engine>/<version>/<table>.parquet``. One function per
+table kind maps its rows to the shapes and dtypes ``compare.forms`` prices; what the
+collector timed decides the row form:
+
+- ``gemm_perf``: the framework's linear forward. vLLM times ``RowParallelLinear.forward``,
+  which for fp8 quantizes the activations with a per-tensor dynamic scale before CUTLASS's
+  scaled_mm (``act_quant`` tensor), for fp8_block / nvfp4 per 128-element group / 16-element
+  block (token); SGLang times ``sgl_per_token_quant_fp8`` + ``fp8_scaled_mm`` (token),
+  ``per_token_group_quant_fp8`` + DeepGEMM, ``fp4_quantize`` + ``mm_fp4``; TRT-LLM's fp8
+  ``Linear`` runs its dynamic quantization (tensor). Replayed from a CUDA graph (timing
+  kernel), except vLLM's fp8_block, timed eagerly (stream).
+- ``context_attention_perf`` / ``generation_attention_perf``: the backend's forward, which
+  stores the new K/V into the paged cache and attends (vLLM's ``collect_attn.py`` calls
+  ``do_kv_cache_update`` first where the forward does not): ``kv_write`` 1. Generation rows
+  attend ``step`` cached positions plus the new token (kv_len = step + 1); context rows
+  ``isl`` new tokens after ``step`` cached ones.
+- ``moe_perf``: the fused MoE layer (both grouped GEMMs and the gated activation) of
+  ``num_tokens`` tokens on one device of ``moe_tp_size`` x ``moe_ep_size``; routing
+  ``balanced`` is skew 0, ``power_law_<s>`` Zipf exponent s (``cost.routing``).
+- ``nccl_perf`` (NCCL's own kernels: all_reduce, alltoall, all_gather, reduce_scatter) and
+  ``custom_allreduce_perf`` (the engines' custom all-reduce, ``algorithm`` custom):
+  ``message_size`` counts elements (``collect_nccl.py``: size // bytes_per_element).
+
+Every other table (MLA and its BMMs, sparse / compressed attention modules, KDA, GDN,
+Mamba2, mHC, DeepEP and MoE all-to-all, wide-EP modules, quantization kernels) is kept
+with its op name and time and no formula.
+
+Left out (counted in the manifest): rows the database derives rather than measures —
+kernel sources named ``<a>_minus_<b>`` (vLLM's ``computescale_perf`` is the difference of
+two timed kernels: kernel_source_backends.yaml calls it a "derived overhead measure");
+tables a ``reuse.yaml`` lists are another version's data at query time and are never read
+from the donor (only the parquet files present in a version's folder are: those hold that
+version's own timings); rows without a positive latency; beam search (beam_width > 1).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.specs.errors import SpecError
+
+SOURCE = "aiconfigurator-core"
+# aiconfigurator's system names -> our hardware file names (others keep theirs)
+DEVICES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "a100_sxm": "a100-80gb-sxm",
+           "b200_sxm": "b200", "l40s": "l40s", "l4": "l4",
+           "rtx_pro_6000_server": "rtx-pro-6000", "h100_pcie": "h100-pcie",
+           "a100_pcie": "a100-80gb-pcie", "b300_sxm": "b300"}
+# quantization mode -> (compute dtype, weight_format, weight_dtype, act_quant)
+GEMM_DTYPES = {
+    "bfloat16": ("bf16", "", "", ""), "float16": ("fp16", "", "", ""),
+    "fp8": ("fp8", "", "", "tensor"), "fp8_block": ("fp8", "fp8-block128", "", "token"),
+    "nvfp4": ("fp4", "nvfp4", "", "token"), "int8_wo": ("bf16", "", "int8", ""),
+    "int4_wo": ("bf16", "w4a16-g128", "", ""), "sq": ("int8", "", "", "token"),
+    "w4a16_mxfp4": ("bf16", "mxfp4", "", ""), "w4a8_mxfp4_mxfp8": ("fp8", "mxfp4", "", "token"),
+    "w4afp8": ("fp8", "", "int4", "token"),
+}
+ATTENTION_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8",
+                    "int8": "int8"}
+COMM_DTYPES = {"half": ("fp16", 2), "bfloat16": ("bf16", 2), "float16": ("fp16", 2),
+               "int8": ("int8", 1), "float": ("fp32", 4)}
+COMM_OPS = {"all_reduce": "all_reduce", "alltoall": "all_to_all"}
+
+
+def data_root() -> Path:
+    """The installed aiconfigurator-core's ``systems/data`` folder; SpecError if absent."""
+    try:
+        import aiconfigurator_core
+    except ImportError:
+        raise SpecError("aiconfigurator: package aiconfigurator-core is not installed; "
+                        "expected pip install aiconfigurator-core") from None
+    root = Path(aiconfigurator_core.__file__).parent / "systems" / "data"
+    if not root.is_dir():
+        raise SpecError(f"{root}: expected aiconfigurator-core's systems/data folder")
+    return root
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aiconfigurator-core")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def collection(folder: Path) -> str:
+    """The ``provenance`` its ``collection_meta.yaml`` gives a version folder's tables
+    (collected, local, legacy), '' without one."""
+    import yaml
+
+    meta = folder / "collection_meta.yaml"
+    if not meta.is_file():
+        return ""
+    try:
+        data = yaml.safe_load(meta.read_text()) or {}
+    except yaml.YAMLError:
+        return ""
+    return str(data.get("provenance") or "") if isinstance(data, dict) else ""
+
+
+def _ms(df) -> np.ndarray:
+    return df["latency"].to_numpy(dtype=float) * 1e-3
+
+
+def _col(df, name: str, default: object = 0):
+    return df[name] if name in df.columns else default
+
+
+def gemm(df) -> tuple[dict, np.ndarray]:
+    """Columns of ``gemm_perf`` rows (and which rows have a known dtype)."""
+    modes = df["gemm_dtype"].astype(str)
+    known = modes.isin(list(GEMM_DTYPES)).to_numpy()
+    spec = [GEMM_DTYPES.get(x, ("", "", "", "")) for x in modes]
+    eager = (df["framework"].astype(str).str.upper() == "VLLM") & (modes == "fp8_block")
+    return {"op": "gemm", "dtype": [s[0] for s in spec], "weight_format": [s[1] for s in spec],
+            "weight_dtype": [s[2] for s in spec], "act_quant": [s[3] for s in spec],
+            "m": df["m"], "n": df["n"], "k": df["k"],
+            "timing": np.where(eager, "stream", "kernel")}, known
+
+
+def attention(df, generation: bool) -> tuple[dict, np.ndarray]:
+    """Columns of ``context_attention_perf`` / ``generation_attention_perf`` rows."""
+    step = df["step"].to_numpy(dtype=float)
+    isl = df["isl"].to_numpy(dtype=float)
+    heads = df["num_heads"].to_numpy(dtype=float)
+    kv_heads = df["num_key_value_heads"].to_numpy(dtype=float)
+    dtype = df["attn_dtype"].astype(str).map(ATTENTION_DTYPES)
+    kv = df["kv_cache_dtype"].astype(str).map(ATTENTION_DTYPES)
+    window = np.nan_to_num(np.asarray(_col(df, "window_size", 0), dtype=float))
+    known = (dtype.notna() & kv.notna()).to_numpy() \
+        & (np.asarray(_col(df, "beam_width", 1), dtype=float) <= 1)
+    q_len = np.ones_like(isl) if generation else isl
+    return {"op": "attention", "dtype": dtype.fillna(""), "kv_dtype": kv.fillna(""),
+            "batch": df["batch_size"], "q_len": q_len, "kv_len": step + q_len,
+            "n_heads": heads, "n_kv_heads": np.where(kv_heads > 0, kv_heads, heads),
+            "head_dim": df["head_dim"], "window": np.broadcast_to(window, step.shape),
+            "kv_write": 1, "timing": "kernel"}, known
+
+
+def _skew(names) -> np.ndarray:
+    out = []
+    for name in names.astype(str):
+        if name in ("balanced", "uniform"):
+            out.append(0.0)
+        elif name.startswith("power_law_") and name[10:].replace(".", "", 1).isdigit():
+            out.append(float(name[10:]))
+        else:
+            out.append(np.nan)
+    return np.array(out)
+
+
+def moe(df) -> tuple[dict, np.ndarray]:
+    """Columns of ``moe_perf`` rows."""
+    modes = df["moe_dtype"].astype(str)
+    spec = [GEMM_DTYPES.get(x, ("", "", "", "")) for x in modes]
+    skew = _skew(df["distribution"])
+    tp = np.maximum(df["moe_tp_size"].to_numpy(dtype=float), 1)
+    known = modes.isin(list(GEMM_DTYPES)).to_numpy() & np.isfinite(skew)
+    return {"op": "moe", "dtype": [s[0] for s in spec], "weight_format": [s[1] for s in spec],
+            "weight_dtype": [s[2] for s in spec], "act_quant": [s[3] for s in spec],
+            "m": df["num_tokens"], "n": df["hidden_size"],
+            "k": np.floor(df["inter_size"].to_numpy(dtype=float) / tp),
+            "experts": df["num_experts"], "topk": df["topk"], "ep": df["moe_ep_size"],
+            "tp": df["moe_tp_size"], "skew": np.nan_to_num(skew),
+            "distribution": df["distribution"], "timing": "kernel"}, known
+
+
+def comm(df, custom: bool) -> tuple[dict, np.ndarray]:
+    """Columns of ``nccl_perf`` / ``custom_allreduce_perf`` rows (message_size elements)."""
+    dcol = "allreduce_dtype" if custom else "nccl_dtype"
+    spec = [COMM_DTYPES.get(x, ("", 0)) for x in df[dcol].astype(str)]
+    size = np.array([s[1] for s in spec], dtype=float)
+    ops = df["op_name"].astype(str).map(lambda x: COMM_OPS.get(x, x))
+    kernel = df["kernel_source"].astype(str) if "kernel_source" in df.columns else ""
+    eager = kernel.str.contains("eager") if custom else False
+    return {"op": ops, "dtype": [s[0] for s in spec],
+            "message_bytes": df["message_size"].to_numpy(dtype=float) * size,
+            "n_devices": df["num_gpus"], "algorithm": "custom" if custom else "nccl",
+            "timing": np.where(eager, "stream", "kernel")}, size > 0
+
+
+def other(df) -> tuple[dict, np.ndarray]:
+    """A table with no formula: its op name and time only."""
+    op = df["op_name"].astype(str) if "op_name" in df.columns else "unknown"
+    return {"op": op}, np.ones(len(df), dtype=bool)
+
+
+READERS: dict[str, Callable] = {
+    "gemm_perf": gemm,
+    "context_attention_perf": lambda df: attention(df, False),
+    "generation_attention_perf": lambda df: attention(df, True),
+    "moe_perf": moe,
+    "nccl_perf": lambda df: comm(df, False),
+    "custom_allreduce_perf": lambda df: comm(df, True),
+}
+
+
+def read_table(path: Path, skipped: Counter):
+    """Corpus rows (pandas) of one parquet table; rows left out are counted in ``skipped``
+    by reason."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    device_dir, _family, engine, version = path.parts[-5:-1]
+    table = path.stem
+    df = pq.read_table(path).to_pandas()
+    if "latency" not in df.columns:
+        if "avg_ms" in df.columns:
+            df = df.assign(latency=df["avg_ms"])
+        else:       # DeepEP tables: dispatch / combine times in us
+            us = [c for c in df.columns if c.endswith("_t_us") or c.endswith("transmit_us")]
+            df = df.assign(latency=df[us].sum(axis=1) * 1e-3 if us else np.nan)
+    kernel = df["kernel_source"].astype(str) if "kernel_source" in df.columns \
+        else pd.Series([""] * len(df))
+    derived = kernel.str.contains("_minus_").to_numpy()
+    latency = df["latency"].to_numpy(dtype=float)
+    positive = np.isfinite(latency) & (latency > 0)
+    columns, known = READERS.get(table, other)(df)
+    keep = ~derived & positive & np.asarray(known, dtype=bool)
+    skipped[f"{table}: derived (kernel source '<a>_minus_<b>')"] += int(derived.sum())
+    skipped[f"{table}: no positive latency"] += int((~derived & ~positive).sum())
+    skipped[f"{table}: unknown dtype, routing or beam search"] += int(
+        (~derived & positive & ~np.asarray(known, dtype=bool)).sum())
+    out = pd.DataFrame({k: v if np.ndim(v) == 0 else np.asarray(v)
+                        for k, v in columns.items()}, index=df.index)
+    out = out.assign(device=DEVICES.get(device_dir, device_dir.replace("_", "-")),
+                     source=SOURCE, source_version=package_version(), engine=engine,
+                     engine_version=version, kernel=kernel.to_numpy(), table=table,
+                     measured_s=_ms(df))
+    return _integers(out[keep])
+
+
+def _integers(df):
+    """Numeric columns whose values are whole numbers as integers (blanks stay blank)."""
+    for name in df.columns:
+        if df[name].dtype.kind == "f" and name != "measured_s":
+            values = df[name].to_numpy()
+            finite = values[np.isfinite(values)]
+            if np.all(finite == np.floor(finite)):
+                df[name] = df[name].astype("Int64")
+    return df
+
+
+def tables(root: Path, devices: list[str] | None = None, engines: list[str] | None = None
+           ) -> list[Path]:
+    """Every parquet table under ``root`` (``<device>/<family>/<engine>/<version>/``),
+    filtered by our device name and engine."""
+    out = []
+    for path in sorted(root.glob("*/*/*/*/*.parquet")):
+        device_dir, _, engine, _ = path.parts[-5:-1]
+        name = DEVICES.get(device_dir, device_dir.replace("_", "-"))
+        if (not devices or name in devices) and (not engines or engine in engines):
+            out.append(path)
+    return out

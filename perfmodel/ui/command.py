@@ -1,0 +1,51 @@
+"""CLI command ``ui``: serve the browser page on this machine and open it.
+
+Module level: typer and the standard library only (the server is imported when the command
+runs, so ``perfmodel --help`` stays fast). No ``from __future__ import annotations``: typer
+reads the Annotated option types.
+"""
+
+from typing import Annotated
+
+import typer
+
+Opt = typer.Option
+
+
+def ui_cmd(
+    host: Annotated[str, Opt(help=(
+        "address to listen on; 127.0.0.1 (the default) answers this machine only, "
+        "0.0.0.0 every network it is on"))] = "127.0.0.1",
+    port: Annotated[int, Opt(min=0, max=65535, help="port (0: any free one)")] = 8765,
+    browser: Annotated[bool, Opt(help="open the page in the default browser")] = True,
+    log: Annotated[bool, Opt(help="print each request on stderr")] = False,
+) -> None:
+    """Explore a deployment in the browser: estimate, roofline, batch curves, simulation
+    and plan, each with the command line that reproduces it. Offline; Ctrl-C stops it."""
+    import signal
+    import webbrowser
+
+    from perfmodel.cli.errors import fail
+    from perfmodel.ui.server import Server
+
+    try:
+        server = Server(host, port, quiet=not log)
+    except OSError as exc:
+        fail(f"--port: cannot listen on {host}:{port} ({exc.strerror or exc}), expected a "
+             "free port (--port 0 picks one)")
+    scope = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else \
+        f"every client that can reach {host}: the page has no login"
+    typer.echo(f"perfmodel ui: serving {server.url} ({scope}); Ctrl-C stops it", err=True)
+    if browser:
+        webbrowser.open(server.url)
+    signal.signal(signal.SIGTERM, _interrupt)   # kill: stop as Ctrl-C does, uploads removed
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        typer.echo("perfmodel ui: stopped", err=True)
+    finally:
+        server.server_close()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
