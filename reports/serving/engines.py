@@ -78,9 +78,10 @@ def engines_prefix() -> list[str]:
             "shared by all and 300 tokens of each one's own, 64 output tokens.", "",
             *_table(["engine", "prefix hit rate", "mean TTFT ms", "p99 TTFT ms"], rows),
             "The cache's granularity decides the hit: SGLang's radix tree matches tokens "
-            "(page size 1: all 2,000), vLLM full 16-token blocks (1,984), TensorRT-LLM full "
-            "32-token blocks (1,984); TensorRT-LLM also holds a new request back a step when "
-            "an earlier one in the batch is computing the block it would reuse.", ""]
+            "(page size 1: all 2,000), vLLM full 16-token blocks (all 2,000: 125 blocks), "
+            "TensorRT-LLM full 32-token blocks (1,984); TensorRT-LLM also holds a new request "
+            "back a step when an earlier one in the batch is computing the block it would "
+            "reuse.", ""]
 
 
 def conversations() -> list[str]:
