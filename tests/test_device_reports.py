@@ -24,9 +24,10 @@ from reports.device.analyse import (
     read_steps,
 )
 from reports.device.write import write_readme
+from tests.datasheet import datasheet
 from validate.suites import Step
 
-H200 = pm.hardware("h200-sxm")
+H200 = datasheet("h200-sxm")    # the hand derivations name its datasheet constants
 
 
 @pytest.mark.parametrize("dev", DEVICES, ids=lambda d: d.key)

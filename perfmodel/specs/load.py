@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from perfmodel.specs import engines
-from perfmodel.specs.dtypes import DTYPE_BYTES, DTYPES
+from perfmodel.specs.dtypes import DTYPES
+from perfmodel.specs.efficiency_block import read_efficiency
 from perfmodel.specs.errors import SpecError, did_you_mean
 from perfmodel.specs.fields import Fields, read_mapping
-from perfmodel.specs.hardware import DequantKernel, Efficiency, Hardware, Interconnect
-from perfmodel.specs.kinds import OWN_FRACTION, OWN_LATENCY
+from perfmodel.specs.hardware import Efficiency, Hardware, Interconnect
 from perfmodel.specs.model import Model
 from perfmodel.specs.schema import MODEL_KEYS, check_version, model_from_fields
 from perfmodel.specs.uncertainty import read_uncertainty
@@ -187,119 +187,9 @@ def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
 
 
 def _efficiency(f: Fields, sources: dict[str, str], scan_kernel: str) -> Efficiency:
-    """The ``efficiency:`` block; ``scan_kernel`` is the default of the file's vendor."""
-    out = Efficiency(
-        gemm_fraction=f.quantity("gemm_fraction", "number", maximum=1.0),
-        memory_fraction=f.quantity("memory_fraction", "number", maximum=1.0),
-        collective_fraction=f.quantity("collective_fraction", "number", 0.8, maximum=1.0),
-        gemm_tile_m=f.integer("gemm_tile_m", 128),
-        gemm_tile_n=f.integer("gemm_tile_n", 128),
-        gemm_tiles=_gemm_tiles(f),
-        kernel_latency_s=f.quantity("kernel_latency_s", "s", positive=False),
-        launch_overhead_s=f.quantity("launch_overhead_s", "s", positive=False),
-        gemm_k_half=f.quantity("gemm_k_half", "number", 128.0, positive=False),
-        attention_fraction=_optional_fraction(f, "attention_fraction"),
-        attention_tile_q=_tile_steps(f, "attention_tile_q", 128),
-        attention_tile_kv=f.integer("attention_tile_kv", 64),
-        attention_clip_kv=f.flag("attention_clip_kv", False),
-        attention_pack_gqa=f.flag("attention_pack_gqa", True),
-        attention_decode_pack_gqa=f.flag("attention_decode_pack_gqa", True),
-        attention_program_keys=f.quantity("attention_program_keys", "number", 0.0,
-                                          positive=False),
-        attention_decode_tile_q=f.integer("attention_decode_tile_q", 0, minimum=0),
-        attention_head_dim_half=f.quantity("attention_head_dim_half", "number", 0.0,
-                                           positive=False),
-        attention_append_kv=f.flag("attention_append_kv", False),
-        memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
-        gemm_overlap=f.flag("gemm_overlap", True),
-        gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),
-        gemm_n_half=f.quantity("gemm_n_half", "number", 0.0, positive=False),
-        gemm_memory_fraction=_optional_fraction(f, "gemm_memory_fraction"),
-        gemv_memory_fraction=_optional_fraction(f, "gemv_memory_fraction"),
-        gemv_k_half=f.quantity("gemv_k_half", "number", 0.0, positive=False),
-        kernel_memory_fraction=_per_kind(f.sub("kernel_memory_fraction", required=False),
-                                         "number", memory_only=True),
-        kernel_unit_bytes_per_s=_per_kind(f.sub("kernel_unit_bytes_per_s", required=False),
-                                          "bytes_per_s", memory_only=True),
-        kernel_latency_by_kind=_per_kind(f.sub("kernel_latency_by_kind", required=False), "s",
-                                         memory_only=False),
-        parallel_grain_elements=f.integer("parallel_grain_elements", 0, minimum=0),
-        launch_mode=f.text("launch_mode", "async", ("async", "sync")),
-        layer_overhead_s=f.quantity("layer_overhead_s", "s", 0.0, positive=False),
-        scan_kernel=f.text("scan_kernel", scan_kernel, ("fused", "unfused")),
-        alu_ops_per_clock_per_unit=f.quantity("alu_ops_per_clock_per_unit", "number", 128.0),
-        alu_clock_hz=f.quantity("alu_clock_hz", "number", 0.0, positive=False),
-    )
-    kernels = f.sub("dequant", required=False)
-    if kernels is not None:
-        table = {}
-        for dtype in list(kernels.data):
-            if dtype not in DTYPES or DTYPE_BYTES[dtype] >= 2:
-                raise kernels.error(dtype, "expected a weight dtype narrower than 16 bits: "
-                                    + ", ".join(d for d in DTYPES if DTYPE_BYTES[d] < 2))
-            k = kernels.sub(dtype)
-            table[dtype] = DequantKernel(
-                ops_per_weight=k.quantity("ops_per_weight", "number", positive=False),
-                tile_m=k.integer("tile_m", 16), overlap=k.flag("overlap", False))
-            k.finish()
-        kernels.finish()
-        if table and not out.alu_clock_hz:
-            raise f.error("alu_clock_hz", "required with dequant: the clock the SMs convert at")
-        out = replace(out, dequant=table)
+    """The ``efficiency:`` block (``specs.efficiency_block``) and its source."""
+    out = read_efficiency(f, scan_kernel)
     _sources(f, "efficiency", sources)
-    f.finish()
-    return out
-
-
-def _tile_steps(f: Fields, key: str, default: int) -> tuple[tuple[int, int], ...]:
-    """A tile size, or a mapping {min q_len: tile} for a kernel that picks it by length."""
-    value = f.raw(key, default)
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise f.error(key, f"expected an integer >= 1, got {value}")
-        return ((1, value),)
-    if isinstance(value, dict) and value:
-        steps = []
-        for k, v in value.items():
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1 or \
-                    isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise f.error(key, f"expected integer q_len: tile pairs >= 1, got {k!r}: {v!r}")
-            steps.append((k, v))
-        return tuple(sorted(steps))
-    raise f.error(key, f"expected an integer or a mapping {{min q_len: tile}}, got {value!r}")
-
-
-def _gemm_tiles(f: Fields) -> tuple[tuple[int, int], ...]:
-    """``gemm_tiles``: a list of [rows, columns] output tiles (each at least 1), or none."""
-    value = f.raw("gemm_tiles", [])
-    pairs = value if isinstance(value, list) else [None]
-    for pair in pairs:
-        if not (isinstance(pair, list) and len(pair) == 2 and all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair)):
-            raise f.error("gemm_tiles", "expected a list of [rows, columns] tiles, integers "
-                          f">= 1, e.g. [[128, 256], [128, 128]]; got {value!r}")
-    return tuple((m, n) for m, n in pairs)
-
-
-def _optional_fraction(f: Fields, key: str) -> float | None:
-    return f.quantity(key, "number", maximum=1.0) if f.has(key) else f.raw(key, None)
-
-
-def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float]:
-    """A mapping kernel kind -> value (a fraction in (0, 1], or a non-negative time); the
-    kinds allowed are the registry's (``specs.kinds``)."""
-    if f is None:
-        return {}
-    # attention streams its KV cache at a fraction of its own (calibrate --from fits it)
-    kinds = (*OWN_FRACTION, "attention") if memory_only else OWN_LATENCY
-    out = {}
-    for kind in list(f.data):
-        if kind not in kinds:
-            what = "a memory-bound kernel kind or attention" if memory_only \
-                else "a kernel kind"
-            raise f.error(kind, f"expected {what}: {', '.join(kinds)}")
-        out[kind] = f.quantity(kind, unit, maximum=1.0) if unit == "number" \
-            else f.quantity(kind, unit, positive=False)
     f.finish()
     return out
 
