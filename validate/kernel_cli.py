@@ -87,7 +87,9 @@ def run_all(rows: Rows, report: Path, write_hardware: bool) -> None:
     report.mkdir(parents=True, exist_ok=True)
     text = ["# Calibrated from measured kernels", "",
             "Regenerate: `perfmodel calibrate --from aiconfigurator --all --write-hardware`",
-            ""]
+            "", "Median |predicted/measured - 1|: before (the file's constants when the fit ran: "
+            "on a rerun, the previous fit's), held out (5 folds by shape family), held-out "
+            "signed median, leave one device out (the family's other devices' fit).", ""]
     for engine, cals in by_engine.items():
         text += [f"## {engine}", "", kc.table(cals), ""]
     (report / "README.md").write_text("\n".join(text))
