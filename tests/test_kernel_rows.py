@@ -109,3 +109,31 @@ def test_from_names_a_corpus_or_tables(tmp_path) -> None:
     make_tree(tmp_path / "data")
     with pytest.raises(SpecError, match="--hardware: mi300x: no aiconfigurator tables"):
         load_sets("mi300x", "vllm", Rows(tmp_path / "data"))
+
+
+def test_family_band_pools_the_family_leave_one_out_residuals(tmp_path) -> None:
+    """h100-pcie and h100-nvl (Hopper, no measurements) borrow q10 / q90 of h100-sxm's and
+    h200-sxm's leave-one-device-out residuals pooled; the shipped file then loads with it."""
+    import perfmodel as pm
+    from perfmodel.specs.load import load_hardware
+    from validate import kernel_write as kw
+    from validate.kernel_calibrate import Calibration, family_bands
+
+    def cal(name, errors):
+        c = Calibration(name, "vllm", [], {"source": "aiconfigurator-core 0.12.0 (x): y"},
+                        pm.hardware(name), {})
+        c.lodo_errors = {"gemm": np.array(errors)}
+        return c
+
+    cals = {"h100-sxm": cal("h100-sxm", np.arange(0, 50) / 100),
+            "h200-sxm": cal("h200-sxm", np.arange(50, 101) / 100)}
+    bands = family_bands(cals)
+    assert sorted(bands) == ["h100-nvl", "h100-pcie"]
+    band = bands["h100-pcie"]
+    assert band["source"] == "leave-one-device-out, hopper"
+    assert band["error_q10"] == {"gemm": 0.1} and band["error_q90"] == {"gemm": 0.9}
+    path = tmp_path / "h100-pcie.yaml"
+    text = kw.shipped_path("h100-pcie").read_text()
+    path.write_text(kw.band_text(kw.band_text(text, band), band))    # replaced, not doubled
+    hw = load_hardware(path)
+    assert hw.uncertainty.family == "hopper" and hw.uncertainty.q90 == {"gemm": 0.9}
