@@ -309,3 +309,21 @@ def test_step_codes_are_error_class_of_each_record() -> None:
         assert list(got[live]) == list(np.broadcast_to(want, got.shape)[live]), rec.name
         seen |= set(want.tolist())
     assert {"gemm", "gemv", "moe", "attention_decode", "attention_prefill", "memory"} <= seen
+
+
+def test_a_configuration_band_does_not_depend_on_its_neighbours() -> None:
+    """Bit for bit: a column's class seconds and band are the same priced alone or beside
+    others (seeded; 15 operators of 8 classes, numpy's pairwise sum of a lone column would
+    add them in another order)."""
+    rng = np.random.default_rng(7)
+    time_s = rng.uniform(1e-6, 1e-3, (15, 16))
+    codes = rng.integers(0, len(ERROR_CLASSES), (15, 1))
+    unc = Uncertainty("t", dict.fromkeys(ERROR_CLASSES, -0.1),
+                      dict.fromkeys(ERROR_CLASSES, 0.2))
+    wide = class_seconds(time_s, codes)
+    low, high = band(wide, unc)
+    for j in range(16):
+        alone = class_seconds(time_s[:, j:j + 1], codes)
+        assert np.array_equal(alone[:, 0], wide[:, j])
+        lo, hi = band(alone, unc)
+        assert lo[0] == low[j] and hi[0] == high[j]
