@@ -99,3 +99,24 @@ def test_cli_writes_the_report_and_fails_in_one_line(corpus, tmp_path):
     assert missing.exit_code == 2 and "expected a corpus folder" in missing.output
     only_b60 = runner.invoke(cli, ["kernels", "compare", str(corpus), "--device", "b60"])
     assert only_b60.exit_code == 2 and "without one: b60" in only_b60.output
+
+
+def test_each_engine_priced_with_its_own_block(tmp_path):
+    """One GEMM row written with an error of +10% against H100's SGLang view: compare reads
+    it back as +10% in the sglang file (its ``engines.sglang`` block), and as the vLLM
+    view's own error in a vllm file; a source that is no engine (nccl) gets the top-level
+    (vLLM) figures."""
+    sglang = hardware("h100-sxm", "sglang")
+    assert sglang.efficiency.gemm_fraction != H100.efficiency.gemm_fraction   # a real block
+    row = gemm(4096) | {"measured_s": "1"}
+    t_sglang = predict_rows([row], sglang, "auto")[0]["predicted_s"]
+    t_vllm = predict_rows([row], H100, "auto")[0]["predicted_s"]
+    measured = repr(t_sglang / 1.1)
+    for engine in ("sglang", "vllm", "nccl"):
+        write_frame(pd.DataFrame([row | {"engine": engine, "measured_s": measured}]),
+                    tmp_path / file_name("h100-sxm", engine))
+    got = compare_files(tmp_path, sample=0)["rows"].set_index("engine")["error"]
+    assert got["sglang"] == pytest.approx(0.1)
+    assert got["vllm"] == pytest.approx(t_vllm / float(measured) - 1)
+    assert got["nccl"] == pytest.approx(got["vllm"])
+    assert abs(got["vllm"] - 0.1) > 0.01                # the two views differ on this shape

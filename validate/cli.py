@@ -69,7 +69,8 @@ def calibrate(
     progress: ProgressOpt = True,
     from_: Annotated[str | None, typer.Option(
         "--from", help="fit a shipped device to measured kernels instead of measuring: "
-                       "'aiconfigurator' (the installed aiconfigurator-core's tables) or its "
+                       "'aiconfigurator' (the installed aiconfigurator-core's tables), a "
+                       "corpus folder (perfmodel kernels import aiconfigurator) or its "
                        "systems/data folder; no torch needed")] = None,
     hardware: Annotated[str | None, typer.Option(
         "--hardware", "-H", help="with --from: the shipped device to fit")] = None,

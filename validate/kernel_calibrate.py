@@ -1,6 +1,7 @@
 """``perfmodel calibrate --from``: a shipped device's constants from measured kernels.
 
-For one device and engine: read its measured kernels (``aic_tables``), price them with the
+For one device and engine: read its measured kernels (``kernel_rows``: a kernel corpus, or
+aiconfigurator-core's tables read in memory by the same reader), price them with the
 shipped YAML (before), fit the constants (``kernel_fit``), measure the fit on shapes it
 never saw (5 folds by shape family) and, for a family of devices, on a device it never saw
 (leave one device out: the family's other devices fitted together predict it). The result
@@ -17,7 +18,6 @@ import numpy as np
 import perfmodel as pm
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
-from validate.aic_tables import DEVICES, load_sets
 from validate.kernel_fit import (
     INTERCONNECT,
     PARAMETERS,
@@ -27,11 +27,12 @@ from validate.kernel_fit import (
     held_out,
     summary,
 )
+from validate.kernel_rows import Rows, load_sets
 from validate.kernel_sets import KernelSet
 
 FAMILIES = {
     "ampere": ("a100-80gb-sxm", "a100-80gb-pcie", "a30"),
-    "hopper": ("h100-sxm", "h100-pcie", "h200-sxm"),
+    "hopper": ("h100-sxm", "h100-pcie", "h100-nvl", "h200-sxm"),
     "blackwell": ("b200", "b300", "gb200", "gb300"),
     "ada": ("l40s", "l4"),
 }
@@ -58,30 +59,32 @@ class Calibration:
     before: dict[str, dict] = field(default_factory=dict)
     held: dict[str, dict] = field(default_factory=dict)
     lodo: dict[str, dict] = field(default_factory=dict)
+    lodo_errors: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def fitted(self) -> Hardware:
         return apply(self.base, self.values)
 
 
-def available(engine: str = "vllm", root=None) -> list[str]:
-    """Shipped devices (a hardware YAML in this checkout) with ``engine`` kernels in the
-    tables (aiconfigurator-core 0.12.0 has empty folders for a100_pcie, a30, h100_pcie
-    and l4)."""
+def shipped(rows: Rows) -> list[str]:
+    """The devices ``rows`` covers that have a hardware YAML in this checkout (rows of a
+    device another branch adds are not fitted here)."""
     out = []
-    for name in DEVICES:
+    for name in rows.devices():
         try:
             pm.hardware(name)
-        except SpecError:   # a device another branch adds: no YAML in this checkout
+        except SpecError:
             continue
-        if load_sets(name, engine, root)[0]:
-            out.append(name)
+        out.append(name)
     return out
 
 
-def calibrate(name: str, engine: str = "vllm", root=None, folds: int = 5) -> Calibration:
-    """Fit ``name``'s constants to its ``engine`` kernels, with the held-out errors."""
-    sets, prov = load_sets(name, engine, root)
+def calibrate(name: str, engine: str = "vllm", rows: Rows | None = None, folds: int = 5,
+              sets: tuple[list[KernelSet], dict] | None = None) -> Calibration:
+    """Fit ``name``'s constants to its ``engine`` kernels (``sets``: already loaded), with
+    the held-out errors; ValueError when there are none (aiconfigurator-core 0.12.0 has
+    empty folders for a100_pcie, a30, h100_pcie and l4)."""
+    sets, prov = sets or load_sets(name, engine, rows)
     if not sets:
         raise ValueError(f"{name}: no {engine} kernels to fit")
     base = pm.hardware(name)
@@ -103,15 +106,44 @@ def leave_one_out(cals: dict[str, Calibration]) -> None:
             continue
         values = fit_devices([(c.base, c.sets) for c in others])
         trial = apply(cal.base, values)
-        cal.lodo = {s.error_class: summary(s.errors(trial)) | {
-            "fitted_on": sorted(c.name for c in others)} for s in cal.sets}
+        cal.lodo_errors = {s.error_class: s.errors(trial) for s in cal.sets}
+        cal.lodo = {k: summary(v) | {"fitted_on": sorted(c.name for c in others)}
+                    for k, v in cal.lodo_errors.items()}
+
+
+def family_bands(cals: dict[str, Calibration]) -> dict[str, dict]:
+    """The ``uncertainty:`` block of each shipped device of a family with no measurements of
+    its own: q10 / q90 of the leave-one-device-out residuals of the family's calibrated
+    devices pooled (each predicted by the others' fit, as this device is by its file), per
+    error class; none where the family has no leave-one-device-out residuals."""
+    out = {}
+    for family, names in FAMILIES.items():
+        done = [cals[n] for n in names if n in cals and cals[n].lodo_errors]
+        if not done:
+            continue
+        classes = dict.fromkeys(k for c in done for k in c.lodo_errors)
+        pooled = {k: np.concatenate([c.lodo_errors[k] for c in done if k in c.lodo_errors])
+                  for k in classes}
+        block = {
+            "source": f"leave-one-device-out, {family}",
+            "note": (f"no {done[0].engine} kernel measurements of this device: residuals of "
+                     f"{', '.join(c.name for c in done)}, each predicted by a fit on the "
+                     f"family's others; "
+                     f"{done[0].provenance['source'].split(':')[0]} {done[0].engine}"),
+            "error_q10": {k: round(float(np.quantile(v, 0.1)), 3) for k, v in pooled.items()},
+            "error_q90": {k: round(float(np.quantile(v, 0.9)), 3) for k, v in pooled.items()},
+        }
+        for name in names:
+            if name not in cals:
+                out[name] = block
+    return out
 
 
 def _round(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def blocks(cal: Calibration, source: str) -> dict:
+def blocks(cal: Calibration, source: str | None = None) -> dict:
     """The YAML blocks of a calibration: efficiency and interconnect values, the
     ``calibration:`` provenance and the ``uncertainty:`` band (q10/q90 of held-out
     residuals)."""
@@ -130,6 +162,7 @@ def blocks(cal: Calibration, source: str) -> dict:
         link["custom_all_reduce_max_bytes"] = int(cal.fitted.interconnect
                                                   .custom_all_reduce_max_bytes)
     versions = cal.provenance["versions"]
+    source = source or cal.provenance["source"]
 
     def per_class(table: dict) -> str:
         return ", ".join(f"{k} {v['median_abs']:.1%}" for k, v in table.items())

@@ -149,6 +149,13 @@ def shipped_text(text: str, blocks: dict, engines: dict | None = None) -> str:
     return out + (_dump(extra) if extra else "")
 
 
+def band_text(text: str, uncertainty: dict) -> str:
+    """``text`` (a shipped hardware YAML of a device without its own fit) with its
+    top-level ``uncertainty:`` block replaced by ``uncertainty``."""
+    lines = _strip_top(text.splitlines(keepends=True), "uncertainty")
+    return "".join(lines).rstrip("\n") + "\n" + _dump({"uncertainty": uncertainty})
+
+
 def shipped_path(name: str) -> Path:
     return HARDWARE_DIR / f"{name}.yaml"
 

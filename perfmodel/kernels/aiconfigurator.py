@@ -17,8 +17,13 @@ collector timed decides the row form:
 - ``context_attention_perf`` / ``generation_attention_perf``: the backend's forward, which
   stores the new K/V into the paged cache and attends (vLLM's ``collect_attn.py`` calls
   ``do_kv_cache_update`` first where the forward does not): ``kv_write`` 1. Generation rows
-  attend ``step`` cached positions plus the new token (kv_len = step + 1); context rows
-  ``isl`` new tokens after ``step`` cached ones.
+  attend ``step`` cached positions plus the new token (kv_len = step + 1: SGLang's
+  ``collect_attn.py`` sizes the sequence ``input_len + 1``, TRT-LLM's caches ``input_len``
+  tokens before its one-token step, vLLM's collector since its 0.24.0 upgrade gives
+  ``seq_lens = input_len + 1``); vLLM tables of an earlier version were timed by the
+  collector before that change, whose ``seq_lens = input_len`` counted the new token in
+  ``step`` (kv_len = step, ``step_counts_query``). Context rows ``isl`` new tokens after
+  ``step`` cached ones.
 - ``moe_perf``: the fused MoE layer (both grouped GEMMs and the gated activation) of
   ``num_tokens`` tokens on one device of ``moe_tp_size`` x ``moe_ep_size``; routing
   ``balanced`` is skew 0, ``power_law_<s>`` Zipf exponent s (``cost.routing``).
@@ -127,8 +132,22 @@ def gemm(df) -> tuple[dict, np.ndarray]:
             "timing": np.where(eager, "stream", "kernel")}, known
 
 
-def attention(df, generation: bool) -> tuple[dict, np.ndarray]:
-    """Columns of ``context_attention_perf`` / ``generation_attention_perf`` rows."""
+def version_key(name: str) -> tuple:
+    """A version folder's name as a sortable tuple (``1.3.0rc20`` after ``1.3.0rc5``)."""
+    return tuple(int(p) if p.isdigit() else -1 for p in
+                 name.replace("rc", ".").replace("post", ".").split("."))
+
+
+def step_counts_query(engine: str, version: str) -> bool:
+    """Whether a generation row's ``step`` already counts the new token: vLLM tables timed
+    before the collector's 0.24.0 upgrade (``seq_lens = [input_len]``, ai-dynamo/aiconfigurator
+    ``collector/vllm/collect_attn.py``; ``input_len + 1`` since)."""
+    return engine == "vllm" and version_key(version) < (0, 24, 0)
+
+
+def attention(df, generation: bool, query_in_step: bool = False) -> tuple[dict, np.ndarray]:
+    """Columns of ``context_attention_perf`` / ``generation_attention_perf`` rows
+    (``query_in_step``: a generation row's ``step`` counts the new token)."""
     step = df["step"].to_numpy(dtype=float)
     isl = df["isl"].to_numpy(dtype=float)
     heads = df["num_heads"].to_numpy(dtype=float)
@@ -139,8 +158,9 @@ def attention(df, generation: bool) -> tuple[dict, np.ndarray]:
     known = (dtype.notna() & kv.notna()).to_numpy() \
         & (np.asarray(_col(df, "beam_width", 1), dtype=float) <= 1)
     q_len = np.ones_like(isl) if generation else isl
+    kv_len = step if generation and query_in_step else step + q_len
     return {"op": "attention", "dtype": dtype.fillna(""), "kv_dtype": kv.fillna(""),
-            "batch": df["batch_size"], "q_len": q_len, "kv_len": step + q_len,
+            "batch": df["batch_size"], "q_len": q_len, "kv_len": kv_len,
             "n_heads": heads, "n_kv_heads": np.where(kv_heads > 0, kv_heads, heads),
             "head_dim": df["head_dim"], "window": np.broadcast_to(window, step.shape),
             "kv_write": 1, "timing": "kernel"}, known
@@ -194,13 +214,14 @@ def other(df) -> tuple[dict, np.ndarray]:
     return {"op": op}, np.ones(len(df), dtype=bool)
 
 
+# table -> reader(df, engine, version)
 READERS: dict[str, Callable] = {
-    "gemm_perf": gemm,
-    "context_attention_perf": lambda df: attention(df, False),
-    "generation_attention_perf": lambda df: attention(df, True),
-    "moe_perf": moe,
-    "nccl_perf": lambda df: comm(df, False),
-    "custom_allreduce_perf": lambda df: comm(df, True),
+    "gemm_perf": lambda df, e, v: gemm(df),
+    "context_attention_perf": lambda df, e, v: attention(df, False),
+    "generation_attention_perf": lambda df, e, v: attention(df, True, step_counts_query(e, v)),
+    "moe_perf": lambda df, e, v: moe(df),
+    "nccl_perf": lambda df, e, v: comm(df, False),
+    "custom_allreduce_perf": lambda df, e, v: comm(df, True),
 }
 
 
@@ -224,7 +245,7 @@ def read_table(path: Path, skipped: Counter):
     derived = kernel.str.contains("_minus_").to_numpy()
     latency = df["latency"].to_numpy(dtype=float)
     positive = np.isfinite(latency) & (latency > 0)
-    columns, known = READERS.get(table, other)(df)
+    columns, known = READERS.get(table, lambda d, e, v: other(d))(df, engine, version)
     keep = ~derived & positive & np.asarray(known, dtype=bool)
     skipped[f"{table}: derived (kernel source '<a>_minus_<b>')"] += int(derived.sum())
     skipped[f"{table}: no positive latency"] += int((~derived & ~positive).sum())

@@ -119,6 +119,22 @@ def score(rows: list[dict], hw) -> list[dict]:
     return out
 
 
+def device_for(device: str, engine: str, cache: dict):
+    """``hardware/<device>.yaml`` as ``engine`` runs it (its ``engines.<engine>`` block for
+    vllm, sglang and trtllm; the top-level figures for any other source, e.g. nccl or
+    vidur); None when the device has no hardware file. Cached in ``cache``."""
+    from perfmodel.specs.engines import DEFAULT_ENGINE, ENGINES
+    from perfmodel.specs.load import hardware
+
+    view = engine if engine in ENGINES else DEFAULT_ENGINE
+    if (device, view) not in cache:
+        try:
+            cache[(device, view)] = hardware(device, view)
+        except SpecError:
+            cache[(device, view)] = None
+    return cache[(device, view)]
+
+
 def compare_files(folder: str | Path, devices: Iterable[str] | None = None,
                   engines: Iterable[str] | None = None, sample: int = 3000, seed: int = 0,
                   progress: Callable[[str], None] = lambda s: None) -> dict:
@@ -127,20 +143,15 @@ def compare_files(folder: str | Path, devices: Iterable[str] | None = None,
     "available": rows the model could predict per (device, engine)}."""
     import pandas as pd
 
-    from perfmodel.specs.load import hardware
-
     files = corpus_files(folder, devices, engines)
     scored, skipped, missing, available = [], {}, [], {}
-    loaded: dict[str, object] = {}
+    loaded: dict[tuple[str, str], object] = {}
     for path in files:
         device, engine = split_name(path)
-        if device not in loaded:
-            try:
-                loaded[device] = hardware(device)
-            except SpecError:
-                loaded[device] = None
+        hw = device_for(device, engine, loaded)
+        if hw is None:
+            if device not in missing:
                 missing.append(device)
-        if loaded[device] is None:
             progress(f"{path.name}: no hardware/{device}.yaml: not scored")
             continue
         df = read_file(path)
@@ -148,7 +159,7 @@ def compare_files(folder: str | Path, devices: Iterable[str] | None = None,
         skipped[(device, engine)] = why
         available[(device, engine)] = int(ok.sum())
         part = sample_rows(df[ok], sample, seed)
-        rows = score(part.to_dict("records"), loaded[device])
+        rows = score(part.to_dict("records"), hw)
         scored.append(pd.DataFrame(rows))
         progress(f"{path.name}: {len(rows)} of {int(ok.sum())} rows scored")
     if not scored:

@@ -118,3 +118,16 @@ def write_manifest(folder: Path, manifest: dict) -> Path:
     path = folder / MANIFEST
     path.write_text(yaml.safe_dump(manifest, sort_keys=False, width=100))
     return path
+
+
+def read_rows(folder: str | Path, devices: Iterable[str], engines: Iterable[str]):
+    """The rows of ``folder``'s files of ``devices`` x ``engines`` as one pandas frame of
+    text (no file of them: no rows); SpecError when ``folder`` is not a corpus."""
+    import pandas as pd
+
+    want_d, want_e = set(devices), set(engines)
+    files = [f for f in corpus_files(folder)
+             if split_name(f)[0] in want_d and split_name(f)[1] in want_e]
+    frames = [read_file(f) for f in files]
+    return pd.concat(frames, ignore_index=True) if frames \
+        else pd.DataFrame({c: pd.Series(dtype=str) for c in COLUMNS})

@@ -127,3 +127,21 @@ def _merge_manifest(folder: Path, extra: dict) -> None:
     old.setdefault("also", []).append({"source": extra["source"],
                                        "files": sorted(extra["files"])})
     write_manifest(folder, old)
+
+
+def aiconfigurator_rows(devices: Iterable[str], engines: Iterable[str],
+                        tables: Iterable[str] | None = None, root: str | Path | None = None):
+    """The rows ``import_aiconfigurator`` writes for ``devices`` x ``engines`` (only the
+    ``tables`` named, e.g. ``gemm_perf``), in memory as one pandas frame, without a corpus
+    folder: the same reader (``aiconfigurator.read_table``) builds them."""
+    import pandas as pd
+
+    _need_pyarrow()
+    data = Path(root) if root else aic.data_root()
+    wanted = set(tables) if tables is not None else None
+    paths = [p for p in aic.tables(data, list(devices), list(engines))
+             if wanted is None or p.stem in wanted]
+    frames = [aic.read_table(p, Counter()) for p in paths]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames \
+        else pd.DataFrame({c: pd.Series(dtype=str) for c in COLUMNS})
