@@ -4,6 +4,7 @@ aiconfigurator tables (synthetic kernel sets priced by the model itself)."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 
 import numpy as np
@@ -142,12 +143,17 @@ def test_calibrate_from_mistakes_are_one_line(tmp_path) -> None:
 
     load_plugins(app)
     runner = CliRunner()
+    # without the package (CI installs only pyarrow) the device is never looked up: the
+    # missing package is the one line
+    no_tables = "--hardware: mi300x: no aiconfigurator" \
+        if importlib.util.find_spec("aiconfigurator_core") else \
+        "package aiconfigurator-core is not installed"
     cases = [
         (["--from", str(tmp_path), "-H", "h100-sxm"], "--from: "),
         (["--from", "aiconfigurator"], "--hardware: expected the shipped device"),
         (["--from", "aiconfigurator", "-H", "h100-sxm", "--write-hardware"],
          "--write-hardware: expected --all"),
-        (["--from", "aiconfigurator", "-H", "mi300x"], "--hardware: mi300x: no aiconfigurator"),
+        (["--from", "aiconfigurator", "-H", "mi300x"], no_tables),
         (["--from", "aiconfigurator", "-H", "h100-sxm", "--engine", "tgi"], "--engine: "),
     ]
     for args, message in cases:
