@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from perfmodel.cli.common import fail, out_dir, writing
+from perfmodel.cli.common import fail, writing
 
 PROFILE = "engine-profile.yaml"
 
@@ -32,18 +32,12 @@ def calibrate_serving_cmd(
 ) -> None:
     """Fit the engine's host time (never a kernel constant) to some of a deployment's
     measured runs and report zero-shot against calibrated errors on the others."""
-    from perfmodel.compare import serving
+    from perfmodel.cli.serving_compare import load_runs
     from perfmodel.compare import serving_calibrate as cal
     from perfmodel.serving.host_time import write_profile
     from perfmodel.specs.errors import SpecError
 
-    if out is not None:
-        out_dir(out)
-    try:
-        runs = serving.load_runs(experiments, requests)
-    except SpecError as exc:
-        fail(str(exc))
-    runs = [r for r in runs if (only is None or only in r.id) and not r.skip]
+    runs = [r for r in load_runs(experiments, requests, only, out) if not r.skip]
     if len(runs) < 2:
         fail(f"--only: expected at least two replayable runs, got {len(runs)}")
     fit, held = cal.split(runs, min(every, len(runs)))

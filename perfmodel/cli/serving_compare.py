@@ -36,6 +36,22 @@ def _csv(records: list[dict]) -> str:
     return out.getvalue()
 
 
+def load_runs(experiments: Path, requests: Path | None, only: str | None,
+              out: Path | None) -> list:
+    """The measured runs whose id contains ``only`` (all without it), after checking that
+    ``out`` can be written; a bad file is the command's one-line error."""
+    from perfmodel.compare import serving
+    from perfmodel.specs.errors import SpecError
+
+    if out is not None:
+        out_dir(out)
+    try:
+        runs = serving.load_runs(experiments, requests)
+    except SpecError as exc:
+        fail(str(exc))
+    return [r for r in runs if only is None or only in r.id]
+
+
 def compare_serving_cmd(
     experiments: Annotated[Path, typer.Argument(help="experiments CSV (one row per run)")],
     requests: Annotated[Path | None, typer.Option(
@@ -62,13 +78,7 @@ def compare_serving_cmd(
     from perfmodel.compare import serving
     from perfmodel.specs.errors import SpecError
 
-    if out is not None:
-        out_dir(out)
-    try:
-        runs = serving.load_runs(experiments, requests)
-    except SpecError as exc:
-        fail(str(exc))
-    runs = [r for r in runs if only is None or only in r.id]
+    runs = load_runs(experiments, requests, only, out)
     for run in runs if engine is not None else ():
         run.kernels = engine
     try:
