@@ -56,6 +56,15 @@ def _sum0(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def kernel_band(t: float | np.ndarray, name: str, unc: Uncertainty
+                ) -> tuple[float | np.ndarray, float | np.ndarray]:
+    """The band of one class's time ``t`` alone: ``[t / (1 + q90), t / (1 + q10)]``, or
+    ``(t, t)`` for a class the block does not list (counted exact)."""
+    if name not in unc.q10:
+        return t, t
+    return t / (1.0 + unc.q90[name]), t / (1.0 + unc.q10[name])
+
+
 def band(class_s: np.ndarray, unc: Uncertainty, rule: str = "quadrature"
          ) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) of the total of ``class_s`` (classes, ...): the module docstring's rule."""
@@ -69,7 +78,7 @@ def band(class_s: np.ndarray, unc: Uncertainty, rule: str = "quadrature"
         if name not in unc.q10:
             continue
         t = class_s[k]
-        lo, hi = t / (1.0 + unc.q90[name]), t / (1.0 + unc.q10[name])
+        lo, hi = kernel_band(t, name, unc)
         s = np.maximum(lo - t, 0.0) + np.minimum(hi - t, 0.0)     # a one-sided band's bias
         shift = shift + s
         below.append(t + s - lo)

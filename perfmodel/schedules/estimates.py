@@ -14,7 +14,7 @@ from functools import cached_property
 
 import numpy as np
 
-from perfmodel.cost.band import band, class_seconds
+from perfmodel.cost.band import kernel_band
 from perfmodel.cost.dequant import converts
 from perfmodel.cost.error_class import CODE
 from perfmodel.cost.memory import MemoryEstimate, memory_estimate
@@ -271,12 +271,13 @@ def _phase(p: PhaseCost, i: int, converts: bool = False,
 
 def _own_band(t: float, code: int, unc: Uncertainty | None
               ) -> tuple[str, tuple[float, float] | None]:
-    """(error class, its band on ``t`` seconds alone) for an operator of class ``code``."""
+    """(error class, its band on ``t`` seconds alone) for an operator of class ``code``: the
+    class's kernel band (``cost.band.kernel_band``), the whole rule for one class."""
     name = ERROR_CLASSES[code]
     if unc is None:
         return name, None
-    low, high = band(class_seconds(np.array([[t]]), np.array([[code]])), unc)
-    return name, (float(low[0]), float(high[0]))
+    low, high = kernel_band(t, name, unc)
+    return name, (float(low), float(high))
 
 
 def device_batch(w: Workloads, plan: Parallelism) -> Workloads:
