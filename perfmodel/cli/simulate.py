@@ -133,6 +133,9 @@ def simulate_cmd(
     workers: Annotated[int, Opt(rich_help_panel=_FLEET, help=(
         "processes simulating replicas at once (routers that read only the request)"))
                        ] = 1,
+    cluster: Annotated[str | None, Opt(rich_help_panel=_FLEET, help=(
+        "run those replicas on Dask: local (--workers processes) or a scheduler's address,"
+        " tcp://host:8786 (pip install 'perfmodel[fleet]')"))] = None,
     turns: Annotated[int, Opt(rich_help_panel=_FLEET, help=(
         "turns per conversation (--rate): each turn's prompt extends the last"))] = 1,
     think_time: Annotated[float, Opt(rich_help_panel=_FLEET, help=(
@@ -177,7 +180,7 @@ def simulate_cmd(
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
     try:
         m, hw, wl, layout, engine, streams = inputs(options)
-        fleet = (router, workers)
+        fleet = (router, workers, cluster)
         runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet))
                 for r, reqs, label in streams]
         edges = [tuple(_run(m, hw, reqs, layout, engine, wl, False, label, edge, fleet)
@@ -209,7 +212,7 @@ def _run(m: Any, hw: Any, reqs: Any, layout: Any, engine: Any, wl: Any, progress
          label: str, edge: int | None = None, fleet: tuple = ("round-robin", 1)) -> Any:
     from perfmodel.serving.simulate import simulate
 
-    extra = {"router": fleet[0], "workers": fleet[1]}
+    extra = dict(zip(("router", "workers", "cluster"), fleet, strict=False))
     closed = bool(reqs.closed_loop)
     announce = _Eta(len(reqs), 0.0 if closed else float(reqs.arrival_s[-1]), label)
     if edge is not None:        # a band's edge: the same run again, no second progress line

@@ -43,11 +43,20 @@ _HASH = 0x9E3779B1          # Fibonacci hashing: spreads consecutive ids over th
 
 
 def check(router: str, workers: int, requests: Requests, engines: int,
-          attention_ways: int = 1) -> None:
+          attention_ways: int = 1, cluster: str | None = None) -> None:
     if router not in ROUTERS:
         raise SpecError(f"--router: expected one of {', '.join(ROUTERS)}, got {router!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise SpecError(f"--workers: expected a whole number >= 1, got {workers!r}")
+    if cluster is not None:
+        from perfmodel.serving import cluster as dask
+
+        dask.check(cluster)
+        if router in LOAD_AWARE and engines > 1:
+            raise SpecError(f"--cluster: --router {router} reads every replica's load at "
+                            "each arrival, so its replicas run in lockstep in one process "
+                            "(exact); drop --cluster, or use round-robin or an affinity "
+                            "router")
     if router in LOAD_AWARE and engines > 1 and (requests.closed_loop or requests.client_cap):
         raise SpecError(f"--router {router}: a closed loop or client cap is dealt "
                         "round-robin only; use --rate or --trace")

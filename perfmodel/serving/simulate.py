@@ -66,10 +66,11 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
              plan: Parallelism | None = None, engine: EngineConfig | None = None,
              workload: Workload | None = None, progress: Progress | None = None,
              label: str = "", router: str = "round-robin", workers: int = 1,
-             edge: int | None = None) -> SimResult:
+             edge: int | None = None, cluster: str | None = None) -> SimResult:
     """Serve ``requests`` on ``plan.dp`` replicas of ``model`` on ``hw`` (dtypes from
     ``workload``, default as the checkpoint stores them) with ``engine``'s scheduler,
-    behind ``router`` (``serving.fleet``; ``workers`` processes for replicas run apart).
+    behind ``router`` (``serving.fleet``; ``workers`` processes for replicas run apart, on
+    the Dask cluster ``cluster`` when given: ``serving.cluster``).
     ``progress(done, total, clock_s)`` is called as the simulation advances: requests
     finished and the simulated clock, per engine (dp engines run one after another, each
     ``total`` of the requests; engines in lockstep together). ``edge`` 0 / 1: every step's
@@ -98,10 +99,10 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         raise SpecError(f"simulate: a request of {longest} tokens needs more KV blocks than "
                         f"the pool's {pool.blocks} on {hw.name}")
     engine = engine.resolved(pool.blocks, limit)
-    fleet.check(router, workers, requests, engines, plan.attention_ways)
+    fleet.check(router, workers, requests, engines, plan.attention_ways, cluster)
     client, requests = requests, host_time.admitted(requests, engine.host)
     parts, runs = run_replicas(model, hw, one, workload, engine, requests, engines,
-                               pool.blocks, router, workers, progress, edge)
+                               pool.blocks, router, workers, progress, edge, cluster)
     res = _merge(requests, parts, runs, pool.blocks, label,
                  {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
                   "engine": engine, "router": router,
@@ -113,9 +114,10 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
 def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                  engine: EngineConfig, requests: Requests, engines: int, blocks: int,
                  router: str, workers: int, progress: Progress | None,
-                 edge: int | None = None) -> tuple[list, list]:
+                 edge: int | None = None, cluster: str | None = None) -> tuple[list, list]:
     """(each replica's requests, as indices in arrival order; each replica's ``_Run``):
-    dealt ahead and run apart (in ``workers`` processes), or, under a load-aware router,
+    dealt ahead and run apart (in ``workers`` processes, or on the Dask ``cluster``:
+    ``serving.cluster``), or, under a load-aware router,
     run in lockstep (``serving.fleet``). An engine given no request (fewer requests than
     engines) idles and is left out."""
     def start(reqs: Requests) -> _Run:
@@ -136,6 +138,12 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
             parts, runs = parts + group, runs + ranks
         return parts, runs
     parts = [idx for idx in dealt if len(idx)]
+    if cluster is not None:
+        from perfmodel.serving import cluster as dask
+
+        return parts, dask.map_apart(_one_part, (model, hw, plan, w, engine, blocks, edge),
+                                     [_subset(requests, idx, engines) for idx in parts],
+                                     cluster, workers)
     jobs = [(model, hw, plan, w, engine, _subset(requests, idx, engines), blocks)
             for idx in parts]
     if workers == 1 or len(jobs) == 1:
@@ -150,6 +158,13 @@ def _one(job: tuple) -> _Run:
     run = _simulate_one(*job)
     run.pricer.model = run.pricer.hw = None     # not needed back: keep the pickle small
     return run
+
+
+def _one_part(requests: Requests, shared: tuple) -> _Run:
+    """``_one`` on a Dask worker: ``shared`` (model, hw, plan, workload, engine, blocks,
+    edge) was sent to it once, the task carries only the replica's requests."""
+    model, hw, plan, w, engine, blocks, edge = shared
+    return _one((model, hw, plan, w, engine, requests, blocks, None, edge))
 
 
 def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
