@@ -36,9 +36,9 @@ import numpy as np
 from perfmodel.serving.requests import Requests
 from perfmodel.specs.errors import SpecError
 
-ROUTERS = ("round-robin", "least-requests", "least-tokens", "session-affinity",
+ROUTERS = ("round-robin", "least-requests", "least-tokens", "queue-kv", "session-affinity",
            "prefix-affinity")
-LOAD_AWARE = ("least-requests", "least-tokens")
+LOAD_AWARE = ("least-requests", "least-tokens", "queue-kv")
 _HASH = 0x9E3779B1          # Fibonacci hashing: spreads consecutive ids over the replicas
 
 
@@ -60,9 +60,6 @@ def check(router: str, workers: int, requests: Requests, engines: int,
     if router in LOAD_AWARE and engines > 1 and (requests.closed_loop or requests.client_cap):
         raise SpecError(f"--router {router}: a closed loop or client cap is dealt "
                         "round-robin only; use --rate or --trace")
-    if router in LOAD_AWARE and attention_ways > 1:
-        raise SpecError(f"--router {router}: not simulated with --attention-dp (its ranks "
-                        "step in lockstep); use round-robin or an affinity router")
 
 
 def deal(requests: Requests, engines: int, router: str) -> list[np.ndarray]:
@@ -86,36 +83,89 @@ def deal(requests: Requests, engines: int, router: str) -> list[np.ndarray]:
 
 def lockstep(start: Callable[[Requests], object], advance: Callable[[object], None],
              requests: Requests, engines: int, router: str,
-             progress: Callable[[int, int, float], None] | None) -> tuple[list, list]:
+             progress: Callable[[int, int, float], None] | None, ways: int = 1,
+             record: Callable | None = None) -> tuple[list, list]:
     """Replicas run in lockstep under a load-aware ``router``: ``start(slots)`` makes an
-    engine's run, ``advance(run)`` runs it to ``run.horizon``."""
+    engine's run, ``advance(run)`` runs it to ``run.horizon``. Under data-parallel
+    attention (``ways`` ranks a replica) a replica's ranks step together
+    (``ranks_lockstep``, ``record`` the simulator's bookkeeping of a step): the router
+    picks the replica, then the replica's rank by SGLang's DP controller (``_rank``)."""
     runs = [start(_slots(requests, 64)) for _ in range(engines)]
     for run in runs:
         run.known = 0
+    groups = [runs[g:g + ways] for g in range(0, engines, ways)]
     local: list[list[int]] = [[] for _ in range(engines)]
     order = np.argsort(requests.arrival_s, kind="stable")
     tokens = requests.input_tokens + requests.output_tokens
     for i in order.tolist():
         t = float(requests.arrival_s[i])
-        loads = []
-        for run in runs:
-            run.horizon = t
-            advance(run)
-            late = run.t > t                # the step that straddles t finishes after it
-            if router == "least-requests":
-                loads.append(run.known - run.done + (run.last_done if late else 0))
-            else:
-                loads.append(run.load_tokens + (run.last_done_tokens if late else 0))
-        e = int(np.argmin(loads))
+        for group in groups:
+            _advance_group(group, t, advance, record)
+        loads = [[_load(run, t) for run in group] for group in groups]
+        g = _replica(loads, router)
+        e = g * ways + _rank(loads[g], router)
         _place(runs[e], requests, i, int(tokens[i]))
         local[e].append(i)
         if progress is not None:
             progress(sum(r.done for r in runs), len(requests), t)
-    for run in runs:
-        run.horizon = np.inf
-        advance(run)
-        _trim(run)
+    for group in groups:
+        _advance_group(group, np.inf, advance, record)
+        for run in group:
+            _trim(run)
     return [np.array(x, np.int64) for x in local], runs
+
+
+def _advance_group(group: list, t: float, advance: Callable, record: Callable | None
+                   ) -> None:
+    for run in group:
+        run.horizon = t
+    if len(group) == 1:
+        advance(group[0])
+    else:
+        ranks_lockstep(group, record, horizon=t)
+
+
+def _load(run: object, t: float) -> tuple[int, int, int, int, int]:
+    """What a router can read of an engine at ``t``: (requests sent and not finished,
+    their prompt + output tokens, requests waiting and KV blocks in use as the engine
+    published them after its last step that ended by ``t``, KV blocks in all). A step
+    that straddles ``t``
+    (committed, as it started before) has its finishes counted after ``t``."""
+    late = run.t > t
+    requests = run.known - run.done + (run.last_done if late else 0)
+    tokens = run.load_tokens + (run.last_done_tokens if late else 0)
+    rows = run.log[-2:]
+    if rows and rows[-1][0] + rows[-1][1] > t:
+        rows = rows[:-1]
+    waiting, used = (rows[-1][6], rows[-1][5]) if rows else (0, 0)
+    return requests, tokens, waiting, used, run.state.pool.total
+
+
+def _replica(loads: list, router: str) -> int:
+    """The replica ``router`` sends to, from its ranks' ``_load``s; ties to the lowest
+    index."""
+    if router == "queue-kv":
+        waiting = [sum(x[2] for x in ranks) for ranks in loads]
+        usage = [sum(x[3] for x in ranks) for ranks in loads]
+        low, high = min(waiting), max(waiting)
+        queue = [1.0 if high == low else (high - w) / (high - low) for w in waiting]
+        score = [q + 1.0 - u / sum(x[4] for x in ranks) for q, u, ranks in
+                 zip(queue, usage, loads, strict=True)]
+        return int(np.argmax(score))
+    k = 0 if router == "least-requests" else 1
+    return int(np.argmin([sum(x[k] for x in ranks) for ranks in loads]))
+
+
+def _rank(ranks: list, router: str) -> int:
+    """The rank of a DP-attention replica its controller gives the request, as SGLang's
+    ``DataParallelController`` does (``--load-balance-method total_requests``: the fewest
+    running + waiting requests; ``total_tokens``, taken for "least-tokens": the fewest
+    tokens, ties by requests; ties to the lowest rank)."""
+    if len(ranks) == 1:
+        return 0
+    if router == "least-tokens":
+        return min(range(len(ranks)), key=lambda r: (ranks[r][1], ranks[r][0]))
+    return min(range(len(ranks)), key=lambda r: ranks[r][0])
 
 
 def _slots(requests: Requests, n: int) -> Requests:
@@ -188,20 +238,22 @@ def _trim(run: object) -> None:
     run.token_offsets = run.token_offsets[:k + 1]
 
 
-def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = None) -> None:
+def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = None,
+                   horizon: float = np.inf) -> None:
     """The data-parallel attention ranks of one replica of an MoE model step together: each
     step every rank forms its own batch, an idle rank runs a dummy batch (one decode
     token, as SGLang's and vLLM's DP-attention ranks do to join the expert layer's
     collectives), and the step lasts as long as the slowest rank's (the expert layer
     waits for every rank's tokens). ``record(run, batch, effect, dt, queue_more)`` is the
     simulator's bookkeeping of a committed step; ``progress(done, total, clock_s)`` as in
-    ``serving.simulate``."""
+    ``serving.simulate``. No step starting at or after ``horizon`` is run (the next
+    arrival a load-aware router has yet to place: ``lockstep``)."""
     from perfmodel.serving.scheduler import Batch
 
     one = np.ones(1, np.int64)
     dummy = Batch(np.zeros(1, np.int64), one, one, False, False, 0)
     pricer = runs[0].pricer
-    while any(r.done < r.known for r in runs):
+    while any(r.done < r.known for r in runs) and runs[0].t < horizon:
         t = runs[0].t
         batches = []
         for run in runs:
@@ -210,15 +262,18 @@ def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = Non
             batches.append(run.state.schedule() if busy else None)
         if all(b is None for b in batches):
             t = min(r.arrivals.next_time() for r in runs)
+            if not np.isfinite(t) and np.isfinite(horizon):
+                return
             if not np.isfinite(t):
                 raise RuntimeError("simulate: requests left that never arrive")
             for run in runs:
-                run.t = t
+                run.t = min(t, horizon)
             continue
         dt = float(pricer.times([b if b is not None else dummy for b in batches]).max())
         for run, batch in zip(runs, batches, strict=True):
             if batch is None:
                 run.t += dt
+                run.last_done = run.last_done_tokens = 0
                 continue
             emit, done = run.state.commit(batch)
             effect = (emit, run.state.emitted[emit], done, run.state.pool.used,

@@ -124,7 +124,8 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
         return _start(model, hw, plan, w, engine, reqs, blocks, edge)
 
     if router in fleet.LOAD_AWARE and engines > 1:
-        parts, runs = fleet.lockstep(start, _advance, requests, engines, router, progress)
+        parts, runs = fleet.lockstep(start, _advance, requests, engines, router, progress,
+                                     plan.attention_ways, _record)
         kept = [e for e, idx in enumerate(parts) if len(idx)]
         return [parts[e] for e in kept], [runs[e] for e in kept]
     dealt, ways = fleet.deal(requests, engines, router), plan.attention_ways
