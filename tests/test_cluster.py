@@ -39,6 +39,25 @@ def test_a_dask_cluster_gives_the_single_process_arrays(processes):
         np.testing.assert_array_equal(a, b)
 
 
+def test_dp_attention_replicas_run_apart_the_same():
+    """Two replicas of an MoE model, each two DP-attention ranks in lockstep: in two fork
+    workers and on a Dask cluster, the same arrays as in one process."""
+    model = pm.model("qwen3-30b-a3b")
+    reqs = traffic.generate(16, rate=30, input_len=200, output_len=6,
+                            length_dist="lognormal", seed=2)
+    plan = Parallelism(dp=2, ep=2, attention_dp=True)
+    alone = simulate(model, HW, reqs, plan)
+    results = [simulate(model, HW, reqs, plan, workers=2)]
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=":0") as local:
+        results.append(simulate(model, HW, reqs, plan, cluster=local.scheduler_address))
+    for res in results:
+        np.testing.assert_array_equal(res.first_token_s, alone.first_token_s)
+        np.testing.assert_array_equal(res.token_s, alone.token_s)
+        np.testing.assert_array_equal(res.steps.time_s, alone.steps.time_s)
+
+
 def test_a_load_aware_router_is_refused_on_a_cluster():
     pytest.importorskip("distributed")
     reqs = traffic.generate(8, rate=4, input_len=64, output_len=8)

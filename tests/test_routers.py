@@ -48,6 +48,7 @@ def _brute(model, one, reqs, dp, ways, router):
         return {r: (idx, run) for (r, idx), run in zip(ranks, runs, strict=True)}
 
     tokens = reqs.input_tokens + reqs.output_tokens
+    rng = np.random.default_rng(0)
     for i in range(len(reqs)):
         t = float(reqs.arrival_s[i])
         loads = []
@@ -63,14 +64,15 @@ def _brute(model, one, reqs, dp, ways, router):
                 ranks.append((len(left), int(tokens[left].sum()), *_published(run, t),
                               blocks))
             loads.append(ranks)
-        g = fleet._replica(loads, router)
+        g = fleet._replica(loads, router, rng)
         held[g * ways + fleet._rank(loads[g], router)].append(i)
     final = {g: replica(g) for g in range(dp)}
     return held, final
 
 
 @pytest.mark.parametrize("router,dp,ways", [("least-requests", 2, 2), ("least-tokens", 1, 3),
-                                            ("queue-kv", 2, 2), ("queue-kv", 3, 1)])
+                                            ("queue-kv", 2, 2), ("queue-kv", 3, 1),
+                                            ("power-of-two", 3, 1)])
 def test_lockstep_matches_brute_force(router, dp, ways):
     model = MOE if ways > 1 else pm.model("llama-3-8b")
     one = Parallelism(ep=ways, attention_dp=True) if ways > 1 else Parallelism()
@@ -117,3 +119,13 @@ def test_cli_load_aware_router_with_attention_dp():
     summary = json.loads(res.output)
     assert summary["n_requests"] == 24
     assert summary["ttft_s"]["p50"] > 0
+
+
+def test_power_of_two_keeps_the_less_busy_of_two_draws():
+    """Three replicas, 1, 5 and 9 requests in flight: the busiest loses every draw it is
+    in, the least busy wins every draw it is in (two of three pairs hold it)."""
+    loads = [[(5, 0, 0, 0, 1)], [(1, 0, 0, 0, 1)], [(9, 0, 0, 0, 1)]]
+    rng = np.random.default_rng(1)
+    picks = np.array([fleet._replica(loads, "power-of-two", rng) for _ in range(3000)])
+    assert not np.any(picks == 2)
+    assert abs(np.mean(picks == 1) - 2 / 3) < 0.03

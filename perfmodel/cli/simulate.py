@@ -128,8 +128,8 @@ def simulate_cmd(
     kv_cache_free_gpu_memory_fraction: Annotated[float | None, Opt(rich_help_panel=_TRT)
                                                  ] = None,
     router: Annotated[str, Opt(rich_help_panel=_FLEET, help=(
-        "round-robin | least-requests | least-tokens | session-affinity | prefix-affinity"
-        " (across --dp replicas)"))] = "round-robin",
+        "round-robin | least-requests | least-tokens | power-of-two | queue-kv | "
+        "session-affinity | prefix-affinity (across --dp replicas)"))] = "round-robin",
     workers: Annotated[int, Opt(rich_help_panel=_FLEET, help=(
         "processes simulating replicas at once (routers that read only the request)"))
                        ] = 1,

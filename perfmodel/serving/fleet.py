@@ -5,10 +5,26 @@ Policies, as production routers have them:
 
 - "round-robin": the i-th arrival to replica i mod N (vLLM's ``vllm-project/router`` and
   SGLang's ``sgl-router`` ``round_robin``);
-- "least-requests": to the replica with the fewest requests sent and not finished
-  (llm-d's inference scheduler scores replicas by queue depth; SGLang's router balances on
-  each worker's running-request load); ties to the lowest index;
-- "least-tokens": the fewest prompt + output tokens of requests sent and not finished;
+- "least-requests": to the replica with the fewest requests sent and not finished, as the
+  router counts them itself (llm-d's ``active-request-scorer``; ``sgl-router``'s
+  in-flight ``worker.load()``); ties to the lowest index. It counts requests decoding as
+  much as requests waiting for their prefill;
+- "least-tokens": the fewest prompt + output tokens of requests sent and not finished
+  (llm-d's token-load scorers);
+- "power-of-two": two replicas drawn at random (seeded: the same run gives the same
+  draws), the one with fewer requests in flight wins, the first on a tie (``sgl-router``'s
+  and ``vllm-project/router``'s ``power_of_two``: ``policies/power_of_two.rs``, on the
+  router's own in-flight count, which later versions add to the engines' reported
+  token load);
+- "queue-kv": llm-d's default load scoring (``guides/inference-scheduling``: the Gateway
+  API Inference Extension's ``queue-scorer`` and ``kv-cache-utilization-scorer`` at equal
+  weight, its prefix scorer left to "prefix-affinity"): each replica scores
+  (max_q - q) / (max_q - min_q) (1 when all queues are equal) plus 1 - KV use, where q is
+  the engine's waiting queue (vLLM's ``num_requests_waiting``) and KV use its blocks in
+  use over its pool, both as the engine published them after its last step that ended by
+  the arrival (vLLM computes its stats when a step's outputs are processed; llm-d scrapes
+  them again every 50 ms, which this leaves out: it reads the latest); the highest score
+  wins, ties to the lowest index (llm-d's ``max-score-picker`` breaks them at random);
 - "session-affinity": a conversation's turns to one replica, by a hash of its session
   (vLLM's router ``consistent_hash`` on a session header); requests with no session
   round-robin;
@@ -18,12 +34,29 @@ Policies, as production routers have them:
 
 Replicas share no state, so under a policy that reads only the request ("round-robin",
 "session-affinity", "prefix-affinity") the requests are dealt first and each replica is
-simulated on its own, in parallel worker processes when ``workers`` > 1. A policy that
-reads the replicas' load cannot be dealt ahead: the load at an arrival depends on every
-completion before it. Those are run in lockstep, exactly: before each arrival every
-replica is advanced to it (no step that starts at or after the arrival is committed, and
-a step that straddles it has its finishes counted after it), the router reads the counts,
-and the chosen replica is given the request. This runs in one process.
+simulated on its own, in parallel worker processes when ``workers`` > 1, or as tasks on a
+Dask cluster (``serving.cluster``, ``--cluster``). A policy that reads the replicas' load
+cannot be dealt ahead: the load at an arrival depends on every completion before it, and
+the completions on what was routed. Those run in lockstep, exactly: before each arrival
+every replica is advanced to it (no step that starts at or after the arrival is
+committed, and a step that straddles it has its finishes counted after it), the router
+reads the loads, and the chosen replica is given the request (``tests/test_routers.py``
+checks this against re-simulating every replica from scratch at each arrival).
+
+This runs in one process, and ``--cluster`` refuses a load-aware router. Run apart, the
+replicas would have to meet at every arrival (a conservative synchronisation whose window
+is the gap to the next arrival: no replica may run past it before the router has read
+every other), which is one round trip per request and more than the step or two of work
+each replica does between arrivals; a wider window would let a replica commit steps that
+a request routed to it inside the window should have joined, so it is not exact.
+
+Under data-parallel attention (``--attention-dp``), a replica's ``ep`` ranks step in
+lockstep (``ranks_lockstep``); a load-aware router picks the replica by its ranks' summed
+load and the replica's controller the rank, as SGLang's ``DataParallelController`` does
+(``--load-balance-method total_requests``: the fewest running + waiting requests;
+``total_tokens``, used under "least-tokens": the fewest tokens, ties by requests; ties to
+the lowest rank). SGLang refreshes those counts from its schedulers at most every 20 ms
+and adds each dispatch to them meanwhile; here they are exact at each arrival.
 """
 
 from __future__ import annotations
@@ -36,9 +69,9 @@ import numpy as np
 from perfmodel.serving.requests import Requests
 from perfmodel.specs.errors import SpecError
 
-ROUTERS = ("round-robin", "least-requests", "least-tokens", "queue-kv", "session-affinity",
-           "prefix-affinity")
-LOAD_AWARE = ("least-requests", "least-tokens", "queue-kv")
+ROUTERS = ("round-robin", "least-requests", "least-tokens", "power-of-two", "queue-kv",
+           "session-affinity", "prefix-affinity")
+LOAD_AWARE = ("least-requests", "least-tokens", "power-of-two", "queue-kv")
 _HASH = 0x9E3779B1          # Fibonacci hashing: spreads consecutive ids over the replicas
 
 
@@ -97,12 +130,13 @@ def lockstep(start: Callable[[Requests], object], advance: Callable[[object], No
     local: list[list[int]] = [[] for _ in range(engines)]
     order = np.argsort(requests.arrival_s, kind="stable")
     tokens = requests.input_tokens + requests.output_tokens
+    rng = np.random.default_rng(0)
     for i in order.tolist():
         t = float(requests.arrival_s[i])
         for group in groups:
             _advance_group(group, t, advance, record)
         loads = [[_load(run, t) for run in group] for group in groups]
-        g = _replica(loads, router)
+        g = _replica(loads, router, rng)
         e = g * ways + _rank(loads[g], router)
         _place(runs[e], requests, i, int(tokens[i]))
         local[e].append(i)
@@ -141,9 +175,14 @@ def _load(run: object, t: float) -> tuple[int, int, int, int, int]:
     return requests, tokens, waiting, used, run.state.pool.total
 
 
-def _replica(loads: list, router: str) -> int:
-    """The replica ``router`` sends to, from its ranks' ``_load``s; ties to the lowest
-    index."""
+def _replica(loads: list, router: str, rng: np.random.Generator | None = None) -> int:
+    """The replica ``router`` sends to, from its ranks' ``_load``s (``rng``: the
+    power-of-two draws); ties to the lowest index."""
+    if router == "power-of-two" and len(loads) > 1:
+        first = int(rng.integers(len(loads)))
+        second = (first + 1 + int(rng.integers(len(loads) - 1))) % len(loads)
+        busy = [sum(x[0] for x in loads[e]) for e in (first, second)]
+        return first if busy[0] <= busy[1] else second
     if router == "queue-kv":
         waiting = [sum(x[2] for x in ranks) for ranks in loads]
         usage = [sum(x[3] for x in ranks) for ranks in loads]
@@ -152,7 +191,7 @@ def _replica(loads: list, router: str) -> int:
         score = [q + 1.0 - u / sum(x[4] for x in ranks) for q, u, ranks in
                  zip(queue, usage, loads, strict=True)]
         return int(np.argmax(score))
-    k = 0 if router == "least-requests" else 1
+    k = 1 if router == "least-tokens" else 0
     return int(np.argmin([sum(x[k] for x in ranks) for ranks in loads]))
 
 

@@ -129,20 +129,29 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
         kept = [e for e, idx in enumerate(parts) if len(idx)]
         return [parts[e] for e in kept], [runs[e] for e in kept]
     dealt, ways = fleet.deal(requests, engines, router), plan.attention_ways
+    shared = (model, hw, plan, w, engine, blocks, edge)
     if ways > 1:            # data-parallel attention: each replica's ranks in lockstep
-        parts, runs = [], []
-        for g in range(0, engines, ways):   # an idle rank's dummy step is never the longest
-            group = [idx for idx in dealt[g:g + ways] if len(idx)]
-            ranks = [start(_subset(requests, idx, engines)) for idx in group]
-            if ranks:
-                fleet.ranks_lockstep(ranks, _record, progress)
-            parts, runs = parts + group, runs + ranks
-        return parts, runs
+        groups = [[idx for idx in dealt[g:g + ways] if len(idx)]    # an idle rank's dummy
+                  for g in range(0, engines, ways)]                 # step is never longest
+        groups = [group for group in groups if group]
+        jobs = [[_subset(requests, idx, engines) for idx in group] for group in groups]
+        if cluster is not None:
+            from perfmodel.serving import cluster as dask
+
+            ranks = dask.map_apart(_ranks, shared, jobs, cluster, workers)
+        elif workers == 1 or len(jobs) == 1:
+            ranks = [_ranks(job, shared, progress, keep=True) for job in jobs]
+        else:
+            import multiprocessing as mp
+
+            with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+                ranks = pool.starmap(_ranks, [(job, shared) for job in jobs], chunksize=1)
+        return [idx for group in groups for idx in group], [r for rs in ranks for r in rs]
     parts = [idx for idx in dealt if len(idx)]
     if cluster is not None:
         from perfmodel.serving import cluster as dask
 
-        return parts, dask.map_apart(_one_part, (model, hw, plan, w, engine, blocks, edge),
+        return parts, dask.map_apart(_one_part, shared,
                                      [_subset(requests, idx, engines) for idx in parts],
                                      cluster, workers)
     jobs = [(model, hw, plan, w, engine, _subset(requests, idx, engines), blocks)
@@ -166,6 +175,19 @@ def _one_part(requests: Requests, shared: tuple) -> _Run:
     edge) was sent to it once, the task carries only the replica's requests."""
     model, hw, plan, w, engine, blocks, edge = shared
     return _one((model, hw, plan, w, engine, requests, blocks, None, edge))
+
+
+def _ranks(subsets: list, shared: tuple, progress: Progress | None = None,
+           keep: bool = False) -> list[_Run]:
+    """One data-parallel-attention replica: its ranks (``subsets``, one ``Requests`` each)
+    run in lockstep (``fleet.ranks_lockstep``); from a worker (not ``keep``) returned
+    without the model and hardware, as ``_one``."""
+    model, hw, plan, w, engine, blocks, edge = shared
+    runs = [_start(model, hw, plan, w, engine, reqs, blocks, edge) for reqs in subsets]
+    fleet.ranks_lockstep(runs, _record, progress)
+    for run in runs if not keep else ():
+        run.pricer.model = run.pricer.hw = None
+    return runs
 
 
 def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
