@@ -163,8 +163,8 @@ def _load(run: object, t: float) -> tuple[int, int, int, int, int]:
     """What a router can read of an engine at ``t``: (requests sent and not finished,
     their prompt + output tokens, requests waiting and KV blocks in use as the engine
     published them after its last step that ended by ``t``, KV blocks in all). A step
-    that straddles ``t``
-    (committed, as it started before) has its finishes counted after ``t``."""
+    that straddles ``t`` (committed, as it started before) has its finishes counted
+    after ``t``."""
     late = run.t > t
     requests = run.known - run.done + (run.last_done if late else 0)
     tokens = run.load_tokens + (run.last_done_tokens if late else 0)

@@ -120,7 +120,8 @@ def routers() -> list[str]:
                               arrival="gamma", burstiness=0.2, length_dist="lognormal",
                               seed=3)
     rows = []
-    for router in ("round-robin", "least-requests", "least-tokens"):
+    for router in ("round-robin", "least-requests", "least-tokens", "power-of-two",
+                   "queue-kv"):
         start = time.time()
         s = simulate(MODEL, hw, bursty, plan, router=router).summary()
         rows.append([router, f"{s['ttft_s']['p50']:.3f}", f"{s['ttft_s']['p99']:.3f}",
@@ -140,7 +141,15 @@ def routers() -> list[str]:
             "least-outstanding sends each arrival where the fewest requests (or tokens) are "
             "unfinished at that instant, which the simulator knows exactly by running the "
             "replicas in lockstep (every replica advanced to the arrival before the router "
-            "reads them).", "",
+            "reads them). At this load TTFT is set by the prompts waiting on a replica, and "
+            "those counts are dominated by requests decoding: the replica with the fewest "
+            "takes a burst's prompts one after another. power-of-two (sgl-router's and "
+            "vLLM's router's, on in-flight requests) compares two replicas drawn at random, "
+            "a noisier least-requests over four replicas; queue-kv (llm-d's default queue "
+            "and KV-utilisation scorers) reads the waiting queue as each engine published it "
+            "after its last step, so every arrival within one step sees the same queues and "
+            "a burst lands on one replica (nothing counts what was routed since; SGLang's "
+            "DP controller adds each dispatch to its snapshot for that reason).", "",
             "Conversations (400 of 5 turns, as above) over the 4 replicas:", "",
             *_table(["router", "prefix hit rate", "mean TTFT ms"], hits),
             "Round-robin sends a conversation's next turn to another replica three times in "
