@@ -6,7 +6,8 @@ Dask's ``distributed`` scheduler (the optional ``fleet`` extra, ``pip install
 What travels: what every replica shares (model, hardware, layout, dtypes, engine settings,
 KV pool size) is scattered to every worker once; each task then carries only its replica's
 requests, and its result comes back without the model and hardware (as the fork pool's
-``_one`` does). The simulation is deterministic, so a replica run on a Dask worker gives
+``_one`` does); a data-parallel-attention replica travels as one task, its ranks in
+lockstep. The simulation is deterministic, so a replica run on a Dask worker gives
 the same arrays, bit for bit, as in one process (``tests/test_cluster.py``).
 
 Only routers that read the request alone (round-robin, the affinity hashes) are dealt
