@@ -110,7 +110,7 @@ def simulate_cmd(
     max_prefill_tokens: Annotated[int | None, Opt(rich_help_panel=_SGL)] = None,
     max_running_requests: Annotated[int | None, Opt(rich_help_panel=_SGL, help=(
         "unset: SGLang's rule from the KV pool"))] = None,
-    schedule_policy: Annotated[str | None, Opt(rich_help_panel=_SGL, help="fcfs | lpm")
+    schedule_policy: Annotated[str | None, Opt(rich_help_panel=_SGL, help="fcfs | lpm | dfs-weight")
                                ] = None,
     schedule_conservativeness: Annotated[float | None, Opt(rich_help_panel=_SGL)] = None,
     page_size: Annotated[int | None, Opt(rich_help_panel=_SGL)] = None,
