@@ -3,6 +3,8 @@ turn's last token (``serving.sessions``): a hand-derived golden on a two-session
 every step priced 10 ms, the host time's part, the property that more think time never
 ends a session sooner, and the CLI."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -87,7 +89,7 @@ def test_more_think_time_never_ends_a_session_sooner(seed):
         ends.append(end)
         later = reqs.turn > 1
         assert res.arrival_s[later].min() > 0
-    assert all(np.all(b >= a) for a, b in zip(ends, ends[1:]))
+    assert all(np.all(b >= a) for a, b in itertools.pairwise(ends))
 
 
 def test_a_turn_waits_for_its_answer_in_the_generator():
