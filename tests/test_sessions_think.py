@@ -145,3 +145,31 @@ def test_cli_trace_think_time_warns_and_respaces(tmp_path):
                              "--turns", "3", "--think-time", "1", "--dp", "2"])
     assert rr.exit_code == 0, rr.output
     assert "warning: --router round-robin: a session's turns run on different" in rr.output
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("think", [0.0, 0.05])
+def test_turns_after_answers_priced_ahead_equal_step_by_step(engine, think, monkeypatch):
+    """The dry runs stop where a turn's answer ends (its next turn's time rests on it) and
+    the replay cuts where a pending turn arrives: with one step at a time the run is the
+    same."""
+    from perfmodel.serving import host_time
+    from perfmodel.serving import simulate as sim
+    from perfmodel.serving.engines import engine_config
+
+    reqs = traffic.generate(48, rate=40.0, input_len=300, output_len=20, turns=3,
+                            think_time=think, turn_growth=40, length_dist="lognormal",
+                            seed=7)
+    config = engine_config(engine, host=host_time.resolve(engine))
+    ahead = sim.simulate(MODEL, HW, reqs, engine=config)
+    monkeypatch.setattr(sim, "LOOKAHEAD", 1)
+    init = sim.Guess.__init__
+
+    def one(self):
+        init(self)
+        self.lookahead = 1
+    monkeypatch.setattr(sim.Guess, "__init__", one)
+    alone = sim.simulate(MODEL, HW, reqs, engine=config)
+    np.testing.assert_allclose(ahead.arrival_s, alone.arrival_s, rtol=1e-12)
+    np.testing.assert_allclose(ahead.token_s, alone.token_s, rtol=1e-12)
+    assert ahead.info["price_calls"] < alone.info["price_calls"]
