@@ -97,7 +97,8 @@ def test_golden_vllm_wide_ep_over_two_nodes():
     dep = Deployment(DSV3, Server(dp=16, ep=16, max_num_seqs=1024), weights="fp8")
     head = ("vllm serve deepseek-ai/DeepSeek-V3 --tensor-parallel-size 1 "
             "--data-parallel-size 16 --enable-expert-parallel --max-num-seqs 64 "
-            "--max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 "
+            "--max-num-batched-tokens 8192 --enable-chunked-prefill --scheduling-policy fcfs "
+            "--gpu-memory-utilization 0.9 "
             "--data-parallel-size-local 8 --data-parallel-address HEAD_IP "
             "--data-parallel-rpc-port 13345")
     assert _lines(launch(dep, "vllm")) == [
@@ -111,7 +112,8 @@ def test_golden_sglang_tp_pp_over_two_nodes_with_online_fp8():
                      kv_dtype="fp8")
     base = ("python -m sglang.launch_server --model-path meta-llama/Meta-Llama-3-70B-Instruct "
             "--tp-size 8 --pp-size 2 --quantization fp8 --kv-cache-dtype fp8_e4m3 "
-            "--max-running-requests 64 --chunked-prefill-size 8192 --host 0.0.0.0 "
+            "--max-running-requests 64 --chunked-prefill-size 8192 --schedule-policy fcfs "
+            "--host 0.0.0.0 "
             "--nnodes 2 --node-rank {r} --dist-init-addr HEAD_IP:5000")
     assert _lines(launch(dep, "sglang")) == [base.format(r=0) + " --port 30000",
                                              base.format(r=1)]
@@ -125,7 +127,9 @@ def test_golden_trtllm_attention_dp_config():
     assert run.files == (("extra-llm-api.yaml",
                           "tensor_parallel_size: 8\npipeline_parallel_size: 1\n"
                           "moe_expert_parallel_size: 8\nenable_attention_dp: true\n"
-                          "max_batch_size: 64\nmax_num_tokens: 8192\nkv_cache_config:\n"
+                          "max_batch_size: 64\nmax_num_tokens: 8192\n"
+                          "enable_chunked_prefill: true\nscheduler_config:\n"
+                          "  capacity_scheduler_policy: GUARANTEED_NO_EVICT\nkv_cache_config:\n"
                           "  free_gpu_memory_fraction: 0.9\n  dtype: fp8\n"),)
     assert _lines(run) == ["mpirun -n 8 trtllm-llmapi-launch trtllm-serve "
                            "deepseek-ai/DeepSeek-V3 --backend pytorch --extra_llm_api_options "

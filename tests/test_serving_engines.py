@@ -169,6 +169,7 @@ def test_cli_engines_routers_and_conversations():
 
 @pytest.mark.parametrize("name,flags", [
     ("sglang", {}), ("sglang", {"schedule_policy": "lpm", "chunked_prefill_size": 256}),
+    ("sglang", {"schedule_policy": "dfs-weight", "chunked_prefill_size": 256}),
     ("trtllm", {}), ("trtllm", {"capacity_scheduler_policy": "MAX_UTILIZATION",
                                 "enable_chunked_prefill": True, "max_num_tokens": 512})])
 def test_priced_ahead_equals_step_by_step(name, flags, monkeypatch):

@@ -49,9 +49,10 @@ class Scheduler(str, Enum):
 
 
 # generated-traffic options a trace replaces: given with --trace they would be ignored
+# (--think-time is not one: it re-sends a trace's later turns after their answers)
 _GENERATED = ("num_requests", "input_len", "output_len", "arrival", "burstiness",
               "length_dist", "spread", "lengths_from", "shared_prefix", "seed", "turns",
-              "think_time", "turn_growth")
+              "turn_growth")
 _ANNOUNCE_AFTER_S = 2.0    # a run still going after this long says how long it will take
 
 
@@ -110,7 +111,7 @@ def simulate_cmd(
     max_prefill_tokens: Annotated[int | None, Opt(rich_help_panel=_SGL)] = None,
     max_running_requests: Annotated[int | None, Opt(rich_help_panel=_SGL, help=(
         "unset: SGLang's rule from the KV pool"))] = None,
-    schedule_policy: Annotated[str | None, Opt(rich_help_panel=_SGL, help="fcfs | lpm")
+    schedule_policy: Annotated[str | None, Opt(rich_help_panel=_SGL, help="fcfs | lpm | dfs-weight")
                                ] = None,
     schedule_conservativeness: Annotated[float | None, Opt(rich_help_panel=_SGL)] = None,
     page_size: Annotated[int | None, Opt(rich_help_panel=_SGL)] = None,
@@ -138,8 +139,9 @@ def simulate_cmd(
         " tcp://host:8786 (pip install 'perfmodel[fleet]')"))] = None,
     turns: Annotated[int, Opt(rich_help_panel=_FLEET, help=(
         "turns per conversation (--rate): each turn's prompt extends the last"))] = 1,
-    think_time: Annotated[float, Opt(rich_help_panel=_FLEET, help=(
-        "seconds between a conversation's turns"))] = 0.0,
+    think_time: Annotated[float | None, Opt(rich_help_panel=_FLEET, help=(
+        "seconds from a turn's answer to the next turn (default 0); with --trace: re-send "
+        "its later turns so, not at their recorded times"))] = None,
     turn_growth: Annotated[int | None, Opt(rich_help_panel=_FLEET, help=(
         "mean new tokens a later turn adds (default --input-len)"))] = None,
     weights_dtype: WeightsOpt = None,

@@ -37,6 +37,7 @@ def inputs(p: dict[str, Any]) -> tuple:
     streams = _within_limit(streams, engine.max_model_len or m.max_position_embeddings,
                             p["trace"] is None)
     _warn_idle(streams, layout)
+    _warn_turns(streams, layout, p["router"])
     return m, hw, wl, layout, engine, streams
 
 
@@ -66,6 +67,22 @@ def _warn_idle(streams: list, layout: Any) -> None:
     if fewest < engines:
         typer.echo(f"warning: {fewest:,} requests over {engines:,} engines: "
                    f"{engines - fewest:,} stay idle", err=True)
+
+
+def _warn_turns(streams: list, layout: Any, router: str) -> None:
+    """Across replicas dealt other than by session, later turns keep their nominal times
+    (``serving.sessions``): said, as it changes the numbers."""
+    from perfmodel.serving import sessions
+
+    if layout.dp * layout.attention_ways == 1 or router == "session-affinity":
+        return
+    later = sum(int(sessions.follows(reqs).sum()) for _, reqs, _ in streams)
+    if later:
+        typer.echo(f"warning: --router {router}: a session's turns run on different "
+                   f"replicas, simulated apart, so {later:,} later turns are sent at their "
+                   "nominal times (session start + --think-time per turn, or the trace's), "
+                   "not --think-time after the previous answer; --router session-affinity "
+                   "keeps them", err=True)
 
 
 _FLAGS = {"vllm": ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
@@ -101,7 +118,7 @@ def _engine(name: str, values: dict) -> Any:
 def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
              input_len: int, output_len: int, arrival: str, burstiness: float,
              length_dist: str, spread: float, lengths_from: Path | None,
-             shared_prefix: int, seed: int, talk: tuple = (1, 0.0, None)) -> list:
+             shared_prefix: int, seed: int, talk: tuple = (1, None, None)) -> list:
     """[(offered rate or None, Requests, label)]: one stream, or one per --rate."""
     from perfmodel.serving import traffic
 
@@ -109,12 +126,20 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
     if sources != 1:
         fail("give one source of traffic: --trace FILE, --rate R or --concurrency C")
     if trace is not None:
-        return [(None, traffic.read_trace(trace), trace.name)]
+        reqs = traffic.read_trace(trace)
+        if talk[1] is not None:
+            from perfmodel.serving import sessions
+
+            reqs = sessions.after_answers(reqs, talk[1])
+            typer.echo(f"warning: --think-time {talk[1]:g}: {trace.name}'s later turns are "
+                       "sent that long after the previous turn's answer; their recorded "
+                       "arrival times are not used", err=True)
+        return [(None, reqs, trace.name)]
     lengths = traffic.read_trace(lengths_from) if lengths_from is not None else None
     common = dict(input_len=input_len, output_len=output_len, length_dist=length_dist,
                   spread=spread, lengths_from=lengths, shared_prefix=shared_prefix, seed=seed)
-    if talk != (1, 0.0, None):
-        common.update(turns=talk[0], think_time=talk[1], turn_growth=talk[2])
+    if talk != (1, None, None):
+        common.update(turns=talk[0], think_time=talk[1] or 0.0, turn_growth=talk[2])
     if concurrency:
         return [(None, traffic.generate(n, concurrency=concurrency, **common),
                  f"{concurrency} users")]

@@ -30,6 +30,12 @@ the transfer (SGLang passes the prefill's token along with the KV and the decode
 streams it without that one-token step: there TTFT is one decode step shorter). TPOT and
 ITL are the decode pool's.
 
+Host time: each pool is an engine with its own settings' host time (``serving.host_time``;
+``EngineConfig.host``), added as ``simulate`` adds it: the prefill instance's API server
+before it sees the request and the stream of its one token to the proxy before the
+transfer starts, the decode instance's API server once the KV has arrived, its steps' host
+time and its stream to the client.
+
 Not modelled: transfers contending for one NIC, the prefill instance holding the blocks
 until they are read, the decode instance reserving blocks before the transfer, and a
 hybrid model's recurrent state (only the KV cache moves).

@@ -84,8 +84,8 @@ def dry_run(run: object, guess: Guess) -> Dry:
         dry.features.append(guess.features(batch))
         t += guess(dry.features[-1])
         ended += len(done)
-        if t >= run.horizon:
-            break
+        if t >= run.horizon or (len(done) and arrivals.sends_after(done)):
+            break       # a turn sent after an answer: its time rests on this step's end
         if closed and len(done):
             nxt = list(range(queued, min(queued + len(done), len(sched))))
             queued += len(nxt)

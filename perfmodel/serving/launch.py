@@ -25,6 +25,8 @@ The rules, per engine version:
   in the ``--extra_llm_api_options`` YAML; ``tensor_parallel_size`` every GPU of the
   server, ``enable_attention_dp`` for attention ranks; across nodes under ``mpirun`` with
   ``trtllm-llmapi-launch``.
+- The scheduler: each server's batch, token budget, chunked prefill and queue policy in the
+  engine's own names (``serving.scheduler_flags``), said again in ``Launch.scheduler``.
 - Quantization follows the checkpoint: a checkpoint whose config carries its own
   ``quantization_config`` (``format`` fp8 or mxfp4) needs no flag; ``--quantization fp8``
   (online W8A8-fp8) only for a bf16 checkpoint planned at fp8; fp8 KV is
@@ -37,6 +39,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from perfmodel.serving.scheduler_flags import as_flags, as_yaml, said, scheduler
 from perfmodel.specs.errors import SpecError
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -166,10 +169,12 @@ class Launch:
     steps: tuple[Step, ...]
     files: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
+    scheduler: tuple[str, ...] = ()     # per server shape: its scheduler settings
 
     def text(self) -> str:
-        out = [f"# {name}:\ncat > {name} <<'EOF'\n{body.rstrip()}\nEOF" for name, body
-               in self.files]
+        out = [f"# scheduler {line}" for line in self.scheduler]
+        out += [f"# {name}:\ncat > {name} <<'EOF'\n{body.rstrip()}\nEOF" for name, body
+                in self.files]
         out += [f"# {s.where}:\n{s.command}" for s in self.steps]
         return "\n".join(out + [f"# note: {n}" for n in self.notes])
 
@@ -196,7 +201,11 @@ def launch(dep: Deployment, engine: str) -> Launch:
         if server.gpus > dep.gpus_per_node:
             steps += _spanning(dep, server, count, role, args[role], engine)
     steps += _front(dep, engine)
-    return Launch(engine, dep.versions[engine], tuple(steps), tuple(files), tuple(notes))
+    lines = tuple(f"({role or 'server'}{', ' + files[k][0] if engine == 'trtllm' else ''}): "
+                 + said(scheduler(engine, server), engine)
+                 for k, (role, server, _) in enumerate(pools))
+    return Launch(engine, dep.versions[engine], tuple(steps), tuple(files), tuple(notes),
+                  lines)
 
 
 def launches(dep: Deployment) -> dict[str, Launch]:
@@ -222,8 +231,7 @@ def _vllm(dep: Deployment, s: Server, role: str) -> list[str]:
     args += ["--enable-expert-parallel"] if s.ep > 1 else []
     args += ["--quantization", "fp8"] if dep.online_fp8() else []
     args += ["--kv-cache-dtype", "fp8"] if dep.kv_dtype == "fp8" else []
-    args += ["--max-num-seqs", str(s.per_rank(s.max_num_seqs)),
-             "--max-num-batched-tokens", str(s.max_num_batched_tokens),
+    args += [*as_flags(scheduler("vllm", s)),
              "--gpu-memory-utilization", f"{dep.gpu_memory_utilization:g}"]
     return args + (["--kv-transfer-config", NIXL] if role else [])
 
@@ -236,8 +244,7 @@ def _sglang(dep: Deployment, s: Server, role: str) -> list[str]:
     args += ["--pp-size", str(s.pp)] if s.pp > 1 else []
     args += ["--quantization", "fp8"] if dep.online_fp8() else []
     args += ["--kv-cache-dtype", "fp8_e4m3"] if dep.kv_dtype == "fp8" else []
-    args += ["--max-running-requests", str(s.max_num_seqs),
-             "--chunked-prefill-size", str(s.max_num_batched_tokens)]
+    args += as_flags(scheduler("sglang", s))
     if role:
         args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
     return [*args, "--host", "0.0.0.0"]
@@ -249,8 +256,7 @@ def _trtllm_yaml(dep: Deployment, s: Server, role: str) -> str:
     lines = [f"tensor_parallel_size: {s.tp * s.dp}", f"pipeline_parallel_size: {s.pp}",
              f"moe_expert_parallel_size: {s.ep}",
              f"enable_attention_dp: {'true' if s.dp > 1 else 'false'}",
-             f"max_batch_size: {s.per_rank(s.max_num_seqs)}",
-             f"max_num_tokens: {s.max_num_batched_tokens}", "kv_cache_config:",
+             *as_yaml(scheduler("trtllm", s)), "kv_cache_config:",
              *(f"  {k}: {v}" for k, v in kv.items())]
     if role:
         lines += ["cache_transceiver_config:", "  backend: NIXL"]

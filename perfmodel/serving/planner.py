@@ -59,7 +59,7 @@ class Target:
     output lengths (``length_dist``/``spread`` as ``simulate`` draws them), ``rate``
     (req/s; None: as much as ``gpus`` serve), ``gpus`` at most (None: no ceiling, only
     with a rate); ``trace``: a trace whose lengths the check draws from; ``host``: the
-    engine's host time the simulated check of an aggregated plan adds
+    engine's host time the simulated check adds (to both pools of a disaggregated plan)
     (``serving.host_time``; ``host_flags``: the simulate options naming it)."""
 
     gpus: int | None

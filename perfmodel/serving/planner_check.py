@@ -69,10 +69,12 @@ def check(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target: Ta
     wl = plan.precision.workload(model)
     engine = EngineConfig(max_num_seqs=plan.max_num_seqs)
     one = plan.parallelism
-    if pre:         # GPU steps only: the disaggregated simulation takes no host time yet
+    if pre:         # each pool an engine with the host time, as simulate adds it
         res = simulate_disaggregated(model, reqs, Pool(hw, replace(one, dp=pre)),
-                                     Pool(hw, replace(one, dp=dec), engine),
-                                     plan.link or "network", EngineConfig(), wl)
+                                     Pool(hw, replace(one, dp=dec),
+                                          replace(engine, host=target.host)),
+                                     plan.link or "network",
+                                     EngineConfig(host=target.host), wl)
     else:
         res = simulate(model, hw, reqs, one, replace(engine, host=target.host), wl)
     out = reqs.output_tokens
@@ -145,14 +147,16 @@ def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float,
     model_arg = model.name
     par_py = f"P(tp={plan.tp}, ep={plan.ep}, attention_dp={plan.attention_dp}, "
     if pre:
+        host = f"HostTime(**{target.host.constants()!r})"
         return (f"python -c \"import perfmodel as pm; from perfmodel.serving import disagg, "
                 f"traffic; from perfmodel.serving.config import EngineConfig as E; from "
-                f"perfmodel.specs.workload import Parallelism as P; m, h = pm.model("
+                f"perfmodel.specs.workload import Parallelism as P; from perfmodel.serving."
+                f"host_time import HostTime; m, h = pm.model("
                 f"'{model_arg}'), pm.hardware('{hw.name}'); r = traffic.generate({n}, rate="
                 f"{rate:.6g}, input_len={target.lengths[0]}, output_len={target.lengths[1]}, "
                 f"seed={seed}); print(disagg.simulate_disaggregated(m, r, disagg.Pool(h, "
                 f"{par_py}dp={pre})), disagg.Pool(h, {par_py}dp={dec}), E(max_num_seqs="
-                f"{plan.max_num_seqs})), '{plan.link}', E(), "
+                f"{plan.max_num_seqs}, host={host})), '{plan.link}', E(host={host}), "
                 f"pm.Workload.for_model(m, weights_dtype='{plan.precision.weights}', act_dtype="
                 f"'{plan.precision.activations}', kv_dtype='{plan.precision.kv}'))"
                 f".summary({target.slo_ttft_s:g}, {target.slo_tpot_s:g}))\"")

@@ -25,7 +25,11 @@ class Requests:
     ``turn``: a conversation's turns; a turn's prompt is the conversation so far (its
     shared prefix, ``prefix_id`` the session's chain) and its own new message; the KV of a
     finished turn stays cached as the chain the next turn asks for (``serving.traffic``
-    sets them from a trace's ``session_id,turn`` columns or ``generate(turns=...)``)."""
+    sets them from a trace's ``session_id,turn`` columns or ``generate(turns=...)``).
+    ``think_s`` (or None): NaN where ``arrival_s`` is the request's time; a number where
+    the request is a later turn sent that long after the client has its session's previous
+    turn's last token (``serving.sessions``: ``arrival_s`` then holds a nominal time, used
+    only where the turns cannot follow the answers)."""
 
     arrival_s: np.ndarray
     input_tokens: np.ndarray
@@ -37,6 +41,7 @@ class Requests:
     client_cap: int = 0
     session_id: np.ndarray | None = None
     turn: np.ndarray | None = None
+    think_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -79,7 +84,7 @@ class Requests:
         return Requests(self.arrival_s[keep], self.input_tokens[keep], self.output_tokens[keep],
                         self.prefix_id[keep], self.prefix_tokens[keep],
                         min(self.closed_loop, n), pick(self.prefilled), self.client_cap,
-                        pick(self.session_id), pick(self.turn))
+                        pick(self.session_id), pick(self.turn), pick(self.think_s))
 
     def __len__(self) -> int:
         return len(self.arrival_s)

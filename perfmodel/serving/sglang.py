@@ -10,10 +10,11 @@
 2. The prefill batch: the request whose prompt is being chunked goes first (``add_chunked_req``:
    a chunk of ``--chunked-prefill-size``, or what the pool has left); then the waiting queue,
    in ``--schedule-policy`` order ("fcfs": arrival; "lpm": longest cached prefix first,
-   stable, and fcfs once more than 128 wait), while fewer than ``--max-running-requests``
-   run. A request needs its uncached prompt plus min(max_new_tokens, 4096) + one page of
-   what is left of the pool (free plus evictable, less each running request's remaining
-   output x ``new_token_ratio``): the first that does not fit ends the batch ("NO_TOKEN").
+   stable, and fcfs once more than 128 wait; "dfs-weight": by the radix tree, below),
+   while fewer than ``--max-running-requests`` run. A request needs its uncached prompt
+   plus min(max_new_tokens, 4096) + one page of what is left of the pool (free plus
+   evictable, less each running request's remaining output x ``new_token_ratio``): the
+   first that does not fit ends the batch ("NO_TOKEN").
    A prompt longer than the chunk budget left is cut to it (page-aligned) and becomes the
    chunked request; the batch ends when ``--max-prefill-tokens`` or the chunk budget is
    spent. Without chunking (``--chunked-prefill-size -1``) a prompt past the prefill budget
@@ -30,6 +31,7 @@
    prefix or session) the tail of a chain goes first, as the paged pool's LRU does. A hit
    is any prefix of ``--page-size`` tokens (default 1: token granularity), at most the
    prompt less one token.
+5. The queue's order under lpm and dfs-weight: ``serving.sglang_policy``.
 """
 
 from __future__ import annotations
@@ -38,14 +40,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel.serving import sglang_policy
 from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.serving.scheduler import Batch, EngineState
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 
-POLICIES = ("fcfs", "lpm")
+POLICIES = sglang_policy.POLICIES
 CLIP_MAX_NEW_TOKENS = 4096      # schedule_policy.py, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-LPM_QUEUE_LIMIT = 128           # _determine_active_policy: lpm falls back to fcfs past it
 INIT_NEW_TOKEN_RATIO = 0.7      # environ.py SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
@@ -177,8 +179,9 @@ class SGLangState(EngineState):
 
     @property
     def _reorders(self) -> bool:
-        """Under lpm an arrival may sort ahead of the queue: every step is open to it."""
-        return self.engine.schedule_policy == "lpm"
+        """Under lpm or dfs-weight an arrival may sort ahead of the queue: every step is
+        open to it."""
+        return self.engine.schedule_policy != "fcfs"
 
     @property
     def _init_ratio(self) -> float:
@@ -206,8 +209,8 @@ class SGLangState(EngineState):
         ids, new = [], []
         if self.chunked >= 0:
             self._add_chunked(b, ids, new)
-        if e.schedule_policy == "lpm" and len(self.waiting) <= LPM_QUEUE_LIMIT:
-            self._sort_lpm()
+        if sglang_policy.sorts(e.schedule_policy, len(self.waiting)):
+            self._sort()
         while self.waiting and len(ids) < cap - len(run):
             if not self._add_one(self.waiting[0], b, ids, new):
                 break
@@ -289,11 +292,12 @@ class SGLangState(EngineState):
         self.own[r] += fresh
         return fresh
 
-    def _sort_lpm(self) -> None:
-        """Longest cached prefix first (a stable sort, as Python's ``list.sort``)."""
+    def _sort(self) -> None:
+        """The waiting queue in ``--schedule-policy`` order (``serving.sglang_policy``)."""
         q = list(self.waiting)
         hits = [self._hits(r, int(self.prompt[r] + self.emitted[r]))[0] for r in q]
-        order = sorted(range(len(q)), key=lambda i: -hits[i])
+        order = sglang_policy.order(self.engine.schedule_policy, hits,
+                                    [int(self.prefix[r]) for r in q])
         self.waiting.clear()
         self.waiting.extend(q[i] for i in order)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from perfmodel.serving import fleet, host_time
+from perfmodel.serving import fleet, host_time, sessions
 from perfmodel.serving.arrivals import Arrivals
 from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.dry_run import Dry, Guess, dry_run
@@ -100,7 +100,9 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
                         f"the pool's {pool.blocks} on {hw.name}")
     engine = engine.resolved(pool.blocks, limit)
     fleet.check(router, workers, requests, engines, plan.attention_ways, cluster)
-    client, requests = requests, host_time.admitted(requests, engine.host)
+    if engines > 1 and router != "session-affinity":    # a session's turns run apart
+        requests = sessions.at_nominal_times(requests)
+    client, (requests, api_s) = requests, sessions.admitted(requests, engine.host)
     parts, runs = run_replicas(model, hw, one, workload, engine, requests, engines,
                                pool.blocks, router, workers, progress, edge, cluster)
     res = _merge(requests, parts, runs, pool.blocks, label,
@@ -108,7 +110,8 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
                   "engine": engine, "router": router,
                   "steps_priced": sum(r.pricer.priced for r in runs),
                   "price_calls": sum(r.pricer.calls for r in runs)})
-    return host_time.client_side(res, client, requests, engine.host)
+    return sessions.client_side(host_time.client_side(res, client, requests, engine.host),
+                                res.arrival_s, client, api_s)
 
 
 def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
@@ -128,7 +131,9 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                                      plan.attention_ways, _record)
         kept = [e for e, idx in enumerate(parts) if len(idx)]
         return [parts[e] for e in kept], [runs[e] for e in kept]
-    dealt, ways = fleet.deal(requests, engines, router), plan.attention_ways
+    dealt = [sessions.engine_order(requests, idx)
+             for idx in fleet.deal(requests, engines, router)]
+    ways = plan.attention_ways
     shared = (model, hw, plan, w, engine, blocks, edge)
     if ways > 1:            # data-parallel attention: each replica's ranks in lockstep
         groups = [[idx for idx in dealt[g:g + ways] if len(idx)]    # an idle rank's dummy
@@ -192,9 +197,9 @@ def _ranks(subsets: list, shared: tuple, progress: Progress | None = None,
 
 def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
     if engines == 1:
-        return requests
+        return requests if requests.think_s is None else sessions.engine_view(requests, idx)
     users = -(-requests.closed_loop // engines) if requests.closed_loop else 0
-    return replace(requests.take(idx), closed_loop=users, client_cap=0, turn=None)
+    return sessions.engine_view(requests, idx, closed_loop=users, client_cap=0, turn=None)
 
 
 def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
@@ -255,10 +260,12 @@ def _valid(run: _Run, dry: Dry, times: np.ndarray) -> tuple[int, int]:
     arrivals = run.arrivals
     real = arrivals.open_count(np.array(starts), arrivals.limit(np.array(dry.ended)))
     pending = arrivals.pending[0][0] if arrivals.pending else np.inf   # after a think time
+    closed = arrivals.requests.closed_loop
     for j, batch in enumerate(dry.plans):
         if starts[j] >= run.horizon:
             return j, int(real[j])
-        if ((real[j] > dry.seen[j] or (j and starts[j] >= pending)) and batch.open) or \
+        late = j and starts[j] >= pending   # open arrivals may have joined behind it
+        if ((real[j] > dry.seen[j] or late) and batch.open) or (late and not closed) or \
                 (real[j] < dry.seen[j] and dry.top[j] >= real[j]):
             return j, int(real[j])
     done = dry.ended[-1] + len(dry.effects[-1][2])
@@ -272,8 +279,9 @@ def _replay(run: _Run, dry: Dry, times: np.ndarray, host: np.ndarray) -> int:
     adopt = cut == len(dry.plans)
     if adopt:
         waiting = dry.state.waiting
+        sched = run.arrivals.requests.arrival_s     # inf: a turn sent after an answer
         while waiting and not run.arrivals.requests.closed_loop and waiting[-1] >= arrived \
-                and waiting[-1] >= run.arrivals.next_open:
+                and waiting[-1] >= run.arrivals.next_open and sched[waiting[-1]] < np.inf:
             waiting.pop()
         run.state = dry.state
         if not run.arrivals.requests.closed_loop:
@@ -330,7 +338,7 @@ def _record(run: _Run, batch: object, effect: tuple, dt: float, queue_more: bool
         req = run.arrivals.requests
         run.last_done_tokens = int((req.input_tokens[done] + req.output_tokens[done]).sum())
         run.load_tokens -= run.last_done_tokens
-        more = run.arrivals.finished(run.t, len(done))
+        more = run.arrivals.finished(run.t, done)
         if queue_more:
             run.state.waiting.extend(more)
     run.log.append((start, dt, len(batch.ids), int(batch.new.sum()),

@@ -89,8 +89,9 @@ def conversations() -> list[str]:
     reqs = traffic.generate(2000, rate=8, input_len=512, output_len=128, turns=5,
                             think_time=20.0, turn_growth=128, length_dist="lognormal",
                             seed=2)
-    multi = simulate(MODEL, hw, reqs).summary()
-    single = simulate(MODEL, hw, sessions.single_shot(reqs)).summary()
+    talk = simulate(MODEL, hw, reqs)
+    multi = talk.summary()
+    single = simulate(MODEL, hw, sessions.single_shot(reqs, talk.arrival_s)).summary()
     later = reqs.turn > 1
     share = float(reqs.prefix_tokens[later].sum() / reqs.input_tokens[later].sum())
     rows = [[name, f"{s['prefix_hit_rate']:.1%}", _ms(s["ttft_s"]["mean"]),
@@ -99,11 +100,12 @@ def conversations() -> list[str]:
                                                               single))]
     return ["## Conversations against single-shot requests", "",
             "Llama-3-8B on one H100 SXM (vLLM), 400 conversations of 5 turns starting at "
-            "1.6/s (8 requests/s), 20 s between turns; the first prompt log-normal around "
+            "1.6/s, each later turn sent 20 s after the client has the previous answer's "
+            "last token; the first prompt log-normal around "
             "512 tokens, each later turn adding the last answer (log-normal around 128) and "
             f"a new message of about 128 tokens. A later turn's prompt is {share:.0%} "
-            "conversation so far. The single-shot trace has the same arrival times and "
-            "lengths with no sessions.", "",
+            "conversation so far. The single-shot trace has the same lengths, sent at the "
+            "times the conversations' turns were, with no sessions.", "",
             *_table(["trace", "prefix hit rate", "mean TTFT ms", "p50 TTFT ms",
                      "p99 TTFT ms"], rows),
             f"TTFT falls {single['ttft_s']['mean'] / multi['ttft_s']['mean']:.2f}x on the "
@@ -154,7 +156,10 @@ def routers() -> list[str]:
             *_table(["router", "prefix hit rate", "mean TTFT ms"], hits),
             "Round-robin sends a conversation's next turn to another replica three times in "
             "four, where its chain is not cached; session affinity keeps every turn where "
-            "the last one left its KV.", ""]
+            "the last one left its KV. Under round-robin the replicas run apart, so a later "
+            "turn is sent at its nominal time (20 s after the previous turn was sent, not "
+            "after its answer: the command warns); under session affinity it follows its "
+            "answer.", ""]
 
 
 def main() -> None:
