@@ -37,6 +37,10 @@ def inputs(p: dict[str, Any]) -> tuple:
     streams = _within_limit(streams, engine.max_model_len or m.max_position_embeddings,
                             p["trace"] is None)
     _warn_idle(streams, layout)
+    if layout.pp > 1 and engine.host.overlap and engine.name == "vllm":
+        typer.echo(f"warning: --pp {layout.pp}: vLLM turns async scheduling off under "
+                   "pipeline parallelism (vllm/config/vllm.py), so each micro-batch's host "
+                   f"time counts in full, without {engine.host.name}'s overlap", err=True)
     return m, hw, wl, layout, engine, streams
 
 

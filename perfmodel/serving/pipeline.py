@@ -60,6 +60,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from perfmodel.schedules.pipeline import activation_bytes, boundary_seconds, stage_seconds
+from perfmodel.serving.dry_run import Guess
 from perfmodel.serving.engine import StepPricer
 from perfmodel.serving.results import SimResult
 from perfmodel.serving.scheduler import Batch, EngineState
@@ -96,6 +97,7 @@ class StagePricer:
         self.pricer = pricer
         self.pp = pricer.plan.pp
         self.work = replace(pricer.host, overlap=False, exposed_s=0.0)
+        self.memo: dict[int, float] = {}
 
     def __call__(self, batches: list[Batch]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """((k, pp) stage seconds, (k, pp - 1) send seconds, (k,) host seconds)."""
@@ -107,8 +109,17 @@ class StagePricer:
         tokens = np.array([int(b.new.sum()) for b in batches], dtype=float)
         send = boundary_seconds(p.hw, p.plan, tokens * activation_bytes(
             p.model, CODE[p.act_dtype]))
-        host = self.work.step(np.zeros(len(batches)), seqs)
-        return stage.T, send.T, host
+        return stage.T, send.T, self.host_s(seqs)
+
+    def host_s(self, seqs: np.ndarray | int) -> np.ndarray:
+        """The engine's host work for batches of ``seqs`` sequences."""
+        return self.work.step(np.zeros(np.shape(seqs)), seqs)
+
+    def host_one(self, seqs: int) -> float:
+        """``host_s`` of one batch, memoised by its sequences."""
+        if seqs not in self.memo:
+            self.memo[seqs] = float(self.host_s(seqs))
+        return self.memo[seqs]
 
 
 @dataclass(eq=False)
@@ -124,7 +135,9 @@ class Flight:
 @dataclass(eq=False)
 class Pipe:
     """One engine's pipeline: when each stage is next free, the batches in flight (oldest
-    first), batches priced ahead, and per logged batch its stage and send seconds."""
+    first), batches priced ahead, per logged batch its stage and send seconds, and
+    ``guess``: a step's GPU time before it is priced, fitted to those priced so far
+    (``serving.dry_run.Guess``, which places arrivals in the dry runs)."""
 
     pricer: StagePricer
     free: np.ndarray
@@ -134,6 +147,7 @@ class Pipe:
     stood: int = 0
     stages: list = field(default_factory=list)
     sends: list = field(default_factory=list)
+    guess: Guess = field(default_factory=Guess)
 
     @property
     def pp(self) -> int:
@@ -248,29 +262,58 @@ def _priced(run: object, pipe: Pipe, batch: Batch, epochs: np.ndarray
     pipe.lookahead = max(4, min(LOOKAHEAD, 2 * pipe.stood)) if missed else \
         min(LOOKAHEAD, 2 * pipe.lookahead)
     pipe.stood = 0
-    ahead = [batch, *_dry(run.state, pipe, batch, epochs, pipe.lookahead - 1)]
+    ahead, features = _dry(run, pipe, batch, epochs, pipe.lookahead - 1)
     stage, send, host = pipe.pricer(ahead)
+    pipe.guess.learn(features, stage.sum(axis=1))
     pipe.ready = deque(zip(ahead[1:], stage[1:], send[1:], host[1:].tolist(), strict=True))
     return stage[0], send[0], float(host[0])
 
 
-def _dry(state: EngineState, pipe: Pipe, batch: Batch, epochs: np.ndarray, k: int
-         ) -> list[Batch]:
-    """Up to ``k`` batches the engine would form after ``batch``, were nothing more to
-    arrive: the same loop on a copy of the state."""
-    st = state.copy()
-    queue = deque([(f.batch, f.epochs) for f in pipe.inflight] + [(batch, epochs)])
-    out = []
-    while len(out) < k:
+def _dry(run: object, pipe: Pipe, batch: Batch, epochs: np.ndarray, k: int
+         ) -> tuple[list[Batch], list[np.ndarray]]:
+    """``batch`` and up to ``k`` batches the engine would form after it, and each one's
+    ``Guess.features``: the same loop on a copy of
+    the state, an open loop's arrivals let in where guessed times place them (each stage a
+    pp-th of ``Pipe.guess``'s step time; a closed loop's next requests left out). Only
+    which batches are priced ahead rests on the guess."""
+    st, arrivals = run.state.copy(), run.arrivals
+    sched, closed = arrivals.requests.arrival_s, bool(arrivals.requests.closed_loop)
+    seen, ended, clock = arrivals.next_open, 0, run.t
+    free = pipe.free.copy()
+    queue = deque((f.batch, f.epochs, f.out_s) for f in pipe.inflight)
+
+    out, features = [], []
+
+    def launch(b: Batch, e: np.ndarray) -> None:
+        nonlocal clock
+        out.append(b)
+        features.append(pipe.guess.features(b))
+        each = max(pipe.guess(features[-1]), 0.0) / pipe.pp
+        host = pipe.pricer.host_one(len(b.ids))
+        t = clock + host
+        for s in range(pipe.pp):
+            t = free[s] = max(t, free[s]) + each
+        clock += host
+        queue.append((b, e, t))
+
+    launch(batch, epochs)
+    while len(out) <= k:
+        room = seen if closed else min(len(sched), arrivals.limit(ended))
+        while seen < room and sched[seen] <= clock:
+            st.waiting.append(seen)
+            seen += 1
         formed = schedule(st) if len(queue) < pipe.pp else None
         if formed is not None:
-            out.append(formed[0])
-            queue.append(formed)
+            launch(*formed)
         elif queue:
-            land(st, *queue.popleft())
+            b, e, t = queue.popleft()
+            clock = max(clock, t)
+            ended += len(land(st, b, e)[1])
+        elif seen < room:
+            clock = max(clock, float(sched[seen]))
         else:
             break
-    return out
+    return out, features
 
 
 def _same(a: Batch, b: Batch) -> bool:
