@@ -234,6 +234,7 @@ def test_a_load_aware_router_stays_exact_with_pipelines():
     (Parallelism(pp=2), SGLangConfig(), "event_loop_pp"),
     (Parallelism(pp=2), TRTLLMConfig(), "_executor_loop_pp"),
     (Parallelism(pp=2), EngineConfig(scheduler="static"), "static"),
+    (Parallelism(pp=2, ep=2, attention_dp=True), EngineConfig(), "--attention-dp"),
 ])
 def test_what_pipelines_are_not_simulated_with(plan, engine, match):
     with pytest.raises(SpecError, match=match):
@@ -253,6 +254,10 @@ def test_cli_simulates_pipeline_stages(tmp_path):
     assert {"stage0_s", "stage1_s", "send_s", "wait_s"} <= set(head)
     table = runner.invoke(app, [*args, "--pp", "2"])
     assert table.exit_code == 0 and "PP2" in table.output and "pipeline" in table.output
+    # vLLM 0.24 runs async scheduling, which it turns off under PP: said on stderr
+    assert "warning: --pp 2: vLLM turns async scheduling off" in table.output
+    sync = runner.invoke(app, [*args, "--pp", "2", "--engine-mode", "v1"])
+    assert sync.exit_code == 0 and "warning" not in sync.output
     bad = runner.invoke(app, [*args, "--pp", "2", "--engine", "sglang"])
     assert bad.exit_code == 2 and bad.output.startswith("error: --pp: 2 with --engine sglang")
     assert len(bad.output.strip().splitlines()) == 1
