@@ -37,20 +37,26 @@ def _tokens(res, i: int) -> list[float]:
     return (res.token_s[res.token_offsets[i]:res.token_offsets[i + 1]] / MS).round(9).tolist()
 
 
-@pytest.fixture
-def fixed_stages(monkeypatch):
-    """Every batch takes 10 ms on each stage, no send, no host time; a pp=1 step the two
-    stages in series, 20 ms."""
+def _fix(monkeypatch, stage_ms: list[float]) -> None:
+    """Every batch takes ``stage_ms`` on the stages, no send, no host time; a pp=1 step
+    their sum."""
     def stages(self, batches):
         k = len(batches)
-        return np.full((k, self.pp), 10 * MS), np.zeros((k, self.pp - 1)), np.zeros(k)
+        return np.tile(np.array(stage_ms) * MS, (k, 1)), np.zeros((k, self.pp - 1)), \
+            np.zeros(k)
 
     def times(self, batches):
         self.last_host = np.zeros(len(batches))
-        return np.full(len(batches), 20 * MS)
+        return np.full(len(batches), sum(stage_ms) * MS)
 
     monkeypatch.setattr(pipeline.StagePricer, "__call__", stages)
     monkeypatch.setattr(StepPricer, "times", times)
+
+
+@pytest.fixture
+def fixed_stages(monkeypatch):
+    """10 ms on each stage (of 2, or of 4 where asked), 20 ms a pp=1 step."""
+    _fix(monkeypatch, [10.0, 10.0])
 
 
 # goldens ----------------------------------------------------------------------------------
@@ -92,12 +98,32 @@ def test_golden_a_prompt_s_next_chunk_enters_the_pipe_behind_the_first(fixed_sta
     assert _tokens(simulate(LLAMA, H100, req, Parallelism(), engine), 0) == [40, 60]
 
 
-def test_a_decoding_request_rides_one_batch_in_flight_at_a_time(fixed_stages):
-    """Alone, a decoding request gets one token per trip through both stages (20 ms), not
-    one per stage time: the engine cannot schedule it again before its output returns."""
+def test_a_decoding_request_rides_one_batch_in_flight_at_a_time(monkeypatch):
+    """Alone, a decoding request gets one token per trip through the four stages (40 ms),
+    not one per stage time: the engine cannot schedule it again before its output
+    returns."""
+    _fix(monkeypatch, [10.0] * 4)
     res = simulate(LLAMA, H100, Requests.of([0.0], [4], [4]), Parallelism(pp=4),
                    EngineConfig())
     assert _tokens(res, 0) == [40, 80, 120, 160]
+
+
+def test_golden_the_slowest_stage_sets_the_pace(monkeypatch):
+    """Stages of 5 and 15 ms; A and B (4 prompt tokens, 3 out) with a budget of 4 tokens
+    ride two micro-batches X and Y. X: stage 0 0-5, stage 1 5-20; Y: stage 0 5-10, stage 1
+    waits for X, 20-35. X returns at 20 and goes again: stage 0 20-25, stage 1 waits for Y,
+    35-50; Y returns at 35: 35-40, 50-65; ... batches return every 15 ms (the slowest
+    stage), each request's tokens every 30 (two batches in turn); alone, a request gets a
+    token every 20 ms (the sum of the stages)."""
+    _fix(monkeypatch, [5.0, 15.0])
+    engine = EngineConfig(max_num_batched_tokens=4, max_num_seqs=4)
+    res = simulate(LLAMA, H100, Requests.of([0.0, 0.0], [4, 4], [3, 3]), Parallelism(pp=2),
+                   engine)
+    assert [_tokens(res, i) for i in range(2)] == [[20, 50, 80], [35, 65, 95]]
+    ends = (res.steps.start_s + res.steps.time_s) / MS
+    assert np.diff(ends).round(9).tolist() == [15.0] * 5
+    alone = simulate(LLAMA, H100, Requests.of([0.0], [4], [3]), Parallelism(pp=2), engine)
+    assert _tokens(alone, 0) == [20, 40, 60]
 
 
 # against the plain loop and the estimate --------------------------------------------------
