@@ -54,3 +54,15 @@ def test_the_planner_picks_pipeline_stages_and_launches_them():
     assert f"--pipeline-parallel-size {p['pp']}" in launch["vLLM"]
     assert f"--pp-size {p['pp']}" in launch["SGLang"]
     assert f"pipeline_parallel_size: {p['pp']}" in launch["TensorRT-LLM"]
+
+
+def test_pipeline_stages_are_searched_for_vllm_only():
+    """SGLang's and TensorRT-LLM's pipeline loops are not simulated: no stage is planned
+    for them, and the search says so."""
+    from perfmodel.cli.devices import device
+
+    sgl = device("a100-80gb-sxm", "sglang")
+    assert sgl.engine == "sglang"
+    assert all(p.pp == 1 for p in planner_search.replica_plans(BIG, sgl, 16))
+    assert any("not searched for --engine sglang" in n
+               for n in planner_search.left_out(BIG, sgl, 16))

@@ -94,7 +94,8 @@ def replica_plans(model: Model, hw: Hardware, gpus: int) -> list[Parallelism]:
     experts over the same devices (ep = tp), or over ``EPS`` devices with data-parallel
     attention (tp 1), across nodes where the device has a network between them; where no
     node holds the model by TP alone, TP x PP for PP in ``PPS``, across nodes where the
-    device has a network (stages of one node otherwise)."""
+    device has a network (stages of one node otherwise), on vLLM (``serving.pipeline``
+    simulates no other engine's pipeline)."""
     node = hw.interconnect.max_devices
     moe = model.moe is not None
     plans = [Parallelism(tp=t, ep=t if moe else 1) for t in TPS if t <= min(gpus, node)]
@@ -102,7 +103,7 @@ def replica_plans(model: Model, hw: Hardware, gpus: int) -> list[Parallelism]:
         wide = node if not hw.interconnect.network_bytes_per_s else max(EPS)
         plans += [Parallelism(ep=e, attention_dp=True) for e in EPS
                   if e <= min(gpus, wide) and model.moe.n_experts % e == 0]
-    if not fits_in_node(model, hw):
+    if hw.engine == "vllm" and not fits_in_node(model, hw):   # the only PP simulated
         reach = gpus if hw.interconnect.network_bytes_per_s else min(gpus, node)
         plans += [Parallelism(tp=t, pp=p, ep=t if moe else 1) for p in PPS for t in TPS
                   if t <= node and t * p <= reach and p <= model.n_layers
@@ -137,6 +138,9 @@ def left_out(model: Model, hw: Hardware, gpus: int) -> list[str]:
         out.append(f"{hw.name}: tensor parallelism across nodes (TP > {node}) is not searched"
                    + ("" if not fits_in_node(model, hw) else "; nor pipeline parallelism, as "
                       f"one node holds {model.name} by TP alone"))
+    if hw.engine != "vllm" and not fits_in_node(model, hw):
+        out.append(f"{hw.name}: pipeline parallelism is not searched for --engine {hw.engine} "
+                   "(its pipeline loop is not simulated)")
     if model.moe is not None and gpus > node and not hw.interconnect.network_bytes_per_s:
         out.append(f"{hw.name}: no network figure, so expert parallelism stays in a node")
     return out
