@@ -297,3 +297,11 @@ def test_an_uncertainty_edge_scales_every_stage():
     np.testing.assert_allclose(low.steps.stage_s.sum(axis=1) + low.steps.send_s,
                                low.steps.time_s, rtol=1e-12)
     assert replace(mid.steps, stage_s=None).gpu_s.shape == mid.steps.gpu_s.shape
+
+
+def test_pipelined_replicas_in_worker_processes_give_the_same_run():
+    reqs = generate(60, rate=40.0, input_len=300, output_len=30, seed=2)
+    plan = Parallelism(pp=2, dp=2)
+    one, two = (simulate(LLAMA, H100, reqs, plan, workers=k) for k in (1, 2))
+    np.testing.assert_array_equal(one.token_s, two.token_s)
+    np.testing.assert_array_equal(one.steps.stage_s, two.steps.stage_s)
