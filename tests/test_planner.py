@@ -77,10 +77,15 @@ def test_wide_expert_parallelism_crosses_nodes_and_says_what_is_left_out():
     assert wide == [2, 4, 8, 16, 32]                         # 256 experts: 72 does not divide
     target = Target(32, 1.0, 0.05, 2000, 300, rate=5.0)
     cols, notes = planner.candidates(v3, [H100], target)
-    # 671B parameters do not fit in one 8 x 80 GB node: every H100 replica spans nodes
+    # 671B parameters do not fit in one 8 x 80 GB node: every H100 replica spans nodes,
+    # by wide EP with data-parallel attention or by pipeline stages of a TP/EP group each
     assert cols["nodes_per_replica"].min() >= 2 and (cols["nodes"] >= 2).all()
-    assert (cols["ep"] >= 16).all() and cols["attention_dp"].all()
-    assert any("pipeline parallelism" in n and "not searched" in n for n in notes)
+    staged = cols["pp"] > 1
+    assert (cols["ep"][~staged] >= 16).all() and cols["attention_dp"][~staged].all()
+    assert staged.any() and (cols["ep"][staged] == cols["tp"][staged]).all()
+    assert not cols["attention_dp"][staged].any()
+    assert (cols["prefill_replicas"][staged] == 0).all()     # aggregated only
+    assert any("tensor parallelism across nodes" in n and "not searched" in n for n in notes)
     assert any("need more than --gpus 32" in n for n in notes)
     nvl = load.hardware("h100-sxm")
     assert not any(p.ep > 8 for p in planner.replica_plans(

@@ -357,8 +357,3 @@ def test_a_request_bigger_than_the_kv_pool_is_refused():
         simulate(QWEN, H100, Requests.of([0.0], [150], [20]), engine=engine)
     assert "\n" not in str(exc.value) and "10" in str(exc.value) and "KV" in str(exc.value)
     simulate(QWEN, H100, Requests.of([0.0], [140], [20]), engine=engine)   # 10 blocks: fits
-
-
-def test_pipeline_parallel_is_refused():
-    with pytest.raises(SpecError, match="--pp"):
-        simulate(LLAMA, H100, Requests.of([0.0], [100], [10]), plan=Parallelism(pp=2))

@@ -19,6 +19,7 @@ from perfmodel.cli.common import (
     Ep,
     HardwareOpt,
     ModelOpt,
+    Pp,
     QuantizeHead,
     Tp,
     WeightsOpt,
@@ -149,6 +150,7 @@ def simulate_cmd(
     act_dtype: DtypeOpt = "bf16",
     kv_dtype: DtypeOpt = "bf16",
     tp: Tp = 1,
+    pp: Pp = 1,
     ep: Ep = 1,
     dp: Annotated[int, Opt(min=1, help=(
         "data-parallel replicas, each serving every dp-th request"))] = 1,

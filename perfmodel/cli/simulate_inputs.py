@@ -26,7 +26,7 @@ def inputs(p: dict[str, Any]) -> tuple:
     m, hw = load.model(p["model"]), device(p["hardware"], p["engine_name"])
     wl = workload(m, 1, p["input_len"], p["output_len"], p["weights_dtype"], p["act_dtype"],
                   p["kv_dtype"], quantize_lm_head=p["quantize_lm_head"])
-    layout = plan(p["tp"], 1, p["ep"], p["dp"], p["attention_dp"], 0)
+    layout = plan(p["tp"], p.get("pp", 1), p["ep"], p["dp"], p["attention_dp"], 0)
     engine = replace(_engine(p["engine_name"], p), host=host_profile(
         p["engine_name"], p["engine_version"], p["engine_mode"], p["engine_profile"],
         p["frontend"], p["host_time"]))
@@ -38,6 +38,10 @@ def inputs(p: dict[str, Any]) -> tuple:
                             p["trace"] is None)
     _warn_idle(streams, layout)
     _warn_turns(streams, layout, p["router"])
+    if layout.pp > 1 and engine.host.overlap and engine.name == "vllm":
+        typer.echo(f"warning: --pp {layout.pp}: vLLM turns async scheduling off under "
+                   "pipeline parallelism (vllm/config/vllm.py), so each micro-batch's host "
+                   f"time counts in full, without {engine.host.name}'s overlap", err=True)
     return m, hw, wl, layout, engine, streams
 
 

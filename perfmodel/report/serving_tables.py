@@ -10,6 +10,8 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from perfmodel.report.tables import columns_csv
 
 if TYPE_CHECKING:
@@ -62,6 +64,11 @@ def _summary_extras(summary: dict) -> list[tuple[str, str]]:
         extra.append(("engine time", f"GPU {t['gpu_s']:.2f} s + host {t['host_s']:.2f} s "
                                      f"(first engine); API server {api:.2f} ms and stream "
                                      f"{t['stream_s'] * 1e3:.2f} ms per request"))
+    pipe = summary.get("pipeline")
+    if pipe:
+        busy = ", ".join(f"{u:.0%}" for u in pipe["stage_utilization"])
+        extra.append(("pipeline", f"{pipe['stages']} stages busy {busy} of the run (first "
+                                  f"engine); sends {pipe['send_s']:.3f} s"))
     return extra
 
 
@@ -75,15 +82,22 @@ def steps_csv(result: SimResult) -> str:
     """One row per engine step (of the first engine): its start and duration (s), the
     sequences and tokens it ran, its prompt tokens, the KV blocks in use after it, their
     share of the pool (``kv_use``, 0 to 1) and the requests waiting; ``gpu_s`` and
-    ``host_s`` split ``time_s`` into GPU time and the engine's host time."""
+    ``host_s`` split ``time_s`` into GPU time and the engine's host time. Under pipeline
+    parallelism a row is a micro-batch, ``gpu_s`` its stages' GPU seconds summed, with
+    ``stage<i>_s`` each stage's, ``send_s`` its sends between stages and ``wait_s`` its
+    time waiting for busy stages (``serving.results.StepLog``)."""
     s = result.steps
     host = s.host_s if s.host_s is not None else 0.0 * s.time_s
-    return columns_csv({"start_s": s.start_s, "time_s": s.time_s, "gpu_s": s.gpu_s,
-                        "host_s": host, "seqs": s.seqs,
-                        "tokens": s.tokens, "prefill_tokens": s.prefill_tokens,
-                        "kv_blocks": s.kv_blocks,
-                        "kv_use": s.kv_blocks / max(result.kv_blocks_total, 1),
-                        "waiting": s.waiting})
+    cols = {"start_s": s.start_s, "time_s": s.time_s, "gpu_s": s.gpu_s, "host_s": host}
+    if s.stage_s is not None:
+        cols |= {f"stage{i}_s": s.stage_s[:, i] for i in range(s.stage_s.shape[1])}
+        cols |= {"send_s": s.send_s, "wait_s": np.maximum(
+            s.time_s - s.gpu_s - s.send_s - host, 0.0)}
+    return columns_csv(cols | {"seqs": s.seqs,
+                               "tokens": s.tokens, "prefill_tokens": s.prefill_tokens,
+                               "kv_blocks": s.kv_blocks,
+                               "kv_use": s.kv_blocks / max(result.kv_blocks_total, 1),
+                               "waiting": s.waiting})
 
 
 def summary_json(summary: dict) -> str:

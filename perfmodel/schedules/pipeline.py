@@ -49,27 +49,37 @@ def micro_batches(batch: np.ndarray, pp: int) -> np.ndarray:
     return np.minimum(pp, batch)
 
 
-def trip_seconds(hw: Hardware, plan: Parallelism, bytes_each: np.ndarray) -> np.ndarray:
-    """One pass of ``bytes_each`` (the activations of the micro-batch one device steps
-    through) through the pp - 1 stage boundaries: each boundary is a send over the device's
-    link, latency plus bytes over bandwidth; a boundary between nodes (stages of
-    ``plan.group`` devices laid out in order, ``interconnect.max_devices`` per node) uses the
-    network. Each of the tp devices of a stage sends 1/tp of the activations (vLLM sends a
-    slice per tensor-parallel rank and all-gathers it on arrival); under data-parallel
-    attention (tp = 1) each device sends its own sequences' whole, the combine having
-    returned every token to its attention device."""
-    link = hw.interconnect
-    per_node = link.max_devices
+def activation_bytes(model: Model, act_codes: np.ndarray | int) -> np.ndarray:
+    """Bytes one token's activations take across a stage boundary (its hidden state), at
+    the activation dtype codes ``act_codes`` (``specs.dtypes.CODE``)."""
+    return model.d_model * BYTES[act_codes]
+
+
+def boundary_seconds(hw: Hardware, plan: Parallelism, bytes_each: np.ndarray) -> np.ndarray:
+    """(pp - 1, N): the send across each stage boundary of ``bytes_each`` (the activations
+    of the micro-batch one device steps through): a send over the device's link, latency
+    plus bytes over bandwidth; a boundary between nodes (stages of ``plan.group`` devices
+    laid out in order, ``interconnect.max_devices`` per node) uses the network. Each of the
+    tp devices of a stage sends 1/tp of the activations (vLLM sends a slice per
+    tensor-parallel rank and all-gathers it on arrival); under data-parallel attention
+    (tp = 1) each device sends its own sequences' whole, the combine having returned every
+    token to its attention device."""
+    per_node = hw.interconnect.max_devices
     first = np.arange(plan.pp - 1) * plan.group              # first device of each stage
     crosses = (first // per_node) != ((first + plan.group) // per_node)
-    inter, intra = int(crosses.sum()), int((~crosses).sum())
-    if inter:
+    if crosses.any():
         check_network(hw, plan)
-    size = bytes_each / plan.tp
-    out = intra * send_s(hw, size)
-    if inter:
-        out = out + inter * send_s(hw, size, inter=True)
+    size = np.asarray(bytes_each, dtype=float) / plan.tp
+    out = np.empty((plan.pp - 1, *np.shape(size)))
+    for k, inter in enumerate(crosses.tolist()):
+        out[k] = send_s(hw, size, inter=inter)
     return out
+
+
+def trip_seconds(hw: Hardware, plan: Parallelism, bytes_each: np.ndarray) -> np.ndarray:
+    """One pass of ``bytes_each`` through the pp - 1 stage boundaries
+    (``boundary_seconds``, summed)."""
+    return boundary_seconds(hw, plan, bytes_each).sum(axis=0)
 
 
 def pipeline_phase(phase: PhaseCost, model: Model, plan: Parallelism, micro: np.ndarray,
@@ -117,9 +127,11 @@ def pipeline_phase(phase: PhaseCost, model: Model, plan: Parallelism, micro: np.
                         np.full((1, len(total)), CODE["host"])]).astype(np.int8))
 
 
-def _busiest(time_s: np.ndarray, names: tuple[str, ...], model: Model, pp: int) -> np.ndarray:
-    """(N,) the slowest stage's share of ``time_s`` (operators x N): its layers' part of the
-    per-layer operators plus the first or last stage's own operators."""
+def stage_seconds(time_s: np.ndarray, names: tuple[str, ...], model: Model,
+                  pp: int) -> np.ndarray:
+    """(pp, N): each stage's share of ``time_s`` (operators x N, a whole replica's step):
+    its layers' part of the per-layer operators plus the first or last stage's own
+    operators (``FIRST_STAGE``, ``LAST_STAGE``)."""
     first = np.array([n in FIRST_STAGE for n in names])
     last = np.array([n in LAST_STAGE for n in names])
     layers = time_s[~(first | last)].sum(axis=0)
@@ -127,7 +139,12 @@ def _busiest(time_s: np.ndarray, names: tuple[str, ...], model: Model, pp: int) 
     stages = share[:, None] * layers[None, :]
     stages[0] += time_s[first].sum(axis=0)
     stages[-1] += time_s[last].sum(axis=0)
-    return stages.max(axis=0)
+    return stages
+
+
+def _busiest(time_s: np.ndarray, names: tuple[str, ...], model: Model, pp: int) -> np.ndarray:
+    """(N,) the slowest stage's share of ``time_s`` (``stage_seconds``)."""
+    return stage_seconds(time_s, names, model, pp).max(axis=0)
 
 
 def pipelined_request(model: Model, hw: Hardware, plan: Parallelism,
@@ -137,7 +154,7 @@ def pipelined_request(model: Model, hw: Hardware, plan: Parallelism,
     micro = micro_batches(w.batch, plan.pp)
     part = replace(w, batch=np.ceil(w.batch / micro).astype(np.int64))
     prefill, decode = static_request(model, hw, plan, part)
-    width = model.d_model * BYTES[w.act_dtype]
+    width = activation_bytes(model, w.act_dtype)
     tokens = part.batch * part.prompt_len - part.prefix_hits * part.shared_prefix
     return (pipeline_phase(prefill, model, plan, micro, trip_seconds(hw, plan, tokens * width)),
             pipeline_phase(decode, model, plan, micro,

@@ -23,11 +23,12 @@ from perfmodel.cost.memory import (
     kv_bytes_per_token,
     logits_bytes_per_sequence,
     recurrent_state_per_sequence,
+    stage_weights,
     usable_bytes,
-    weights_bytes,
     workspace_bytes_per_token,
 )
-from perfmodel.cost.step import Dtypes, Step, price_step
+from perfmodel.cost.params import stage_layers
+from perfmodel.cost.step import Dtypes, Step, StepCost, price_step
 from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
 from perfmodel.serving.config import EngineConfig
@@ -62,20 +63,26 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     sequences). A hybrid model's recurrent state (Mamba / linear-attention layers: a fixed
     size per sequence) is set aside for ``max_num_seqs`` sequences. Every attention layer
     is counted at full length per cached token: sliding-window layers' blocks are not
-    freed as they leave the window. SpecError when nothing is left."""
+    freed as they leave the window. Under pipeline parallelism each stage's devices hold
+    their own layers' blocks after their own weights (``cost.memory.stage_weights``), and
+    the engine takes the fewest blocks any stage holds (vLLM's ``get_kv_cache_configs``:
+    every rank's ``num_blocks`` cut to the smallest). SpecError when nothing is left."""
     ws = Workloads.from_list([w])
     ab = BYTES[ws.act_dtype]
     usable = float(usable_bytes(hw, engine.gpu_memory_utilization))
-    weights = float(weights_bytes(model, plan.tp, ws.weight_bytes_per_param, ab, plan.pp,
-                                  plan.ep, plan.expert_replicas, head_bytes_of(model, ws))[0])
+    stages = stage_weights(model, plan.tp, ws.weight_bytes_per_param, ab, plan.pp, plan.ep,
+                           plan.expert_replicas, head_bytes_of(model, ws))[:, 0]
     acts = float(workspace_bytes_per_token(model, plan.tp, ab)[0]
                  * engine.max_num_batched_tokens
                  + logits_bytes_per_sequence(model, plan.tp) * engine.max_num_seqs)
     kvb = Dtypes.of_workloads(ws).kv_bytes(model)
     state, conv = recurrent_state_per_sequence(model, plan.tp)
     acts += (state + conv * float(kvb[0])) * engine.max_num_seqs
-    per_block = float(kv_bytes_per_token(model, plan.tp, kvb)[0]) * engine.block_size / plan.pp
-    left = engine.kv_bytes(hw, weights, acts)
+    share = stage_layers(model.n_layers, plan.pp) / model.n_layers
+    per_stage = float(kv_bytes_per_token(model, plan.tp, kvb)[0]) * engine.block_size * share
+    lefts = [engine.kv_bytes(hw, float(w_s), acts) for w_s in stages]
+    s = int(np.argmin([left_s / b for left_s, b in zip(lefts, per_stage, strict=True)]))
+    weights, left, per_block = float(stages.max()), lefts[s], float(per_stage[s])
     if left < per_block:
         raise SpecError(
             f"simulate: {model.name} does not fit on {hw.name} "
@@ -100,6 +107,7 @@ class StepPricer:
         self.model, self.hw, self.plan, self.edge = model, hw, plan, edge
         ws = Workloads.from_list([w])
         self.dtypes = Dtypes.of_workloads(ws)
+        self.act_dtype = w.act_dtype
         self.skew = float(w.expert_skew)
         self.prefill_timing = int(phase_timing(hw, "prefill", False))
         self.decode_timing = int(phase_timing(hw, "decode", engine.cuda_graphs))
@@ -112,6 +120,13 @@ class StepPricer:
         """Seconds of each batch's step: its GPU time (at the band ``edge`` when one is
         set) and the engine's host time that shows (``HostTime.step``; ``last_host`` keeps
         the latter; host time has no band)."""
+        gpu, _, seqs = self.gpu(batches)
+        self.last_host = self.host.step(gpu, seqs)
+        return gpu + self.last_host
+
+    def gpu(self, batches: list[Batch]) -> tuple[np.ndarray, StepCost, np.ndarray]:
+        """(GPU seconds of each batch's step, at the band ``edge`` when one is set; their
+        ``StepCost`` at the centre; the sequences in each), from one ``price_step`` call."""
         k = len(batches)
         g = max(len(b.ids) for b in batches)
         count = np.zeros((k, g), np.int64)
@@ -131,8 +146,7 @@ class StepPricer:
         self.priced += k
         gpu = cost.time if self.edge is None else band(cost.class_seconds(),
                                                        self.hw.uncertainty)[self.edge]
-        self.last_host = self.host.step(gpu, count.sum(axis=1))
-        return gpu + self.last_host
+        return gpu, cost, count.sum(axis=1)
 
 
 def capacity_rps(model: Model, hw: Hardware, plan: Parallelism, w: Workload,

@@ -179,7 +179,8 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
                 continue
             if pessimistic and not times["banded"] and hw.name not in centred:
                 centred.append(hw.name)
-            moved = search.transfer_times(model, hw, plan, times["choices"], prompt)
+            moved = search.transfer_times(model, hw, plan, times["choices"], prompt) \
+                if plan.pp == 1 else {}     # a disaggregated pipeline is not simulated
             budget = cap // plan.devices
             row, pre, dec = search.replicas(times, gen, target.slo_ttft_s, target.rate,
                                             budget, bool(moved))
@@ -218,7 +219,8 @@ def _part(hw: Hardware, plan: Parallelism, times: dict, row: np.ndarray, pre: np
           dec: np.ndarray, moved: dict) -> dict:
     n, node = len(row), hw.interconnect.max_devices
     par = f"EP{plan.ep} DP-attn" if plan.attention_dp else \
-        f"TP{plan.tp}" + (f"/EP{plan.ep}" if plan.ep > 1 else "")
+        f"TP{plan.tp}" + (f"/EP{plan.ep}" if plan.ep > 1 else "") + \
+        (f" PP{plan.pp}" if plan.pp > 1 else "")
     gpus = (pre + dec) * plan.devices
     link = np.where(pre == 0, "", np.where(gpus <= node, "nvlink", "network"))
     recipe = times["recipe"][row]
@@ -369,7 +371,7 @@ def ranking(cols: dict, target: Target, objective: str = "goodput") -> np.ndarra
 def distinct(cols: dict, order: np.ndarray, count: int) -> list[int]:
     """The first ``count`` of ``order`` that differ in more than the batch (device, plan,
     split and precision), so the simulations check different deployments."""
-    keys = ("hardware", "tp", "ep", "attention_dp", "prefill_replicas", "precision")
+    keys = ("hardware", "tp", "pp", "ep", "attention_dp", "prefill_replicas", "precision")
     seen, out = set(), []
     for i in order.tolist():
         key = tuple(str(cols[k][i]) for k in keys)

@@ -143,7 +143,8 @@ def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float,
                f"--length-dist {target.length_dist}"
                + (f" --spread {target.spread:g}" if target.length_dist != "fixed" else ""))
     par = f"--ep {plan.ep} --attention-dp" if plan.attention_dp else \
-        f"--tp {plan.tp}" + (f" --ep {plan.ep}" if plan.ep > 1 else "")
+        f"--tp {plan.tp}" + (f" --pp {plan.pp}" if plan.pp > 1 else "") + \
+        (f" --ep {plan.ep}" if plan.ep > 1 else "")
     model_arg = model.name
     par_py = f"P(tp={plan.tp}, ep={plan.ep}, attention_dp={plan.attention_dp}, "
     if pre:

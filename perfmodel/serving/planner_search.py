@@ -6,7 +6,11 @@ checks what this builds).
   or wide expert parallelism with data-parallel attention over ``EPS`` devices, across
   nodes when the group outgrows one (the all-to-all then crosses the network, priced by
   ``cost.collectives`` from ``interconnect.network_bytes_per_s``), inside one NVLink domain
-  where the device's ``max_devices`` reaches (an NVL72 rack: 72).
+  where the device's ``max_devices`` reaches (an NVL72 rack: 72). Where no node holds the
+  model by tensor parallelism alone (``fits_in_node``), pipeline stages too: ``PPS``
+  stages of a TP group each (MoE: experts over each stage's group), the stages across
+  nodes over the network (``schedules.pipeline``; TP across nodes is not searched: its
+  all-reduce on every layer would cross the network).
 - A precision recipe (``Precision``): weights, activations and KV cache dtypes, named as
   the engines name them (vLLM ``--quantization fp8`` is W8A8-fp8; ``--kv-cache-dtype fp8``).
 - A batch ceiling (``max_num_seqs``) in ``BATCHES``, capped at what the KV cache holds.
@@ -31,6 +35,7 @@ from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workload, Workloads
 
 TPS = (1, 2, 4, 8)
+PPS = (2, 4, 8)           # pipeline stages, where no node holds the model by TP alone
 EPS = (2, 4, 8, 16, 32, 64, 72)       # wide EP with data-parallel attention
 BATCHES = (8, 16, 32, 64, 128, 256, 512)
 LOADS = np.round(np.arange(1, 19) * 0.05, 2)      # shares of capacity tried, at most 0.9
@@ -87,15 +92,42 @@ def recipes(model: Model, hw: Hardware) -> list[Precision]:
 def replica_plans(model: Model, hw: Hardware, gpus: int) -> list[Parallelism]:
     """One replica's plans within ``gpus``: TP in ``TPS`` inside a node; an MoE model's
     experts over the same devices (ep = tp), or over ``EPS`` devices with data-parallel
-    attention (tp 1), across nodes where the device has a network between them."""
+    attention (tp 1), across nodes where the device has a network between them; where no
+    node holds the model by TP alone, TP x PP for PP in ``PPS``, across nodes where the
+    device has a network (stages of one node otherwise), on vLLM (``serving.pipeline``
+    simulates no other engine's pipeline)."""
     node = hw.interconnect.max_devices
-    plans = [Parallelism(tp=t, ep=t if model.moe is not None else 1)
-             for t in TPS if t <= min(gpus, node)]
-    if model.moe is not None:
+    moe = model.moe is not None
+    plans = [Parallelism(tp=t, ep=t if moe else 1) for t in TPS if t <= min(gpus, node)]
+    if moe:
         wide = node if not hw.interconnect.network_bytes_per_s else max(EPS)
         plans += [Parallelism(ep=e, attention_dp=True) for e in EPS
                   if e <= min(gpus, wide) and model.moe.n_experts % e == 0]
+    if hw.engine == "vllm" and not fits_in_node(model, hw):   # the only PP simulated
+        reach = gpus if hw.interconnect.network_bytes_per_s else min(gpus, node)
+        plans += [Parallelism(tp=t, pp=p, ep=t if moe else 1) for p in PPS for t in TPS
+                  if t <= node and t * p <= reach and p <= model.n_layers
+                  and model.shared_block is None]
     return plans
+
+
+def fits_in_node(model: Model, hw: Hardware) -> bool:
+    """Whether some tensor-parallel plan inside one node holds ``model``'s weights and a
+    one-token sequence in any precision recipe (``recipes``)."""
+    node = hw.interconnect.max_devices
+    rows = [replace(p.workload(model), batch=1, prompt_len=1, gen_len=1)
+            for p in recipes(model, hw)]
+    ws = Workloads.from_list(rows)
+    for t in TPS:
+        if t > node:
+            continue
+        plan = Parallelism(tp=t, ep=t if model.moe is not None else 1)
+        try:
+            if (memory_estimate(model, hw, plan, ws).max_batch >= 1).any():
+                return True
+        except SpecError:       # a split the model's heads cannot take
+            continue
+    return False
 
 
 def left_out(model: Model, hw: Hardware, gpus: int) -> list[str]:
@@ -103,8 +135,12 @@ def left_out(model: Model, hw: Hardware, gpus: int) -> list[str]:
     node = hw.interconnect.max_devices
     out = []
     if gpus > node:
-        out.append(f"{hw.name}: tensor parallelism across nodes (TP > {node}) and pipeline "
-                   "parallelism (the simulator does not run pipeline stages) are not searched")
+        out.append(f"{hw.name}: tensor parallelism across nodes (TP > {node}) is not searched"
+                   + ("" if not fits_in_node(model, hw) else "; nor pipeline parallelism, as "
+                      f"one node holds {model.name} by TP alone"))
+    if hw.engine != "vllm" and not fits_in_node(model, hw):
+        out.append(f"{hw.name}: pipeline parallelism is not searched for --engine {hw.engine} "
+                   "(its pipeline loop is not simulated)")
     if model.moe is not None and gpus > node and not hw.interconnect.network_bytes_per_s:
         out.append(f"{hw.name}: no network figure, so expert parallelism stays in a node")
     return out

@@ -26,7 +26,11 @@ class StepLog:
     """One entry per engine step: when it started, how long it took, the sequences and
     tokens it ran (``prefill_tokens`` of them prompt tokens), the KV blocks in use after
     it and the requests waiting; ``host_s``: the part of ``time_s`` that is the engine's
-    host time (``serving.host_time``), the rest is GPU time."""
+    host time (``serving.host_time``), the rest is GPU time. Under pipeline parallelism
+    (``serving.pipeline``) a row is a micro-batch, from when it was scheduled until its
+    output returned, and batches overlap in time: ``stage_s`` (rows x pp) its GPU seconds
+    on each stage and ``send_s`` its sends between stages; the rest of ``time_s`` past
+    those and the host's is waiting for busy stages."""
 
     start_s: np.ndarray
     time_s: np.ndarray
@@ -36,10 +40,25 @@ class StepLog:
     kv_blocks: np.ndarray
     waiting: np.ndarray
     host_s: np.ndarray | None = None
+    stage_s: np.ndarray | None = None
+    send_s: np.ndarray | None = None
 
     @property
     def gpu_s(self) -> np.ndarray:
+        """GPU seconds of each step (under pipeline parallelism: summed over its stages)."""
+        if self.stage_s is not None:
+            return self.stage_s.sum(axis=1)
         return self.time_s - (0.0 if self.host_s is None else self.host_s)
+
+    def pipeline(self, duration_s: float) -> dict:
+        """Pipeline parallelism's per-stage figures (empty without it): each stage's busy
+        seconds and its share of ``duration_s``, and the sends' seconds."""
+        if self.stage_s is None:
+            return {}
+        busy = self.stage_s.sum(axis=0)
+        return {"stages": int(self.stage_s.shape[1]), "stage_busy_s": busy.tolist(),
+                "stage_utilization": (busy / max(duration_s, 1e-30)).tolist(),
+                "send_s": float(self.send_s.sum())}
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,6 +159,8 @@ class SimResult:
                    peak_kv_use=float(self.steps.kv_blocks.max() / max(self.kv_blocks_total, 1)),
                    peak_running=int(self.steps.seqs.max()),
                    engine_time=self.engine_time())
+        if self.steps.stage_s is not None:
+            out["pipeline"] = self.steps.pipeline(self.duration_s)
         if slo_ttft_s is not None or slo_tpot_s is not None:
             out["goodput_requests_per_s"] = self.goodput(slo_ttft_s, slo_tpot_s)
         return out

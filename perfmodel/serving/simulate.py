@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from perfmodel.serving import fleet, host_time, sessions
+from perfmodel.serving import fleet, host_time, pipeline, sessions
 from perfmodel.serving.arrivals import Arrivals
 from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.dry_run import Dry, Guess, dry_run
@@ -60,6 +60,7 @@ class _Run:
     last_done: int = 0              # requests the last committed step finished
     last_done_tokens: int = 0       # and their prompt + output tokens
     load_tokens: int = 0            # prompt + output tokens of unfinished requests
+    pipe: object = None             # pipeline parallelism's state (``serving.pipeline``)
 
 
 def simulate(model: Model, hw: Hardware, requests: Requests,
@@ -78,9 +79,7 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     plan = plan or Parallelism()
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
-    if plan.pp > 1:
-        raise SpecError("simulate: --pp > 1 is not simulated yet (pipeline micro-batches "
-                        "across steps); use --tp, --ep or --dp")
+    pipeline.check(plan, engine)
     limit = engine.max_model_len or model.max_position_embeddings
     longest = int((requests.input_tokens + requests.output_tokens).max())
     if longest > limit:
@@ -110,6 +109,8 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
                   "engine": engine, "router": router,
                   "steps_priced": sum(r.pricer.priced for r in runs),
                   "price_calls": sum(r.pricer.calls for r in runs)})
+    if plan.pp > 1:
+        res = pipeline.with_stages(res, runs[0])
     return sessions.client_side(host_time.client_side(res, client, requests, engine.host),
                                 res.arrival_s, client, api_s)
 
@@ -127,7 +128,8 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
         return _start(model, hw, plan, w, engine, reqs, blocks, edge)
 
     if router in fleet.LOAD_AWARE and engines > 1:
-        parts, runs = fleet.lockstep(start, _advance, requests, engines, router, progress,
+        step = pipeline.advance if plan.pp > 1 else _advance
+        parts, runs = fleet.lockstep(start, step, requests, engines, router, progress,
                                      plan.attention_ways, _record)
         kept = [e for e, idx in enumerate(parts) if len(idx)]
         return [parts[e] for e in kept], [runs[e] for e in kept]
@@ -206,7 +208,7 @@ def _simulate_one(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                   engine: EngineConfig, requests: Requests, blocks: int,
                   progress: Progress | None, edge: int | None = None) -> _Run:
     run = _start(model, hw, plan, w, engine, requests, blocks, edge)
-    _advance(run, progress)
+    (pipeline.advance if plan.pp > 1 else _advance)(run, progress)
     return run
 
 
