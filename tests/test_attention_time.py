@@ -179,6 +179,22 @@ def test_long_context_decode_at_batch_1_is_split_to_stream_at_full_bandwidth(a10
         pytest.approx(wide.bytes.total / BW + LAT, rel=1e-9)
 
 
+def test_split_decode_adds_a_combine_at_the_generic_fixed_cost(a100):
+    # FlashAttention's combine (FA2 flash_fwd_splitkv_combine_kernel, FA3
+    # run_mha_fwd_combine) is a small kernel of its own: it costs the device's generic
+    # kernel_latency_s, not a second attention kernel's fixed cost, after a split decode
+    # as after a split append-KV chunk (flash_attn_with_kvcache)
+    own, generic = 7e-6, 3e-6
+    hw = replace(a100, efficiency=replace(a100.efficiency, kernel_latency_s=generic,
+                                          kernel_latency_by_kind={"attention": own}))
+    split = op_time(att(1, 1, 32768), hw, "kernel")           # 8 programs on 108 SMs
+    whole = op_time(att(64, 1, 512), hw, "kernel")            # fills the SMs: no split
+    assert one(split.fixed_s) == pytest.approx(own + generic)
+    assert one(whole.fixed_s) == pytest.approx(own)
+    chunk = op_time(att(1, 64, 2880, kv_heads=4), _append(hw), "kernel")
+    assert one(chunk.fixed_s) == pytest.approx(own + generic)
+
+
 def test_unpacked_decode_streams_the_cache_once_per_query_head(a100):
     # PyTorch's CPU flash attention: one program per (sequence, query head), no key split;
     # each of the 4 query heads of a KV group streams that head's K/V again

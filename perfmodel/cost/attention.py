@@ -21,8 +21,15 @@ a step's prefill chunks and its decodes at different contexts in one launch).
 - Each prefill group has the tile efficiency of ``tiling.prefill_tile_fraction``.
 - The parts run one after another: compute time = sum of (FLOPs / (peak x efficiency)) over
   the parts (for one group, the group's own efficiency); memory time = all bytes over the
-  bandwidth; time = max of the two, plus the kernel's fixed cost (x2 when it splits), plus
-  the append-KV copies (``attention_append_kv``) before the compute.
+  bandwidth; time = max of the two, plus the kernel's fixed cost, plus the append-KV
+  copies (``attention_append_kv``) before the compute. A split adds its combine kernel at
+  the device's generic fixed cost (``kernel_latency_s``), not a second attention kernel's:
+  the combine only merges each split's fp32 partial output and log-sum-exp
+  (FlashAttention-2 ``flash_fwd_splitkv_combine_kernel``; FlashAttention-3
+  ``run_mha_fwd_combine``, launched with programmatic dependent launch on sm90,
+  hopper/flash_api.cpp, so its start overlaps the main kernel's tail); aiconfigurator's
+  vLLM 0.24 FA3 decode rows grow 1.2 us from 512 keys (unsplit) to 1024 (split)
+  (reports/serving/decode_itl.md).
 """
 
 from __future__ import annotations
@@ -230,13 +237,14 @@ def attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpT
     m_eff = kind_memory_fraction("attention", hw) * size_ramp(nbytes, hw)
     memory_s = divide(nbytes, hw.memory_bytes_per_s * m_eff)
     body_s = np.maximum(compute_s, memory_s)
-    extra = (splits > 1) & decode.any(axis=-1) if any_decode else False
+    combine = (splits > 1) & decode.any(axis=-1) if any_decode else False
     if eff.attention_append_kv and any_prefill:     # each program copies before it computes
         copies, append_split = _append_kv(op, hw, prefill)
         append_s = copies / (hw.memory_bytes_per_s * m_eff)
         memory_s = memory_s + append_s
         body_s = body_s + append_s
-        extra = extra | append_split
-    fixed_s = eff.latency_for("attention") * (1.0 + extra)
+        combine = combine | append_split
+    # a split's combine is a small kernel of its own (module docstring)
+    fixed_s = eff.latency_for("attention") + eff.kernel_latency_s * combine
     return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff,
                   m_eff * np.ones(np.shape(compute_s)))
