@@ -43,6 +43,21 @@ def test_api_server_by_hand():
     assert api_server(np.zeros(1), np.ones(1), t, 0.0) == pytest.approx(t)
 
 
+def test_tokenizer_thread_and_event_loop_by_hand():
+    # three requests at once, 2 ms of tokenizing and 1 ms of the event loop's own each.
+    # One process: 3, 6, 9 ms. Tokenized apart: the thread is done at 2, 4, 6 ms and the
+    # loop 1 ms after each (it is free by then): 3, 5, 7 ms; the ceiling is the thread's.
+    one = HostTime(request_s=1e-3, prompt_token_s=1e-5)
+    apart = replace(one, tokenize_apart=True)
+    t, n = np.zeros(3), np.array([200, 200, 200])
+    assert one.admit(t, n) == pytest.approx([3e-3, 6e-3, 9e-3])
+    assert apart.admit(t, n) == pytest.approx([3e-3, 5e-3, 7e-3])
+    at, work = apart.intake(t, n)
+    assert at == pytest.approx([2e-3, 4e-3, 6e-3]) and work == pytest.approx([1e-3] * 3)
+    # the loop's 1 ms is the ceiling when tokenizing is shorter: 0.5 ms each -> 1.5, 2.5, 3.5
+    assert apart.admit(t, n // 4) == pytest.approx([1.5e-3, 2.5e-3, 3.5e-3])
+
+
 def test_api_server_never_gets_faster_with_more_work():
     rng = np.random.default_rng(7)
     for _ in range(30):
@@ -157,12 +172,12 @@ def test_profile_carries_output_work_and_the_flag(tmp_path):
     path = tmp_path / "p.yaml"
     host_time.write_profile(path, host, {})
     back = host_time.load_profile(path)
-    assert back.output_token_s == 3e-5 and back.schedule_ahead
+    assert back.output_token_s == 3e-5 and back.schedule_ahead and back.tokenize_apart
     old = path.read_text().replace("  output_token_s: 3.0e-05\n", "")
-    old = old.replace("  schedule_ahead: true\n", "")
+    old = old.replace("  schedule_ahead: true\n", "").replace("  tokenize_apart: true\n", "")
     path.write_text(old)            # a profile written before these fields: none of either
     back = host_time.load_profile(path)
-    assert back.output_token_s == 0.0 and not back.schedule_ahead
+    assert back.output_token_s == 0.0 and not back.schedule_ahead and not back.tokenize_apart
     path.write_text(old.replace("overlap: true", "overlap: true\n  schedule_ahead: 2"))
     with pytest.raises(SpecError, match="schedule_ahead: expected true or false"):
         host_time.load_profile(path)

@@ -53,6 +53,7 @@ class HostTime:
     output_token_s: float = 0.0
     stream_s: float = 0.0
     schedule_ahead: bool = False
+    tokenize_apart: bool = False
     name: str = "none"
     sources: dict = field(default_factory=dict, compare=False)
 
@@ -69,22 +70,27 @@ class HostTime:
 
     def admit(self, arrival_s: np.ndarray, input_tokens: np.ndarray) -> np.ndarray:
         """When the engine sees each request (arrivals sorted): the API server serves them
-        one at a time, first come first served."""
-        work = self.request_s + self.prompt_token_s * np.asarray(input_tokens, dtype=float)
-        if not work.any():
-            return np.asarray(arrival_s, dtype=float)
-        out = np.empty(len(work))
-        free = -np.inf
-        for i, (t, w) in enumerate(zip(np.asarray(arrival_s).tolist(), work.tolist(),
-                                       strict=True)):
-            free = max(t, free) + w
-            out[i] = free
-        return out
+        one at a time, first come first served; with ``tokenize_apart`` the prompts are
+        tokenized one at a time on their own thread first, then the process's own work."""
+        loop_at, loop_work = self.intake(arrival_s, input_tokens)
+        if not loop_work.any():
+            return loop_at
+        return fcfs(loop_at, loop_work)
+
+    def intake(self, arrival_s: np.ndarray, input_tokens: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(when each request's work reaches the API server's event loop, that work)."""
+        arrival_s = np.asarray(arrival_s, dtype=float)
+        tokenize = self.prompt_token_s * np.asarray(input_tokens, dtype=float)
+        if self.tokenize_apart:
+            ready = fcfs(arrival_s, tokenize) if tokenize.any() else arrival_s
+            return ready, np.full(len(arrival_s), self.request_s)
+        return arrival_s, self.request_s + tokenize
 
     def constants(self) -> dict:
         """The numbers (and the flags), as a profile file writes them."""
         return {k: getattr(self, k) for k in (*STEP_KEYS, "overlap", "schedule_ahead",
-                                              *FRONT_KEYS)}
+                                              *FRONT_KEYS, "tokenize_apart")}
 
     def describe(self) -> str:
         if self.none:
@@ -93,7 +99,8 @@ class HostTime:
                 f"{' overlapped' if self.overlap else ''}, exposed {self.exposed_s * 1e3:.3g} ms"
                 f"{', scheduled a step ahead' if self.schedule_ahead else ''};"
                 f" request {self.request_s * 1e3:.3g} ms + {self.prompt_token_s * 1e6:.3g} "
-                f"us/prompt token, {self.output_token_s * 1e6:.3g} us/output token, "
+                f"us/prompt token{' (own thread)' if self.tokenize_apart else ''}, "
+                f"{self.output_token_s * 1e6:.3g} us/output token, "
                 f"stream {self.stream_s * 1e3:.3g} ms")
 
 
@@ -152,7 +159,8 @@ def resolve(engine: str = "vllm", version: str | None = None, mode: str | None =
     values = {k: float(step[k]) for k in STEP_KEYS} | {k: float(front[k]) for k in FRONT_KEYS}
     name = f"{engine} {version or table['default_version']} ({mode}, {frontend})"
     return HostTime(**values, overlap=bool(step["overlap"]),
-                    schedule_ahead=bool(step.get("schedule_ahead", False)), name=name,
+                    schedule_ahead=bool(step.get("schedule_ahead", False)),
+                    tokenize_apart=bool(front.get("tokenize_apart", False)), name=name,
                     sources=sources)
 
 
@@ -168,9 +176,11 @@ def load_profile(path: str | Path) -> HostTime:
               for k in STEP_KEYS + FRONT_KEYS}     # profiles written before it: none
     overlap = host.flag("overlap")
     ahead = host.flag("schedule_ahead", False)
+    apart = host.flag("tokenize_apart", False)
     host.finish()
     name = str(data.get("name") or path.stem)
-    return HostTime(**values, overlap=overlap, schedule_ahead=ahead, name=name)
+    return HostTime(**values, overlap=overlap, schedule_ahead=ahead, tokenize_apart=apart,
+                    name=name)
 
 
 def write_profile(path: Path, host: HostTime, provenance: dict) -> None:
@@ -197,13 +207,26 @@ def as_dict(host: HostTime) -> dict:
     return out
 
 
+def fcfs(arrival_s: np.ndarray, work_s: np.ndarray) -> np.ndarray:
+    """When each job is done at one server taking them first come first served (arrivals
+    sorted)."""
+    out = np.empty(len(work_s))
+    free = -np.inf
+    for i, (t, w) in enumerate(zip(np.asarray(arrival_s, dtype=float).tolist(),
+                                   np.asarray(work_s, dtype=float).tolist(), strict=True)):
+        free = max(t, free) + w
+        out[i] = free
+    return out
+
+
 def admitted(requests: Requests, host: HostTime) -> Requests:
     """The requests as the engine sees them: after the API server (``HostTime.admit``);
     a closed loop's think times are left as they are."""
     if requests.closed_loop:
         return requests
     seen = host.admit(requests.arrival_s, requests.input_tokens)
-    return requests if seen is requests.arrival_s else replace(requests, arrival_s=seen)
+    return replace(requests, arrival_s=seen) if (seen != requests.arrival_s).any() \
+        else requests
 
 
 def api_server(arrival_s: np.ndarray, work_s: np.ndarray, token_s: np.ndarray,
@@ -247,10 +270,11 @@ def client_side(res: SimResult, client: Requests, seen: Requests, host: HostTime
         return res
     delay = seen.arrival_s - client.arrival_s if not client.closed_loop else 0.0
     sent = res.arrival_s - delay
-    work = host.request_s + host.prompt_token_s * client.input_tokens.astype(float)
     if client.closed_loop:      # a closed loop's sends are not queued for the API server
-        work = np.zeros(len(sent))
-    out = api_server(sent, work, res.token_s, host.output_token_s)
+        at, work = sent, np.zeros(len(sent))
+    else:
+        at, work = host.intake(sent, client.input_tokens)
+    out = api_server(at, work, res.token_s, host.output_token_s)
     wait = out - res.token_s
     token_s = out + host.stream_s
     first, last = res.token_offsets[:-1], res.token_offsets[1:] - 1
