@@ -62,8 +62,9 @@ def _summary_extras(summary: dict) -> list[tuple[str, str]]:
     if t:
         api = t["api_server_mean_s"] * 1e3
         extra.append(("engine time", f"GPU {t['gpu_s']:.2f} s + host {t['host_s']:.2f} s "
-                                     f"(first engine); API server {api:.2f} ms and stream "
-                                     f"{t['stream_s'] * 1e3:.2f} ms per request"))
+                                     f"(first engine); API server {api:.2f} ms per request "
+                                     f"and {t.get('api_output_mean_s', 0.0) * 1e3:.2f} ms "
+                                     f"per token, stream {t['stream_s'] * 1e3:.2f} ms"))
     pipe = summary.get("pipeline")
     if pipe:
         busy = ", ".join(f"{u:.0%}" for u in pipe["stage_utilization"])

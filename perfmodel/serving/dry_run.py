@@ -65,9 +65,10 @@ def dry_run(run: object, guess: Guess) -> Dry:
     sched = arrivals.requests.arrival_s
     closed = arrivals.requests.closed_loop
     seen, queued, top, t, ended = arrivals.next_open, arrivals.next_closed, -1, run.t, 0
+    cut = run.cutoff            # a step's schedule sees the arrivals by then
     for j in range(guess.lookahead):
         room = min(len(sched), arrivals.limit(ended))
-        while j and not closed and seen < room and sched[seen] <= t:
+        while j and not closed and seen < room and sched[seen] <= cut:
             dry.state.waiting.append(seen)
             seen += 1
         batch = dry.state.schedule()
@@ -82,7 +83,9 @@ def dry_run(run: object, guess: Guess) -> Dry:
         dry.top.append(top)
         dry.ended.append(ended)
         dry.features.append(guess.features(batch))
+        cut = t if dry.state.lag else None      # async scheduling: this step's start
         t += guess(dry.features[-1])
+        cut = t if cut is None else cut
         ended += len(done)
         if t >= run.horizon or (len(done) and arrivals.sends_after(done)):
             break       # a turn sent after an answer: its time rests on this step's end
@@ -92,6 +95,6 @@ def dry_run(run: object, guess: Guess) -> Dry:
             if any(sched[i] > 0 for i in nxt):
                 break
             dry.state.waiting.extend(nxt)
-        if not dry.state.running and not dry.state.waiting:
+        if (not dry.state.running and not dry.state.waiting) or dry.state.stalled():
             break
     return dry

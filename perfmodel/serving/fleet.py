@@ -296,7 +296,7 @@ def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = Non
         t = runs[0].t
         batches = []
         for run in runs:
-            run.state.waiting.extend(run.arrivals.due(t))
+            run.state.waiting.extend(run.arrivals.due(run.cutoff))
             busy = run.state.running or run.state.waiting
             batches.append(run.state.schedule() if busy else None)
         if all(b is None for b in batches):
@@ -306,11 +306,12 @@ def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = Non
             if not np.isfinite(t):
                 raise RuntimeError("simulate: requests left that never arrive")
             for run in runs:
-                run.t = min(t, horizon)
+                run.t = run.cutoff = max(min(t, horizon), run.t)
             continue
         dt = float(pricer.times([b if b is not None else dummy for b in batches]).max())
         for run, batch in zip(runs, batches, strict=True):
-            if batch is None:
+            if batch is None:           # a dummy step: the next schedule sees as after one
+                run.cutoff = run.t if run.state.lag else run.t + dt
                 run.t += dt
                 run.last_done = run.last_done_tokens = 0
                 continue

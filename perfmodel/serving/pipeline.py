@@ -187,6 +187,7 @@ def advance(run: object, progress: object = None) -> None:
     batch is scheduled or landed at or after it)."""
     if run.pipe is None:
         run.pipe = Pipe(StagePricer(run.pricer), np.zeros(run.pricer.plan.pp))
+        run.state.lag = False       # vLLM runs PP without async scheduling: no schedule ahead
     pipe = run.pipe
     while run.done < run.known and run.t < run.horizon:
         st = run.state

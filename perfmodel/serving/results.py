@@ -167,14 +167,16 @@ class SimResult:
 
     def engine_time(self) -> dict:
         """The first engine's steps' GPU and host seconds apart (totals), the host
-        profile's name, and the mean per request of the API server's delay and of the
-        stream to the client."""
+        profile's name, the mean per request of the API server's delay before the engine,
+        the mean per token of its wait for the API server's output work, and the stream's
+        latency to the client."""
         host = self.info.get("host")
         api = self.info.get("api_server_s", 0.0)
         steps = self.steps
         return {"gpu_s": float(steps.gpu_s.sum()),
                 "host_s": float(0.0 if steps.host_s is None else steps.host_s.sum()),
                 "api_server_mean_s": float(np.mean(api)),
+                "api_output_mean_s": float(self.info.get("api_output_s", 0.0)),
                 "stream_s": float(getattr(host, "stream_s", 0.0)),
                 "profile": getattr(host, "name", "none")}
 

@@ -17,6 +17,14 @@
 3. After the step, a request whose computed tokens reach its prompt plus output so far
    emits one token; one that has emitted all its output finishes and frees its blocks.
 
+Under async scheduling (``lag``: vLLM v1 with ``async_scheduling``, the profile's
+``schedule_ahead``) step n+1 is scheduled while step n runs (``vllm/v1/engine/core.py``,
+``step_with_batch_queue``), before step n's output is processed: a request that finished
+in step n still holds its seat and blocks in that schedule and is not scheduled again
+(``scheduler.py`` skips one that reached ``max_tokens``); it leaves ``running`` once the
+schedule is formed (``late``). The simulator lets that schedule see only the requests that
+had arrived by step n's start (``serving.simulate``).
+
 The static baseline admits a batch only when the previous one has finished, reserves each
 member's KV at its final length (no preemption), and keeps a finished member in the batch
 as padding (a decode row that emits nothing) until the whole batch is done, as a static
@@ -27,7 +35,7 @@ dry runs the simulator prices ahead (``serving.simulate``).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,6 +81,8 @@ class EngineState:
     sharing: bool = False       # some request has a shared prefix of a full block
     prefilled: np.ndarray | None = None     # prompt tokens computed elsewhere (their KV came)
     grows: np.ndarray | None = None         # a conversation's turn: its KV extends the chain
+    lag: bool = False           # async scheduling: finishes are applied after the next schedule
+    late: list = field(default_factory=list)    # finished last step, seats not yet freed
 
     @classmethod
     def new(cls, engine: EngineSettings, prompt: np.ndarray, output: np.ndarray,
@@ -82,9 +92,11 @@ class EngineState:
         n = len(prompt)
         zeros = [np.zeros(n, np.int64) for _ in range(6)]
         full = prefix_tokens // engine.block_size
+        lag = engine.name == "vllm" and engine.scheduler == "continuous" and \
+            bool(getattr(engine.host, "schedule_ahead", False))
         return cls(engine, prompt, output, prefix, full, KVPool(blocks), *zeros, [], deque(),
                    np.zeros(n, dtype=bool), bool(full.any()) or grows is not None, prefilled,
-                   grows)
+                   grows, lag)
 
     def copy(self) -> EngineState:
         return type(self)(self.engine, self.prompt, self.output, self.prefix,
@@ -92,7 +104,7 @@ class EngineState:
                            self.emitted.copy(), self.own.copy(), self.shared.copy(),
                            self.preemptions.copy(), self.hit_tokens.copy(),
                            list(self.running), deque(self.waiting), self.padded.copy(),
-                           self.sharing, self.prefilled, self.grows)
+                           self.sharing, self.prefilled, self.grows, self.lag, list(self.late))
 
     def blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.engine.block_size)
@@ -107,19 +119,35 @@ class EngineState:
         if admit:
             more, chunks, budget = self._waiting(budget)
             ids, new = np.concatenate([ids, more]), np.concatenate([new, chunks])
+        room = budget > 0 and len(self.running) < self.engine.max_num_seqs
+        self.settle()
         if not len(ids):
             return None
         before = self.computed[ids]
         prefill = bool((new > 1).any())    # vLLM's uniform-decode batch: one token each
-        room = budget > 0 and len(self.running) < self.engine.max_num_seqs
         return Batch(ids, new, before + new, prefill,
                      admit and not self.waiting and room, preempted)
+
+    def settle(self) -> None:
+        """Free the seats and blocks of the requests that finished before the schedule
+        just formed (async scheduling: their output is processed after it)."""
+        late, self.late = self.late, []
+        for r in late:
+            if r in self.running:
+                self.finish(r)
+
+    def stalled(self) -> bool:
+        """Nothing to schedule but finished requests whose seats are not yet freed (async
+        scheduling: the engine processes their output, then schedules afresh)."""
+        return bool(self.late) and not self.waiting and len(self.late) == len(self.running)
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
         run = np.array(self.running, dtype=np.int64)
         if not len(run):
             return run, run, 0
         need = self.prompt[run] + self.emitted[run] - self.computed[run]
+        if self.late:           # finished, output not yet processed: not scheduled again
+            need[np.isin(run, self.late)] = 0
         if self.engine.scheduler == "static":
             need = np.where(self.padded[run], 1, need)
         spent = np.cumsum(need)
@@ -167,6 +195,10 @@ class EngineState:
     def preempt(self, r: int) -> None:
         """Free ``r``'s blocks (its own chain stays cached for its recomputation) and put it
         at the head of the waiting queue."""
+        if r in self.late:          # it had finished: its output frees it, not a recompute
+            self.late.remove(r)
+            self.finish(r)
+            return
         self.running.remove(r)
         full = min(int(self.computed[r]) // self.engine.block_size - int(self.shared[r]),
                    int(self.own[r]))
@@ -253,6 +285,9 @@ class EngineState:
             if self.padded[self.running].all():
                 for r in list(self.running):
                     self.finish(r)
+            return emit, done
+        if self.lag:
+            self.late.extend(done.tolist())
             return emit, done
         for r in done.tolist():
             self.finish(r)

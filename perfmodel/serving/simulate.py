@@ -61,6 +61,7 @@ class _Run:
     last_done_tokens: int = 0       # and their prompt + output tokens
     load_tokens: int = 0            # prompt + output tokens of unfinished requests
     pipe: object = None             # pipeline parallelism's state (``serving.pipeline``)
+    cutoff: float = 0.0             # the next schedule sees the arrivals by then
 
 
 def simulate(model: Model, hw: Hardware, requests: Requests,
@@ -232,16 +233,24 @@ def _advance(run: _Run, progress: Progress | None = None) -> None:
     router has yet to place: no step that starts at or after it is committed."""
     guess = run.guess
     while run.done < run.known and run.t < run.horizon:
-        run.state.waiting.extend(run.arrivals.due(run.t))
+        run.state.waiting.extend(run.arrivals.due(run.cutoff))
+        if run.state.stalled():         # async scheduling: the engine processes the last
+            run.state.settle()          # step's output, then schedules what is there now
+            run.cutoff = run.t
+            continue
         if not run.state.running and not run.state.waiting:
             t = run.arrivals.next_time()
             if not np.isfinite(t) and np.isfinite(run.horizon):
                 return
             if not np.isfinite(t):
                 raise RuntimeError("simulate: requests left that never arrive")
-            run.t = min(t, run.horizon)
+            run.t = run.cutoff = max(min(t, run.horizon), run.t)
             continue
         dry = dry_run(run, guess)
+        if not dry.plans and run.state.late:    # async scheduling: the seats were held by
+            run.state.settle()                  # finished requests; their output frees
+            run.cutoff = run.t                  # them, and the engine schedules afresh
+            continue
         times = run.pricer.times(dry.plans)
         guess.learn(dry.features, times)
         stood = _replay(run, dry, times, run.pricer.last_host)
@@ -252,26 +261,29 @@ def _advance(run: _Run, progress: Progress | None = None) -> None:
 
 def _valid(run: _Run, dry: Dry, times: np.ndarray) -> tuple[int, int]:
     """(how many of the priced steps stand, open-loop arrivals by the end of the last).
-    A step stands unless a request that had arrived by its start was not let in while it
-    left the queue empty with room (``Batch.open``), or one the dry run let in early was
-    scheduled in it or before."""
+    A step stands unless a request that had arrived by its schedule's cutoff (its start;
+    under async scheduling the previous step's start) was not let in while it left the
+    queue empty with room (``Batch.open``), or one the dry run let in early was scheduled
+    in it or before."""
     t, starts = run.t, []
     for dt in times.tolist():          # added one at a time, as ``_record`` adds them
         starts.append(t)
         t += dt
+    cuts = [run.cutoff, *starts[:-1]] if run.state.lag else starts
     arrivals = run.arrivals
-    real = arrivals.open_count(np.array(starts), arrivals.limit(np.array(dry.ended)))
+    real = arrivals.open_count(np.array(cuts), arrivals.limit(np.array(dry.ended)))
     pending = arrivals.pending[0][0] if arrivals.pending else np.inf   # after a think time
     closed = arrivals.requests.closed_loop
     for j, batch in enumerate(dry.plans):
         if starts[j] >= run.horizon:
             return j, int(real[j])
-        late = j and starts[j] >= pending   # open arrivals may have joined behind it
+        late = j and cuts[j] >= pending   # open arrivals may have joined behind it
         if ((real[j] > dry.seen[j] or late) and batch.open) or (late and not closed) or \
                 (real[j] < dry.seen[j] and dry.top[j] >= real[j]):
             return j, int(real[j])
     done = dry.ended[-1] + len(dry.effects[-1][2])
-    return len(dry.plans), int(arrivals.open_count(t, arrivals.limit(done)))
+    end = starts[-1] if run.state.lag else t
+    return len(dry.plans), int(arrivals.open_count(end, arrivals.limit(done)))
 
 
 def _replay(run: _Run, dry: Dry, times: np.ndarray, host: np.ndarray) -> int:
@@ -294,7 +306,7 @@ def _replay(run: _Run, dry: Dry, times: np.ndarray, host: np.ndarray) -> int:
             batch, effect = dry.plans[j], dry.effects[j]
         else:
             if j:
-                st.waiting.extend(run.arrivals.due(run.t))
+                st.waiting.extend(run.arrivals.due(run.cutoff))
             batch = st.schedule()
             emit, done = st.commit(batch)
             effect = (emit, st.emitted[emit], done, st.pool.used, len(st.waiting))
@@ -328,6 +340,7 @@ def _record(run: _Run, batch: object, effect: tuple, dt: float, queue_more: bool
     their output counts, finished, KV blocks in use, waiting) from ``effect``."""
     emit, counts, done, used, waiting = effect
     start, run.t = run.t, run.t + dt
+    run.cutoff = start if run.state.lag else run.t     # what the next schedule sees
     fresh = batch.ids[np.isnan(run.scheduled_s[batch.ids])]
     run.scheduled_s[fresh] = start
     run.token_s[run.token_offsets[emit] + counts - 1] = run.t

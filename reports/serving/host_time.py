@@ -111,7 +111,7 @@ def _page(runs, before, after, host, fit, held, zero, calibrated, took) -> list[
             markdown_table(["constant", "shipped", "fitted"],
                            [[k, f"{held[0].engine.host.constants()[k]:.4g}",
                              f"{v:.4g}"] for k, v in host.constants().items()
-                            if k != "overlap"]), "",
+                            if not isinstance(v, bool)]), "",
             "## Per run (after: shipped host time)", "",
             markdown_table(["run", "E2E before", "E2E after", "TTFT p50 before",
                             "TTFT p50 after", "ITL p50 before", "ITL p50 after"],
