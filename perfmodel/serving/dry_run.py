@@ -60,7 +60,7 @@ def dry_run(run: object, guess: Guess) -> Dry:
     """Up to ``LOOKAHEAD`` steps formed from a copy of the state, letting in the open loop's
     arrivals at the steps the guessed times place them (a closed loop's users with no
     think time send their next requests at once; one with a think time ends the run)."""
-    dry = Dry(run.state.copy())
+    dry = Dry(run.state.fork())
     arrivals = run.arrivals
     sched = arrivals.requests.arrival_s
     closed = arrivals.requests.closed_loop

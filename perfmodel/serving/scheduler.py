@@ -20,12 +20,13 @@
 The static baseline admits a batch only when the previous one has finished, reserves each
 member's KV at its final length (no preemption), and keeps a finished member in the batch
 as padding (a decode row that emits nothing) until the whole batch is done, as a static
-``generate`` call runs. A schedule is computed on ``EngineState``; ``copy`` makes the
-dry runs the simulator prices ahead (``serving.simulate``).
+``generate`` call runs. A schedule is computed on ``EngineState``; ``fork`` makes the
+dry runs the simulator prices ahead (``serving.simulate``) and ``rollback`` undoes one.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,11 @@ class EngineState:
     sharing: bool = False       # some request has a shared prefix of a full block
     prefilled: np.ndarray | None = None     # prompt tokens computed elsewhere (their KV came)
     grows: np.ndarray | None = None         # a conversation's turn: its KV extends the chain
+    lo: int = 0         # every request below has finished: its state is final
+    top: int = 0        # no request from here on has been admitted: its state is all zero
+    saved: tuple = ()   # ``fork``'s copy of the rows ``lo:top`` of the arrays below
+
+    MUTABLE = ("computed", "emitted", "own", "shared", "preemptions", "hit_tokens", "padded")
 
     @classmethod
     def new(cls, engine: EngineSettings, prompt: np.ndarray, output: np.ndarray,
@@ -86,13 +92,35 @@ class EngineState:
                    np.zeros(n, dtype=bool), bool(full.any()) or grows is not None, prefilled,
                    grows)
 
-    def copy(self) -> EngineState:
-        return type(self)(self.engine, self.prompt, self.output, self.prefix,
-                           self.prefix_full, self.pool.copy(), self.computed.copy(),
-                           self.emitted.copy(), self.own.copy(), self.shared.copy(),
-                           self.preemptions.copy(), self.hit_tokens.copy(),
-                           list(self.running), deque(self.waiting), self.padded.copy(),
-                           self.sharing, self.prefilled, self.grows)
+    def fork(self) -> EngineState:
+        """A state to run ahead on, the dry run's: its own queues and pool, and the same
+        per-request arrays, written in place; ``rollback`` undoes what it wrote. Only the
+        rows of requests admitted and not finished (``lo:top``) can be written, so only
+        they are saved: the cost follows the requests in flight, not all requests."""
+        arrays = [getattr(self, f) for f in self.MUTABLE]
+        while self.lo < self.top and self.emitted[self.lo] >= self.output[self.lo] and \
+                not self.padded[self.lo]:
+            self.lo += 1
+        self.saved = tuple(a[self.lo:self.top].copy() for a in arrays)
+        new = copy.copy(self)
+        new.pool, new.running, new.waiting = self.pool.copy(), list(self.running), \
+            deque(self.waiting)
+        new.saved = ()
+        return new
+
+    def rollback(self, fork: EngineState) -> None:
+        """Undo what ``fork``, made by ``self.fork()``, wrote in the shared arrays: the rows
+        saved back, those of the requests it admitted first back to zero."""
+        for f, rows in zip(self.MUTABLE, self.saved, strict=True):
+            a = getattr(self, f)
+            a[self.lo:self.top] = rows
+            a[self.top:fork.top] = 0
+        self.saved = ()
+
+    def admit(self, r: int) -> None:
+        """``r`` is about to be written for the first time (it leaves the queue)."""
+        if r >= self.top:
+            self.top = r + 1
 
     def blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.engine.block_size)
@@ -200,6 +228,7 @@ class EngineState:
             cached = hit_own + (hit_p if int(self.prefix[r]) not in self.pool.active else 0)
             if fresh + cached > self.pool.free:
                 break
+            self.admit(r)
             self._take_hits(r, hit_p, hit_own)
             self.pool.allocate(fresh)
             self.own[r] += fresh
@@ -260,6 +289,7 @@ class EngineState:
 
     def finish(self, r: int) -> None:
         self.running.remove(r)
+        self.padded[r] = False      # read only while running; False: finished (``fork``)
         if self.grows is not None and self.grows[r] and self.engine.prefix_caching:
             self._grow_chain(r)
             return

@@ -240,6 +240,8 @@ def _replay(run: _Run, dry: Dry, times: np.ndarray, host: np.ndarray) -> int:
         run.state = dry.state
         if not run.arrivals.requests.closed_loop:
             _sent(run, dry, times, min(dry.seen[-1], arrived))
+    else:
+        run.state.rollback(dry.state)
     st = run.state
     for j in range(cut):
         if adopt:
