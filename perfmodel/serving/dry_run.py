@@ -12,40 +12,54 @@ import numpy as np
 
 from perfmodel.serving.scheduler import EngineState
 
+MARK_EVERY = 8      # dry-run steps between marks: a look-ahead cut short at step j resumes
+                    # from the last mark before j, and only the steps since are run again
+
 
 class Guess:
-    """A step's time guessed before it is priced, to place arrivals in a dry run: a least-
-    squares fit of the steps priced so far on the step's tokens, sequences, cached context
-    and prompt-chunk attention (recent steps weigh most). Only where arrivals land rests on
-    it: every committed step is priced."""
+    """A step's time guessed before it is priced, to place arrivals in a dry run: least-
+    squares fits of the steps priced so far on the step's tokens, sequences, cached context
+    and prompt-chunk attention (recent steps weigh most), one for steps with a prompt chunk
+    and one for pure decodes (priced as a prefill and as a graph replay, compute- and
+    memory-bound: one line through both misplaces arrivals). Only where arrivals land rests
+    on it: every committed step is priced."""
 
     def __init__(self) -> None:
-        self.xtx = np.eye(5) * 1e-9
-        self.xty = np.zeros(5)
-        self.coef = np.array([1e-3, 0, 0, 0, 0])
+        self.xtx = np.stack([np.eye(5) * 1e-9] * 2)
+        self.xty = np.zeros((2, 5))
+        self.coef = np.array([[1e-3, 0, 0, 0, 0]] * 2)
         self.lookahead = 16
 
     @staticmethod
     def features(batch: object) -> np.ndarray:
-        chunk = batch.new > 1
-        return np.array([1.0, batch.new.sum(), len(batch.ids), batch.context.sum() * 1e-3,
-                         (batch.new * batch.context)[chunk].sum() * 1e-6])
+        """The fit's five features and, last, which fit (1: a prompt chunk)."""
+        new, ctx = batch.new, batch.context
+        attn = float((new * ctx)[new > 1].sum()) * 1e-6 if batch.prefill else 0.0
+        return np.array([1.0, new.sum(), len(batch.ids), ctx.sum() * 1e-3, attn,
+                         float(batch.prefill)])
 
     def __call__(self, features: np.ndarray) -> float:
-        return float(features @ self.coef)
+        return float(features[:5] @ self.coef[int(features[5])])
 
     def learn(self, features: list, times: np.ndarray) -> None:
         x = np.array(features)
-        self.xtx = 0.9 * self.xtx + x.T @ x
-        self.xty = 0.9 * self.xty + x.T @ times
-        self.coef = np.linalg.lstsq(self.xtx + np.eye(5) * 1e-12, self.xty, rcond=None)[0]
+        for kind in (0, 1):
+            mine = x[:, 5] == kind
+            if not mine.any():
+                continue
+            xk = x[mine, :5]
+            self.xtx[kind] = 0.9 * self.xtx[kind] + xk.T @ xk
+            self.xty[kind] = 0.9 * self.xty[kind] + xk.T @ times[mine]
+            self.coef[kind] = np.linalg.lstsq(self.xtx[kind] + np.eye(5) * 1e-12,
+                                              self.xty[kind], rcond=None)[0]
 
 
 @dataclass(eq=False)
 class Dry:
-    """Steps formed ahead on a copy of the state: each step's batch and effect (emitted,
+    """Steps formed ahead on a fork of the state: each step's batch and effect (emitted,
     their output counts, finished, KV blocks in use, waiting), the open-loop arrivals the
-    dry run had let in before it (``seen``) and the highest request it had scheduled."""
+    dry run had let in before it (``seen``) and the highest request it had scheduled; every
+    ``MARK_EVERY`` steps, the state before the step (``marks``)."""
 
     state: EngineState
     plans: list = field(default_factory=list)
@@ -54,6 +68,7 @@ class Dry:
     top: list = field(default_factory=list)
     features: list = field(default_factory=list)
     ended: list = field(default_factory=list)     # requests finished before each step
+    marks: dict = field(default_factory=dict)     # step -> the state before it (``mark``)
 
 
 def dry_run(run: object, guess: Guess) -> Dry:
@@ -66,6 +81,8 @@ def dry_run(run: object, guess: Guess) -> Dry:
     closed = arrivals.requests.closed_loop
     seen, queued, top, t, ended = arrivals.next_open, arrivals.next_closed, -1, run.t, 0
     for j in range(guess.lookahead):
+        if j and j % MARK_EVERY == 0:
+            dry.marks[j] = dry.state.mark()
         room = min(len(sched), arrivals.limit(ended))
         while j and not closed and seen < room and sched[seen] <= t:
             dry.state.waiting.append(seen)

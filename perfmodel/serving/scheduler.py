@@ -117,6 +117,23 @@ class EngineState:
             a[self.top:fork.top] = 0
         self.saved = ()
 
+    def mark(self) -> tuple:
+        """What ``back_to`` needs to return a fork to where it is now."""
+        here = copy.copy(self)
+        here.pool, here.running, here.waiting = self.pool.copy(), list(self.running), \
+            deque(self.waiting)
+        return here, tuple(getattr(self, f)[self.lo:self.top].copy() for f in self.MUTABLE)
+
+    def back_to(self, mark: tuple) -> EngineState:
+        """The fork as it was at ``mark`` (its ``mark()``): the shared arrays' rows put
+        back, those of requests it admitted since back to zero."""
+        here, rows = mark
+        for f, saved in zip(self.MUTABLE, rows, strict=True):
+            a = getattr(self, f)
+            a[self.lo:here.top] = saved
+            a[here.top:self.top] = 0
+        return here
+
     def admit(self, r: int) -> None:
         """``r`` is about to be written for the first time (it leaves the queue)."""
         if r >= self.top:

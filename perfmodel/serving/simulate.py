@@ -205,73 +205,79 @@ def _advance(run: _Run, progress: Progress | None = None) -> None:
             progress(run.done, run.known, run.t)
 
 
-def _valid(run: _Run, dry: Dry, times: np.ndarray) -> tuple[int, int]:
-    """(how many of the priced steps stand, open-loop arrivals by the end of the last).
-    A step stands unless a request that had arrived by its start was not let in while it
-    left the queue empty with room (``Batch.open``), or one the dry run let in early was
-    scheduled in it or before."""
+def _valid(run: _Run, dry: Dry, times: np.ndarray) -> tuple[int, list]:
+    """(how many of the priced steps stand, the open-loop arrivals by the start of each
+    step and by the end of the last). A step stands unless a request that had arrived by
+    its start was not let in while it left the queue empty with room (``Batch.open``), or
+    one the dry run let in early was scheduled in it or before, or sits in the queue ahead
+    of a request the step preempted (SGLang's retraction joins the queue's tail)."""
     t, starts = run.t, []
     for dt in times.tolist():          # added one at a time, as ``_record`` adds them
         starts.append(t)
         t += dt
     arrivals = run.arrivals
-    real = arrivals.open_count(np.array(starts), arrivals.limit(np.array(dry.ended)))
+    done = dry.ended[-1] + len(dry.effects[-1][2])
+    real = arrivals.open_count(np.array([*starts, t]), arrivals.limit(
+        np.array([*dry.ended, done]))).astype(np.int64).tolist()
     pending = arrivals.pending[0][0] if arrivals.pending else np.inf   # after a think time
     for j, batch in enumerate(dry.plans):
         if starts[j] >= run.horizon:
-            return j, int(real[j])
+            return j, real
         if ((real[j] > dry.seen[j] or (j and starts[j] >= pending)) and batch.open) or \
-                (real[j] < dry.seen[j] and dry.top[j] >= real[j]):
-            return j, int(real[j])
-    done = dry.ended[-1] + len(dry.effects[-1][2])
-    return len(dry.plans), int(arrivals.open_count(t, arrivals.limit(done)))
+                (real[j] < dry.seen[j] and (dry.top[j] >= real[j] or batch.preempted)):
+            return j, real
+    return len(dry.plans), real
 
 
 def _replay(run: _Run, dry: Dry, times: np.ndarray, host: np.ndarray) -> int:
-    """Commit the steps that stand (how many, returned): the dry run's state when all do
-    (less the arrivals it let in early), else the real state run again through them."""
-    cut, arrived = _valid(run, dry, times)
-    adopt = cut == len(dry.plans)
-    if adopt:
-        waiting = dry.state.waiting
-        while waiting and not run.arrivals.requests.closed_loop and waiting[-1] >= arrived \
-                and waiting[-1] >= run.arrivals.next_open:
-            waiting.pop()
-        run.state = dry.state
+    """Commit the steps that stand (how many, returned): the dry run's state after them, or
+    after the last of its marks before the first that does not (less the arrivals it let
+    in early), and from there the real state run again through the rest."""
+    cut, real = _valid(run, dry, times)
+    kept = cut if cut == len(dry.plans) else max((k for k in dry.marks if k <= cut), default=0)
+    if kept:
+        state = dry.state if kept == len(dry.plans) else dry.state.back_to(dry.marks[kept])
         if not run.arrivals.requests.closed_loop:
-            _sent(run, dry, times, min(dry.seen[-1], arrived))
+            waiting = state.waiting
+            while waiting and waiting[-1] >= real[kept] and \
+                    waiting[-1] >= run.arrivals.next_open:
+                waiting.pop()
+            _sent(run, dry, times, min(dry.seen[kept - 1], real[kept]), kept)
+        run.state = state
     else:
         run.state.rollback(dry.state)
     st = run.state
     for j in range(cut):
-        if adopt:
-            batch, effect = dry.plans[j], dry.effects[j]
+        if j < kept:        # the dry run's queue held the requests it let in, not those due
+            batch, (emit, counts, done, used, waiting) = dry.plans[j], dry.effects[j]
+            effect = (emit, counts, done, used, waiting + real[j] - dry.seen[j])
         else:
             if j:
                 st.waiting.extend(run.arrivals.due(run.t))
             batch = st.schedule()
             emit, done = st.commit(batch)
             effect = (emit, st.emitted[emit], done, st.pool.used, len(st.waiting))
-        _record(run, batch, effect, float(times[j]), not adopt, float(host[j]))
+        _record(run, batch, effect, float(times[j]), j >= kept, float(host[j]))
     return cut
 
 
-def _sent(run: _Run, dry: Dry, times: np.ndarray, upto: int) -> None:
-    """The send times of the open-loop requests the adopted dry run let in: when due, or,
-    held back by the client's cap, at the start of the step it let them in."""
+def _sent(run: _Run, dry: Dry, times: np.ndarray, upto: int, kept: int) -> None:
+    """The send times of the open-loop requests the first ``kept`` steps of the dry run
+    let in: when due, or, held back by the client's cap, at the start of the step it let
+    them in."""
     arrivals = run.arrivals
     sched = arrivals.requests.arrival_s
     starts = [run.t]
-    for dt in times.tolist():
+    for dt in times[:kept].tolist():
         starts.append(starts[-1] + dt)
     first = arrivals.next_open
-    step = np.searchsorted(np.array(dry.seen), np.arange(first, upto), side="right")
-    capped = [dry.seen[j] >= arrivals.limit(dry.ended[j]) for j in range(len(dry.plans))]
+    step = np.searchsorted(np.array(dry.seen[:kept]), np.arange(first, upto), side="right")
+    capped = [dry.seen[j] >= arrivals.limit(dry.ended[j]) for j in range(kept)]
     for i, j in zip(range(first, upto), step.tolist(), strict=True):
         held = capped[j - 1] and sched[i] <= starts[j - 1]   # due, but the cap held it
         arrivals.arrival_s[i] = starts[j] if held else sched[i]
     arrivals.next_open = upto
-    last = len(dry.plans) - 1
+    last = kept - 1
     held = capped[last] and upto < len(sched) and sched[upto] <= starts[last]
     arrivals.held_upto = float(starts[last]) if held else -np.inf
 
