@@ -21,37 +21,57 @@ class Guess:
     squares fits of the steps priced so far on the step's tokens, sequences, cached context
     and prompt-chunk attention (recent steps weigh most), one for steps with a prompt chunk
     and one for pure decodes (priced as a prefill and as a graph replay, compute- and
-    memory-bound: one line through both misplaces arrivals). Only where arrivals land rests
-    on it: every committed step is priced."""
+    memory-bound: one line through both misplaces arrivals). Once ``TABLE_AFTER`` prompt
+    steps have been seen, the prompt fit also reads the time of one prompt of the step's
+    tokens from ``table`` (``StepPricer.prefill_table``: the GEMMs' tile and wave steps, which
+    no line follows). Only where arrivals land rests on it: every committed step is
+    priced."""
+
+    TABLE_AFTER = 64    # prompt steps seen before the table is worth its one pricing call
+    UNIT = 16           # tokens between the table's entries
 
     def __init__(self) -> None:
-        self.xtx = np.stack([np.eye(5) * 1e-9] * 2)
-        self.xty = np.zeros((2, 5))
-        self.coef = np.array([[1e-3, 0, 0, 0, 0]] * 2)
+        self.xtx = np.stack([np.eye(6) * 1e-9] * 2)
+        self.xty = np.zeros((2, 6))
+        self.coef = np.array([[1e-3, 0, 0, 0, 0, 0]] * 2)
         self.lookahead = 16
+        self.table: np.ndarray | None = None
+        self.prompt_steps = 0
 
-    @staticmethod
-    def features(batch: object) -> np.ndarray:
-        """The fit's five features and, last, which fit (1: a prompt chunk)."""
+    def features(self, batch: object) -> np.ndarray:
+        """The fit's six features and, last, which fit (1: a prompt chunk)."""
         new, ctx = batch.new, batch.context
-        attn = float((new * ctx)[new > 1].sum()) * 1e-6 if batch.prefill else 0.0
-        return np.array([1.0, new.sum(), len(batch.ids), ctx.sum() * 1e-3, attn,
+        tokens = int(new.sum())
+        attn, one = 0.0, 0.0
+        if batch.prefill:
+            attn = float((new * ctx)[new > 1].sum()) * 1e-6
+            if self.table is not None:
+                i = -(-tokens // self.UNIT) - 1
+                one = float(self.table[min(i, len(self.table) - 1)]) * \
+                    max(1.0, tokens / (len(self.table) * self.UNIT))
+        return np.array([1.0, tokens, len(batch.ids), ctx.sum() * 1e-3, attn, one,
                          float(batch.prefill)])
 
     def __call__(self, features: np.ndarray) -> float:
-        return float(features[:5] @ self.coef[int(features[5])])
+        return float(features[:6] @ self.coef[int(features[6])])
 
     def learn(self, features: list, times: np.ndarray) -> None:
         x = np.array(features)
         for kind in (0, 1):
-            mine = x[:, 5] == kind
+            mine = x[:, 6] == kind
             if not mine.any():
                 continue
-            xk = x[mine, :5]
+            if kind:
+                self.prompt_steps += int(mine.sum())
+            xk = x[mine, :6]
             self.xtx[kind] = 0.9 * self.xtx[kind] + xk.T @ xk
             self.xty[kind] = 0.9 * self.xty[kind] + xk.T @ times[mine]
-            self.coef[kind] = np.linalg.lstsq(self.xtx[kind] + np.eye(5) * 1e-12,
+            self.coef[kind] = np.linalg.lstsq(self.xtx[kind] + np.eye(6) * 1e-12,
                                               self.xty[kind], rcond=None)[0]
+
+    @property
+    def wants_table(self) -> bool:
+        return self.table is None and self.prompt_steps >= self.TABLE_AFTER
 
 
 @dataclass(eq=False)

@@ -112,6 +112,20 @@ class StepPricer:
         """Seconds of each batch's step: its GPU time (at the band ``edge`` when one is
         set) and the engine's host time that shows (``HostTime.step``; ``last_host`` keeps
         the latter; host time has no band)."""
+        self.calls += 1
+        self.priced += len(batches)
+        total, self.last_host = self._price(batches)
+        return total
+
+    def prefill_table(self, upto: int, unit: int) -> np.ndarray:
+        """Seconds of a step of one prompt of ``unit``, 2 ``unit``, ... tokens up to ``upto``
+        (the dry run's guess reads the GEMMs' tile and wave steps from it; not counted)."""
+        sizes = np.arange(unit, upto + unit, unit)
+        one = np.zeros(1, np.int64)
+        return self._price([Batch(one, np.array([m]), np.array([m]), True, False, 0)
+                            for m in sizes.tolist()])[0]
+
+    def _price(self, batches: list[Batch]) -> tuple[np.ndarray, np.ndarray]:
         k = len(batches)
         g = max(len(b.ids) for b in batches)
         count = np.zeros((k, g), np.int64)
@@ -127,12 +141,10 @@ class StepPricer:
         step = Step(count, new, ctx, expert_skew=self.skew)
         cost = price_step(self.model, self.hw, self.plan, step,
                           self.dtypes.take(np.zeros(k, np.int64)), timing)
-        self.calls += 1
-        self.priced += k
         gpu = cost.time if self.edge is None else band(cost.class_seconds(),
                                                        self.hw.uncertainty)[self.edge]
-        self.last_host = self.host.step(gpu, count.sum(axis=1))
-        return gpu + self.last_host
+        host = self.host.step(gpu, count.sum(axis=1))
+        return gpu + host, host
 
 
 def capacity_rps(model: Model, hw: Hardware, plan: Parallelism, w: Workload,

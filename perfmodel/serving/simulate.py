@@ -200,6 +200,9 @@ def _advance(run: _Run, progress: Progress | None = None) -> None:
         times = run.pricer.times(dry.plans)
         guess.learn(dry.features, times)
         stood = _replay(run, dry, times, run.pricer.last_host)
+        if guess.wants_table:
+            guess.table = run.pricer.prefill_table(run.state.engine.max_num_batched_tokens,
+                                                   guess.UNIT)
         guess.lookahead = int(min(LOOKAHEAD, max(4, 2 * stood)))
         if progress is not None:
             progress(run.done, run.known, run.t)
