@@ -149,9 +149,10 @@ class EngineState:
         budget -= int(new.sum())
         static = self.engine.scheduler == "static"
         admit = not preempted and (not static or not len(ids))
-        if admit:
+        if admit and self.waiting:
             more, chunks, budget = self._waiting(budget)
-            ids, new = np.concatenate([ids, more]), np.concatenate([new, chunks])
+            if len(more):
+                ids, new = np.concatenate([ids, more]), np.concatenate([new, chunks])
         if not len(ids):
             return None
         before = self.computed[ids]
@@ -164,20 +165,22 @@ class EngineState:
         run = np.array(self.running, dtype=np.int64)
         if not len(run):
             return run, run, 0
-        need = self.prompt[run] + self.emitted[run] - self.computed[run]
+        computed = self.computed[run]
+        need = self.prompt[run] + self.emitted[run] - computed
         if self.engine.scheduler == "static":
             need = np.where(self.padded[run], 1, need)
-        spent = np.cumsum(need)
+        spent = need.cumsum()
         new = need if spent[-1] <= budget else \
             np.minimum(np.maximum(budget - spent + need, 0), need)
         if self.engine.scheduler == "static":      # KV reserved at admission
             return run[new > 0], new[new > 0], 0
-        blocks = np.maximum(self.blocks_for(self.computed[run] + new) - self.own[run]
+        blocks = np.maximum(self.blocks_for(computed + new) - self.own[run]
                             - self.shared[run], 0)
         wanted = int(blocks.sum())
         if wanted <= self.pool.free:
-            self.pool.allocate(wanted)
-            self.own[run] += blocks
+            if wanted:      # most decode steps fill blocks they hold
+                self.pool.allocate(wanted)
+                self.own[run] += blocks
             if new.all():
                 return run, new, 0
             keep = new > 0
@@ -286,15 +289,18 @@ class EngineState:
     def commit(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Apply a step: (requests that emitted a token, requests that emitted their last:
         finished, though under static batching their seats are freed with the batch's)."""
-        ids = batch.ids
+        ids, static = batch.ids, self.engine.scheduler == "static"
         self.computed[ids] = batch.context
-        live = ids[~self.padded[ids]]
-        emit = live[self.computed[live] >= self.prompt[live] + self.emitted[live]]
+        if static:
+            live = ids[~self.padded[ids]]
+            emit = live[self.computed[live] >= self.prompt[live] + self.emitted[live]]
+        else:           # no padding rows: every request's computed tokens are the context
+            emit = ids[batch.context >= self.prompt[ids] + self.emitted[ids]]
         self.emitted[emit] += 1
         if self.engine.prefix_caching and self.sharing:
             self._publish(ids)
         done = emit[self.emitted[emit] >= self.output[emit]]
-        if self.engine.scheduler == "static":          # the batch holds its seats to the end
+        if static:          # the batch holds its seats to the end
             self.padded[done] = True
             if self.padded[self.running].all():
                 for r in list(self.running):

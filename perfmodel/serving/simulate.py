@@ -323,9 +323,10 @@ def _merge(requests: Requests, parts: list, runs: list, blocks: int, label: str,
         for k in ("scheduled_s", "first_token_s", "finish_s"):
             out[k][idx] = getattr(run, k)
         pre[idx], hits[idx] = run.state.preemptions, run.state.hit_tokens
-        for local, i in enumerate(idx.tolist()):
-            token_s[offsets[i]:offsets[i + 1]] = \
-                run.token_s[run.token_offsets[local]:run.token_offsets[local + 1]]
+        mine = run.token_offsets[:len(idx) + 1]         # each token to its place, at once
+        shift = offsets[idx] - mine[:-1]
+        token_s[np.arange(mine[-1]) + np.repeat(shift, np.diff(mine))] = \
+            run.token_s[:mine[-1]]
     log = np.array(runs[0].log, dtype=float).reshape(-1, 8)
     steps = StepLog(log[:, 0], log[:, 1], *(log[:, i].astype(np.int64) for i in range(2, 7)),
                     host_s=log[:, 7])
