@@ -3,10 +3,12 @@ steps the scheduler forms (``serving.scheduler``), and leave; each step is price
 core (``serving.engine.StepPricer``, with the engine's host time: ``serving.host_time``).
 
 Steps are priced ahead, many per ``price_step`` call: the scheduler is run forward on a
-copy of the engine's state as if no further request arrived, the steps it forms are
-priced together, and the real run then replays them up to the first step an arrival could
-have changed: a step whose schedule left the waiting queue empty with room to spare
-(``Batch.open``) starting after a request the dry run did not see had arrived. A request
+fork of the engine's state (``EngineState.fork``: the rows of the requests in flight saved,
+not every request's) with arrivals placed by a guess of each step's time, the steps it
+forms are priced together, and the real run keeps them up to the first step an arrival
+could have changed, resuming from the fork's last mark before it: a step whose schedule
+left the waiting queue empty with room to spare (``Batch.open``) starting after a request
+the dry run did not see had arrived. A request
 that arrives while others wait joins the tail of the queue, so it cannot change a step
 until the queue ahead of it has drained: under load most steps are priced in blocks.
 
