@@ -45,15 +45,15 @@ def run(label: str, name: str, n: int, rate: float, inp: int, out: int, dist: st
     reqs = traffic.generate(n, rate=rate, input_len=inp, output_len=out, length_dist=dist,
                             seed=0)
     model, hw = pm.model(name), pm.hardware("h100-sxm")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu()
     flags = dict(engine)
     res = simulate(model, hw, reqs, engine=engine_config(flags.pop("name", "vllm"), **flags))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, _cpu() - cpu
     steps = len(res.steps.start_s)
     priced, calls = res.info["steps_priced"], res.info["price_calls"]
-    print(f"{label:28s} {wall:6.2f} s  {n / wall:8.0f} requests/s  {steps / wall:8.0f} steps/s"
-          f"  ({steps:,} steps; {priced / calls:.1f} priced per call, "
-          f"{(priced - steps) / priced * 100:.0f}% discarded)")
+    print(f"{label:28s} {wall:6.2f} s ({cpu:6.2f} s CPU)  {n / wall:8.0f} requests/s  "
+          f"{steps / wall:8.0f} steps/s  ({steps:,} steps; {priced / calls:.1f} priced per "
+          f"call, {(priced - steps) / priced * 100:.0f}% discarded)", flush=True)
 
 
 def main() -> None:
