@@ -160,10 +160,11 @@ def test_a_rollback_and_a_return_to_a_mark_restore_every_array(monkeypatch):
     for name, f in (("fork", copying_fork), ("rollback", checking_rollback),
                     ("mark", copying_mark), ("back_to", checking_back_to)):
         monkeypatch.setattr(EngineState, name, f)
-    for name in ("vllm half load", "vllm overload, preemption", "sglang lpm, retraction",
+    for name in ("vllm overload, preemption", "sglang lpm, retraction",
                  "trtllm max utilization, chunked", "sessions"):
         kw, reqs = CASES[name]()
         sim.simulate(LLAMA, H100, reqs, **kw)
+    sim.simulate(LLAMA, H100, _gen(300, 15, output_len=100))   # long look-aheads, cut
     assert checked.count("rollback") >= 3 and checked.count("mark") >= 3
 
 

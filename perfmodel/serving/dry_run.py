@@ -21,35 +21,38 @@ class Guess:
     squares fits of the steps priced so far on the step's tokens, sequences, cached context
     and prompt-chunk attention (recent steps weigh most), one for steps with a prompt chunk
     and one for pure decodes (priced as a prefill and as a graph replay, compute- and
-    memory-bound: one line through both misplaces arrivals). Once ``TABLE_AFTER`` prompt
-    steps have been seen, the prompt fit also reads the time of one prompt of the step's
-    tokens from ``table`` (``StepPricer.prefill_table``: the GEMMs' tile and wave steps, which
-    no line follows). Only where arrivals land rests on it: every committed step is
-    priced."""
+    memory-bound: one line through both misplaces arrivals). Once ``TABLE_AFTER`` steps
+    have been priced, each fit also reads the time of one prompt of the step's tokens, or of
+    a decode step of its sequences, from ``tables`` (``StepPricer.tables``: the GEMMs' tile
+    and wave steps, which no line follows). Only where arrivals land rests on it: every
+    committed step is priced."""
 
-    TABLE_AFTER = 64    # prompt steps seen before the table is worth its one pricing call
-    UNIT = 16           # tokens between the table's entries
+    TABLE_AFTER = 64    # steps priced before the tables are worth their pricing calls
+    UNIT = 16           # tokens between the prompt table's entries
+    SEQS = 512          # the decode table's largest step (beyond it, scaled)
 
     def __init__(self) -> None:
         self.xtx = np.stack([np.eye(6) * 1e-9] * 2)
         self.xty = np.zeros((2, 6))
         self.coef = np.array([[1e-3, 0, 0, 0, 0, 0]] * 2)
         self.lookahead = 16
-        self.table: np.ndarray | None = None
-        self.prompt_steps = 0
+        self.tables: tuple | None = None
+        self.steps = 0
+        self.marks = True   # the last look-ahead was cut: mark this one (marks cost a copy)
 
     def features(self, batch: object) -> np.ndarray:
         """The fit's six features and, last, which fit (1: a prompt chunk)."""
         new, ctx = batch.new, batch.context
-        tokens = int(new.sum())
+        tokens, seqs = int(new.sum()), len(batch.ids)
         attn, one = 0.0, 0.0
         if batch.prefill:
             attn = float((new * ctx)[new > 1].sum()) * 1e-6
-            if self.table is not None:
-                i = -(-tokens // self.UNIT) - 1
-                one = float(self.table[min(i, len(self.table) - 1)]) * \
-                    max(1.0, tokens / (len(self.table) * self.UNIT))
-        return np.array([1.0, tokens, len(batch.ids), ctx.sum() * 1e-3, attn, one,
+        if self.tables is not None:
+            table = self.tables[0 if batch.prefill else 1]
+            at, unit = (tokens, self.UNIT) if batch.prefill else (seqs, 1)
+            one = float(table[min(-(-at // unit), len(table)) - 1]) * \
+                max(1.0, at / (len(table) * unit))
+        return np.array([1.0, tokens, seqs, ctx.sum() * 1e-3, attn, one,
                          float(batch.prefill)])
 
     def __call__(self, features: np.ndarray) -> float:
@@ -57,12 +60,11 @@ class Guess:
 
     def learn(self, features: list, times: np.ndarray) -> None:
         x = np.array(features)
+        self.steps += len(x)
         for kind in (0, 1):
             mine = x[:, 6] == kind
             if not mine.any():
                 continue
-            if kind:
-                self.prompt_steps += int(mine.sum())
             xk = x[mine, :6]
             self.xtx[kind] = 0.9 * self.xtx[kind] + xk.T @ xk
             self.xty[kind] = 0.9 * self.xty[kind] + xk.T @ times[mine]
@@ -70,8 +72,8 @@ class Guess:
                                               self.xty[kind], rcond=None)[0]
 
     @property
-    def wants_table(self) -> bool:
-        return self.table is None and self.prompt_steps >= self.TABLE_AFTER
+    def wants_tables(self) -> bool:
+        return self.tables is None and self.steps >= self.TABLE_AFTER
 
 
 @dataclass(eq=False)
@@ -101,7 +103,7 @@ def dry_run(run: object, guess: Guess) -> Dry:
     closed = arrivals.requests.closed_loop
     seen, queued, top, t, ended = arrivals.next_open, arrivals.next_closed, -1, run.t, 0
     for j in range(guess.lookahead):
-        if j and j % MARK_EVERY == 0:
+        if j and j % MARK_EVERY == 0 and guess.marks:
             dry.marks[j] = dry.state.mark()
         room = min(len(sched), arrivals.limit(ended))
         while j and not closed and seen < room and sched[seen] <= t:

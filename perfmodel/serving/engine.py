@@ -100,6 +100,7 @@ class StepPricer:
         self.model, self.hw, self.plan, self.edge = model, hw, plan, edge
         ws = Workloads.from_list([w])
         self.dtypes = Dtypes.of_workloads(ws)
+        self.rows: dict[int, Dtypes] = {}
         self.skew = float(w.expert_skew)
         self.prefill_timing = int(phase_timing(hw, "prefill", False))
         self.decode_timing = int(phase_timing(hw, "decode", engine.cuda_graphs))
@@ -117,13 +118,17 @@ class StepPricer:
         total, self.last_host = self._price(batches)
         return total
 
-    def prefill_table(self, upto: int, unit: int) -> np.ndarray:
-        """Seconds of a step of one prompt of ``unit``, 2 ``unit``, ... tokens up to ``upto``
-        (the dry run's guess reads the GEMMs' tile and wave steps from it; not counted)."""
-        sizes = np.arange(unit, upto + unit, unit)
+    def tables(self, prompt_upto: int, unit: int, seqs_upto: int) -> tuple:
+        """(seconds of a step of one prompt of ``unit``, 2 ``unit``, ... tokens up to
+        ``prompt_upto``; of a decode step of 1, 2, ... ``seqs_upto`` sequences of one cached
+        token): the dry run's guess reads the GEMMs' tile and wave steps from them. Not
+        counted as priced steps."""
         one = np.zeros(1, np.int64)
-        return self._price([Batch(one, np.array([m]), np.array([m]), True, False, 0)
-                            for m in sizes.tolist()])[0]
+        prompts = [Batch(one, np.array([m]), np.array([m]), True, False, 0)
+                   for m in range(unit, prompt_upto + unit, unit)]
+        decodes = [Batch(np.arange(n), np.ones(n, np.int64), np.ones(n, np.int64), False,
+                         False, 0) for n in range(1, seqs_upto + 1)]
+        return self._price(prompts)[0], self._price(decodes)[0]
 
     def _price(self, batches: list[Batch]) -> tuple[np.ndarray, np.ndarray]:
         k = len(batches)
@@ -139,8 +144,9 @@ class StepPricer:
         timing = np.array([self.prefill_timing if b.prefill else self.decode_timing
                            for b in batches])
         step = Step(count, new, ctx, expert_skew=self.skew)
-        cost = price_step(self.model, self.hw, self.plan, step,
-                          self.dtypes.take(np.zeros(k, np.int64)), timing)
+        if k not in self.rows:      # every row the one workload's dtypes, made once per k
+            self.rows[k] = self.dtypes.take(np.zeros(k, np.int64))
+        cost = price_step(self.model, self.hw, self.plan, step, self.rows[k], timing)
         gpu = cost.time if self.edge is None else band(cost.class_seconds(),
                                                        self.hw.uncertainty)[self.edge]
         host = self.host.step(gpu, count.sum(axis=1))

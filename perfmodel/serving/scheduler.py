@@ -146,20 +146,24 @@ class EngineState:
         """The next step's batch (None: nothing to run)."""
         budget = self.engine.max_num_batched_tokens
         ids, new, preempted = self._running(budget)
-        budget -= int(new.sum())
+        tokens = int(new.sum())
+        budget -= tokens
         static = self.engine.scheduler == "static"
         admit = not preempted and (not static or not len(ids))
+        context = self.computed[ids] + new
         if admit and self.waiting:
             more, chunks, budget = self._waiting(budget)
             if len(more):
                 ids, new = np.concatenate([ids, more]), np.concatenate([new, chunks])
+                context = np.concatenate([context, self.computed[more] + chunks])
+                tokens += int(chunks.sum())
         if not len(ids):
             return None
-        before = self.computed[ids]
-        prefill = bool((new > 1).any())    # vLLM's uniform-decode batch: one token each
+        prefill = tokens > len(ids)     # some request computes more than one token (each
+        # computes at least one): not vLLM's uniform-decode batch
         room = budget > 0 and len(self.running) < self.engine.max_num_seqs
-        return Batch(ids, new, before + new, prefill,
-                     admit and not self.waiting and room, preempted)
+        return Batch(ids, new, context, prefill, admit and not self.waiting and room,
+                     preempted)
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
         run = np.array(self.running, dtype=np.int64)
@@ -174,7 +178,7 @@ class EngineState:
             np.minimum(np.maximum(budget - spent + need, 0), need)
         if self.engine.scheduler == "static":      # KV reserved at admission
             return run[new > 0], new[new > 0], 0
-        blocks = np.maximum(self.blocks_for(computed + new) - self.own[run]
+        blocks = np.maximum(-(-(computed + new) // self.engine.block_size) - self.own[run]
                             - self.shared[run], 0)
         wanted = int(blocks.sum())
         if wanted <= self.pool.free:

@@ -202,10 +202,12 @@ def _advance(run: _Run, progress: Progress | None = None) -> None:
         times = run.pricer.times(dry.plans)
         guess.learn(dry.features, times)
         stood = _replay(run, dry, times, run.pricer.last_host)
-        if guess.wants_table:
-            guess.table = run.pricer.prefill_table(run.state.engine.max_num_batched_tokens,
-                                                   guess.UNIT)
+        if guess.wants_tables:
+            e = run.state.engine
+            guess.tables = run.pricer.tables(e.max_num_batched_tokens, guess.UNIT,
+                                             min(e.max_num_seqs, guess.SEQS))
         guess.lookahead = int(min(LOOKAHEAD, max(4, 2 * stood)))
+        guess.marks = stood < len(dry.plans)
         if progress is not None:
             progress(run.done, run.known, run.t)
 
