@@ -70,6 +70,8 @@ CASES = {
     "sessions": lambda: ({}, _gen(60, 15, turns=3, think_time=0.5)),
     "closed loop, think time": lambda: ({}, replace(
         _gen(60, concurrency=6), arrival_s=np.random.default_rng(3).exponential(0.1, 60))),
+    "closed loop, some think times 0": lambda: ({}, replace(
+        _gen(40, concurrency=4), arrival_s=np.where(np.arange(40) % 2, 0.05, 0.0))),
     "client cap": lambda: ({}, replace(_gen(80, 200), client_cap=6)),
     "sglang lpm, retraction": lambda: (
         {"engine": _small("sglang", 80, schedule_policy="lpm", page_size=16)},

@@ -128,9 +128,9 @@ def dry_run(run: object, guess: Guess) -> Dry:
         if closed and len(done):
             nxt = list(range(queued, min(queued + len(done), len(sched))))
             queued += len(nxt)
-            if any(sched[i] > 0 for i in nxt):
-                break
-            dry.state.waiting.extend(nxt)
+            dry.state.waiting.extend(i for i in nxt if sched[i] <= 0)   # sent at once
+            if any(sched[i] > 0 for i in nxt):      # one sent after a think time: its
+                break                               # arrival is not placed ahead
         if not dry.state.running and not dry.state.waiting:
             break
     return dry
