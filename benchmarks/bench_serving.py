@@ -2,15 +2,17 @@
 time, and what priced them (steps priced ahead per ``price_step`` call, steps priced but not
 kept).
 
-    python benchmarks/bench_serving.py [--quick] [--fleet N]
+    python benchmarks/bench_serving.py [--quick] [--fleet N] [--scale N,N,...]
 
 Not a test: prints the numbers the README quotes. The headline case is the issue's: 10,000
 requests of mixed lengths (log-normal, mean 512 prompt / 256 output tokens, sigma 0.5) on
 Llama-3-8B on one H100 SXM, Poisson arrivals near saturation (the simulated engine serves
 about 34 requests/s). The same 10,000 requests under SGLang's and TensorRT-LLM's schedulers
 follow. ``--fleet N``: N requests (10^6 in the README) over 16 round-robin replicas at half
-their capacity, timed with one worker process and with every local core. On a shared
-2-core machine wall times move by 10-30% between runs.
+their capacity, timed with one worker process and with every local core. ``--scale``:
+one replica at half load for each trace length, the CPU time per request (flat: a
+look-ahead's cost follows the requests in flight, not the trace's length). On a shared
+2-core machine wall times move by 10-30% between runs, CPU times less.
 """
 
 from __future__ import annotations
@@ -43,24 +45,29 @@ def run(label: str, name: str, n: int, rate: float, inp: int, out: int, dist: st
     reqs = traffic.generate(n, rate=rate, input_len=inp, output_len=out, length_dist=dist,
                             seed=0)
     model, hw = pm.model(name), pm.hardware("h100-sxm")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu()
     flags = dict(engine)
     res = simulate(model, hw, reqs, engine=engine_config(flags.pop("name", "vllm"), **flags))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, _cpu() - cpu
     steps = len(res.steps.start_s)
     priced, calls = res.info["steps_priced"], res.info["price_calls"]
-    print(f"{label:28s} {wall:6.2f} s  {n / wall:8.0f} requests/s  {steps / wall:8.0f} steps/s"
-          f"  ({steps:,} steps; {priced / calls:.1f} priced per call, "
-          f"{(priced - steps) / priced * 100:.0f}% discarded)")
+    print(f"{label:28s} {wall:6.2f} s ({cpu:6.2f} s CPU)  {n / wall:8.0f} requests/s  "
+          f"{steps / wall:8.0f} steps/s  ({steps:,} steps; {priced / calls:.1f} priced per "
+          f"call, {(priced - steps) / priced * 100:.0f}% discarded)", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the headline case only")
     parser.add_argument("--fleet", type=int, default=0, help="requests over 16 replicas")
+    parser.add_argument("--scale", default="", help="trace lengths, one replica at half load")
     args = parser.parse_args()
     if args.fleet:
         fleet(args.fleet)
+        return
+    if args.scale:
+        for n in (int(x) for x in args.scale.split(",")):
+            scale(n)
         return
     for case in CASES[:1] if args.quick else CASES:
         run(*case)
@@ -73,11 +80,35 @@ def fleet(n: int, replicas: int = 16) -> None:
                             length_dist="lognormal", seed=0)
     model, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
     for workers in sorted({1, os.cpu_count() or 1}):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu()
         res = simulate(model, hw, reqs, Parallelism(dp=replicas), workers=workers)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, _cpu() - cpu
         print(f"{n:,} requests, {replicas} replicas, {workers} worker(s): {wall:7.1f} s "
-              f"({n / wall:,.0f} requests/s; simulated {res.duration_s:,.0f} s)")
+              f"({n / wall:,.0f} requests/s, {n / wall / replicas:,.0f} per replica; "
+              f"{cpu:,.0f} s CPU, {cpu / n * 1e3:.2f} ms per request; "
+              f"{res.info['steps_priced']:,} steps priced "
+              f"in {res.info['price_calls']:,} calls; simulated {res.duration_s:,.0f} s)",
+              flush=True)
+
+
+def scale(n: int) -> None:
+    """``n`` requests on one replica at half load (17 req/s): CPU seconds per request."""
+    reqs = traffic.generate(n, rate=17.0, input_len=512, output_len=256,
+                            length_dist="lognormal", seed=0)
+    model, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
+    start, cpu = time.perf_counter(), _cpu()
+    res = simulate(model, hw, reqs)
+    wall, cpu = time.perf_counter() - start, _cpu() - cpu
+    steps, priced = len(res.steps.start_s), res.info["steps_priced"]
+    print(f"{n:>9,} requests, one replica at half load: {wall:7.1f} s wall, {cpu:7.1f} s CPU, "
+          f"{cpu / n * 1e3:.3f} ms CPU per request ({steps:,} steps, "
+          f"{(priced - steps) / priced * 100:.0f}% of those priced discarded)", flush=True)
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished worker processes."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 if __name__ == "__main__":

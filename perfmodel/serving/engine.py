@@ -108,6 +108,7 @@ class StepPricer:
         ws = Workloads.from_list([w])
         self.dtypes = Dtypes.of_workloads(ws)
         self.act_dtype = w.act_dtype
+        self.rows: dict[int, Dtypes] = {}
         self.skew = float(w.expert_skew)
         self.prefill_timing = int(phase_timing(hw, "prefill", False))
         self.decode_timing = int(phase_timing(hw, "decode", engine.cuda_graphs))
@@ -124,9 +125,31 @@ class StepPricer:
         self.last_host = self.host.step(gpu, seqs)
         return gpu + self.last_host
 
+    def tables(self, prompt_upto: int, unit: int, seqs_upto: int) -> tuple:
+        """(seconds of a step of one prompt of ``unit``, 2 ``unit``, ... tokens up to
+        ``prompt_upto``; of a decode step of 1, 2, ... ``seqs_upto`` sequences of one cached
+        token): the dry run's guess reads the GEMMs' tile and wave steps from them. Not
+        counted as priced steps."""
+        one = np.zeros(1, np.int64)
+        prompts = [Batch(one, np.array([m]), np.array([m]), True, False, 0)
+                   for m in range(unit, prompt_upto + unit, unit)]
+        decodes = [Batch(np.arange(n), np.ones(n, np.int64), np.ones(n, np.int64), False,
+                         False, 0) for n in range(1, seqs_upto + 1)]
+        return self._total(prompts), self._total(decodes)
+
+    def _total(self, batches: list[Batch]) -> np.ndarray:
+        gpu, _, seqs = self._gpu(batches)
+        return gpu + self.host.step(gpu, seqs)
+
     def gpu(self, batches: list[Batch]) -> tuple[np.ndarray, StepCost, np.ndarray]:
         """(GPU seconds of each batch's step, at the band ``edge`` when one is set; their
-        ``StepCost`` at the centre; the sequences in each), from one ``price_step`` call."""
+        ``StepCost`` at the centre; the sequences in each), from one ``price_step`` call,
+        counted as priced steps."""
+        self.calls += 1
+        self.priced += len(batches)
+        return self._gpu(batches)
+
+    def _gpu(self, batches: list[Batch]) -> tuple[np.ndarray, StepCost, np.ndarray]:
         k = len(batches)
         g = max(len(b.ids) for b in batches)
         count = np.zeros((k, g), np.int64)
@@ -140,10 +163,9 @@ class StepPricer:
         timing = np.array([self.prefill_timing if b.prefill else self.decode_timing
                            for b in batches])
         step = Step(count, new, ctx, expert_skew=self.skew)
-        cost = price_step(self.model, self.hw, self.plan, step,
-                          self.dtypes.take(np.zeros(k, np.int64)), timing)
-        self.calls += 1
-        self.priced += k
+        if k not in self.rows:      # every row the one workload's dtypes, made once per k
+            self.rows[k] = self.dtypes.take(np.zeros(k, np.int64))
+        cost = price_step(self.model, self.hw, self.plan, step, self.rows[k], timing)
         gpu = cost.time if self.edge is None else band(cost.class_seconds(),
                                                        self.hw.uncertainty)[self.edge]
         return gpu, cost, count.sum(axis=1)

@@ -28,12 +28,13 @@ had arrived by step n's start (``serving.simulate``).
 The static baseline admits a batch only when the previous one has finished, reserves each
 member's KV at its final length (no preemption), and keeps a finished member in the batch
 as padding (a decode row that emits nothing) until the whole batch is done, as a static
-``generate`` call runs. A schedule is computed on ``EngineState``; ``copy`` makes the
-dry runs the simulator prices ahead (``serving.simulate``).
+``generate`` call runs. A schedule is computed on ``EngineState``; ``fork`` makes the
+dry runs the simulator prices ahead (``serving.simulate``) and ``rollback`` undoes one.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,11 @@ class EngineState:
     grows: np.ndarray | None = None         # a conversation's turn: its KV extends the chain
     lag: bool = False           # async scheduling: finishes are applied after the next schedule
     late: list = field(default_factory=list)    # finished last step, seats not yet freed
+    lo: int = 0         # every request below has finished: its state is final
+    top: int = 0        # no request from here on has been admitted: its state is all zero
+    saved: tuple = ()   # ``fork``'s copy of the rows ``lo:top`` of the arrays below
+
+    MUTABLE = ("computed", "emitted", "own", "shared", "preemptions", "hit_tokens", "padded")
 
     @classmethod
     def new(cls, engine: EngineSettings, prompt: np.ndarray, output: np.ndarray,
@@ -98,13 +104,64 @@ class EngineState:
                    np.zeros(n, dtype=bool), bool(full.any()) or grows is not None, prefilled,
                    grows, lag)
 
+    def fork(self) -> EngineState:
+        """A state to run ahead on, the dry run's: its own queues and pool, and the same
+        per-request arrays, written in place; ``rollback`` undoes what it wrote. Only the
+        rows of requests admitted and not finished (``lo:top``) can be written, so only
+        they are saved: the cost follows the requests in flight, not all requests."""
+        arrays = [getattr(self, f) for f in self.MUTABLE]
+        while self.lo < self.top and self.emitted[self.lo] >= self.output[self.lo] and \
+                not self.padded[self.lo]:
+            self.lo += 1
+        self.saved = tuple(a[self.lo:self.top].copy() for a in arrays)
+        new = copy.copy(self)
+        new.pool, new.running, new.waiting = self.pool.copy(), list(self.running), \
+            deque(self.waiting)
+        new.saved, new.late = (), list(self.late)
+        return new
+
     def copy(self) -> EngineState:
-        return type(self)(self.engine, self.prompt, self.output, self.prefix,
-                           self.prefix_full, self.pool.copy(), self.computed.copy(),
-                           self.emitted.copy(), self.own.copy(), self.shared.copy(),
-                           self.preemptions.copy(), self.hit_tokens.copy(),
-                           list(self.running), deque(self.waiting), self.padded.copy(),
-                           self.sharing, self.prefilled, self.grows, self.lag, list(self.late))
+        """An independent copy, every per-request array copied: for a look-ahead that is
+        simply dropped (``serving.pipeline``'s), where ``fork`` needs its ``rollback``."""
+        new = copy.copy(self)
+        for f in self.MUTABLE:
+            setattr(new, f, getattr(self, f).copy())
+        new.pool, new.running, new.waiting = self.pool.copy(), list(self.running), \
+            deque(self.waiting)
+        new.saved, new.late = (), list(self.late)
+        return new
+
+    def rollback(self, fork: EngineState) -> None:
+        """Undo what ``fork``, made by ``self.fork()``, wrote in the shared arrays: the rows
+        saved back, those of the requests it admitted first back to zero."""
+        for f, rows in zip(self.MUTABLE, self.saved, strict=True):
+            a = getattr(self, f)
+            a[self.lo:self.top] = rows
+            a[self.top:fork.top] = 0
+        self.saved = ()
+
+    def mark(self) -> tuple:
+        """What ``back_to`` needs to return a fork to where it is now."""
+        here = copy.copy(self)
+        here.pool, here.running, here.waiting = self.pool.copy(), list(self.running), \
+            deque(self.waiting)
+        here.late = list(self.late)
+        return here, tuple(getattr(self, f)[self.lo:self.top].copy() for f in self.MUTABLE)
+
+    def back_to(self, mark: tuple) -> EngineState:
+        """The fork as it was at ``mark`` (its ``mark()``): the shared arrays' rows put
+        back, those of requests it admitted since back to zero."""
+        here, rows = mark
+        for f, saved in zip(self.MUTABLE, rows, strict=True):
+            a = getattr(self, f)
+            a[self.lo:here.top] = saved
+            a[here.top:self.top] = 0
+        return here
+
+    def admit(self, r: int) -> None:
+        """``r`` is about to be written for the first time (it leaves the queue)."""
+        if r >= self.top:
+            self.top = r + 1
 
     def blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.engine.block_size)
@@ -113,20 +170,25 @@ class EngineState:
         """The next step's batch (None: nothing to run)."""
         budget = self.engine.max_num_batched_tokens
         ids, new, preempted = self._running(budget)
-        budget -= int(new.sum())
+        tokens = int(new.sum())
+        budget -= tokens
         static = self.engine.scheduler == "static"
         admit = not preempted and (not static or not len(ids))
-        if admit:
+        context = self.computed[ids] + new
+        if admit and self.waiting:
             more, chunks, budget = self._waiting(budget)
-            ids, new = np.concatenate([ids, more]), np.concatenate([new, chunks])
+            if len(more):
+                ids, new = np.concatenate([ids, more]), np.concatenate([new, chunks])
+                context = np.concatenate([context, self.computed[more] + chunks])
+                tokens += int(chunks.sum())
         room = budget > 0 and len(self.running) < self.engine.max_num_seqs
         self.settle()
         if not len(ids):
             return None
-        before = self.computed[ids]
-        prefill = bool((new > 1).any())    # vLLM's uniform-decode batch: one token each
-        return Batch(ids, new, before + new, prefill,
-                     admit and not self.waiting and room, preempted)
+        prefill = tokens > len(ids)     # some request computes more than one token (each
+        # computes at least one): not vLLM's uniform-decode batch
+        return Batch(ids, new, context, prefill, admit and not self.waiting and room,
+                     preempted)
 
     def settle(self) -> None:
         """Free the seats and blocks of the requests that finished before the schedule
@@ -145,22 +207,24 @@ class EngineState:
         run = np.array(self.running, dtype=np.int64)
         if not len(run):
             return run, run, 0
-        need = self.prompt[run] + self.emitted[run] - self.computed[run]
+        computed = self.computed[run]
+        need = self.prompt[run] + self.emitted[run] - computed
         if self.late:           # finished, output not yet processed: not scheduled again
             need[np.isin(run, self.late)] = 0
         if self.engine.scheduler == "static":
             need = np.where(self.padded[run], 1, need)
-        spent = np.cumsum(need)
+        spent = need.cumsum()
         new = need if spent[-1] <= budget else \
             np.minimum(np.maximum(budget - spent + need, 0), need)
         if self.engine.scheduler == "static":      # KV reserved at admission
             return run[new > 0], new[new > 0], 0
-        blocks = np.maximum(self.blocks_for(self.computed[run] + new) - self.own[run]
+        blocks = np.maximum(-(-(computed + new) // self.engine.block_size) - self.own[run]
                             - self.shared[run], 0)
         wanted = int(blocks.sum())
         if wanted <= self.pool.free:
-            self.pool.allocate(wanted)
-            self.own[run] += blocks
+            if wanted:      # most decode steps fill blocks they hold
+                self.pool.allocate(wanted)
+                self.own[run] += blocks
             if new.all():
                 return run, new, 0
             keep = new > 0
@@ -232,6 +296,7 @@ class EngineState:
             cached = hit_own + (hit_p if int(self.prefix[r]) not in self.pool.active else 0)
             if fresh + cached > self.pool.free:
                 break
+            self.admit(r)
             self._take_hits(r, hit_p, hit_own)
             self.pool.allocate(fresh)
             self.own[r] += fresh
@@ -272,21 +337,25 @@ class EngineState:
     def commit(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Apply a step: (requests that emitted a token, requests that emitted their last:
         finished, though under static batching their seats are freed with the batch's)."""
-        ids = batch.ids
+        ids, static = batch.ids, self.engine.scheduler == "static"
         self.computed[ids] = batch.context
-        live = ids[~self.padded[ids]]
-        emit = live[self.computed[live] >= self.prompt[live] + self.emitted[live]]
+        if static:
+            live = ids[~self.padded[ids]]
+            emit = live[self.computed[live] >= self.prompt[live] + self.emitted[live]]
+        else:           # no padding rows: every request's computed tokens are the context
+            emit = ids[batch.context >= self.prompt[ids] + self.emitted[ids]]
         self.emitted[emit] += 1
         if self.engine.prefix_caching and self.sharing:
             self._publish(ids)
         done = emit[self.emitted[emit] >= self.output[emit]]
-        if self.engine.scheduler == "static":          # the batch holds its seats to the end
+        if static:          # the batch holds its seats to the end
             self.padded[done] = True
             if self.padded[self.running].all():
                 for r in list(self.running):
                     self.finish(r)
             return emit, done
-        if self.lag:
+        if self.lag:        # held as padding until freed: ``fork`` keeps their rows saved
+            self.padded[done] = True
             self.late.extend(done.tolist())
             return emit, done
         for r in done.tolist():
@@ -295,6 +364,7 @@ class EngineState:
 
     def finish(self, r: int) -> None:
         self.running.remove(r)
+        self.padded[r] = False      # read only while running; False: finished (``fork``)
         if self.grows is not None and self.grows[r] and self.engine.prefix_caching:
             self._grow_chain(r)
             return

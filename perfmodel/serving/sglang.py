@@ -172,11 +172,6 @@ class SGLangState(EngineState):
     chunked: int = -1
     ratio: float = -1.0
 
-    def copy(self) -> SGLangState:
-        new = super().copy()
-        new.chunked, new.ratio = self.chunked, self.ratio
-        return new
-
     @property
     def _reorders(self) -> bool:
         """Under lpm or dfs-weight an arrival may sort ahead of the queue: every step is
@@ -264,6 +259,7 @@ class SGLangState(EngineState):
             n = (b.chunk // b.page * b.page + done) // b.page * b.page - done
             if n <= 0:
                 return False
+        self.admit(r)
         self._take_hits(r, hit_p, 0)
         fresh = self._allocate(r, n, done)
         if fresh < 0:

@@ -3,10 +3,12 @@ steps the scheduler forms (``serving.scheduler``), and leave; each step is price
 core (``serving.engine.StepPricer``, with the engine's host time: ``serving.host_time``).
 
 Steps are priced ahead, many per ``price_step`` call: the scheduler is run forward on a
-copy of the engine's state as if no further request arrived, the steps it forms are
-priced together, and the real run then replays them up to the first step an arrival could
-have changed: a step whose schedule left the waiting queue empty with room to spare
-(``Batch.open``) starting after a request the dry run did not see had arrived. A request
+fork of the engine's state (``EngineState.fork``: the rows of the requests in flight saved,
+not every request's) with arrivals placed by a guess of each step's time, the steps it
+forms are priced together, and the real run keeps them up to the first step an arrival
+could have changed, resuming from the fork's last mark before it: a step whose schedule
+left the waiting queue empty with room to spare (``Batch.open``) starting after a request
+the dry run did not see had arrived. A request
 that arrives while others wait joins the tail of the queue, so it cannot change a step
 until the queue ahead of it has drained: under load most steps are priced in blocks.
 
@@ -248,88 +250,102 @@ def _advance(run: _Run, progress: Progress | None = None) -> None:
             continue
         dry = dry_run(run, guess)
         if not dry.plans and run.state.late:    # async scheduling: the seats were held by
-            run.state.settle()                  # finished requests; their output frees
+            run.state.rollback(dry.state)       # finished requests; their output frees
             run.cutoff = run.t                  # them, and the engine schedules afresh
             continue
         times = run.pricer.times(dry.plans)
         guess.learn(dry.features, times)
         stood = _replay(run, dry, times, run.pricer.last_host)
+        if guess.wants_tables:
+            e = run.state.engine
+            guess.tables = run.pricer.tables(e.max_num_batched_tokens, guess.UNIT,
+                                             min(e.max_num_seqs, guess.SEQS))
         guess.lookahead = int(min(LOOKAHEAD, max(4, 2 * stood)))
+        guess.marks = stood < len(dry.plans)
         if progress is not None:
             progress(run.done, run.known, run.t)
 
 
-def _valid(run: _Run, dry: Dry, times: np.ndarray) -> tuple[int, int]:
-    """(how many of the priced steps stand, open-loop arrivals by the end of the last).
-    A step stands unless a request that had arrived by its schedule's cutoff (its start;
-    under async scheduling the previous step's start) was not let in while it left the
-    queue empty with room (``Batch.open``), or one the dry run let in early was scheduled
-    in it or before."""
+def _valid(run: _Run, dry: Dry, times: np.ndarray) -> tuple[int, list]:
+    """(how many of the priced steps stand, the open-loop arrivals by each step's schedule
+    cutoff and by the next one after the last). A step's schedule sees the arrivals by its
+    cutoff: its start, or under async scheduling the previous step's start. A step stands
+    unless a request that had arrived by its cutoff was not let in while it left the queue
+    empty with room (``Batch.open``), or one the dry run let in early was scheduled in it
+    or before, or sits in the queue ahead of a request the step preempted (SGLang's
+    retraction joins the queue's tail)."""
     t, starts = run.t, []
     for dt in times.tolist():          # added one at a time, as ``_record`` adds them
         starts.append(t)
         t += dt
-    cuts = [run.cutoff, *starts[:-1]] if run.state.lag else starts
+    lag = run.state.lag
+    cuts = [run.cutoff, *starts[:-1]] if lag else starts
     arrivals = run.arrivals
-    real = arrivals.open_count(np.array(cuts), arrivals.limit(np.array(dry.ended)))
+    done = dry.ended[-1] + len(dry.effects[-1][2])
+    real = arrivals.open_count(np.array([*cuts, starts[-1] if lag else t]), arrivals.limit(
+        np.array([*dry.ended, done]))).astype(np.int64).tolist()
     pending = arrivals.pending[0][0] if arrivals.pending else np.inf   # after a think time
     closed = arrivals.requests.closed_loop
     for j, batch in enumerate(dry.plans):
         if starts[j] >= run.horizon:
-            return j, int(real[j])
+            return j, real
         late = j and cuts[j] >= pending   # open arrivals may have joined behind it
         if ((real[j] > dry.seen[j] or late) and batch.open) or (late and not closed) or \
-                (real[j] < dry.seen[j] and dry.top[j] >= real[j]):
-            return j, int(real[j])
-    done = dry.ended[-1] + len(dry.effects[-1][2])
-    end = starts[-1] if run.state.lag else t
-    return len(dry.plans), int(arrivals.open_count(end, arrivals.limit(done)))
+                (real[j] < dry.seen[j] and (dry.top[j] >= real[j] or batch.preempted)):
+            return j, real
+    return len(dry.plans), real
 
 
 def _replay(run: _Run, dry: Dry, times: np.ndarray, host: np.ndarray) -> int:
-    """Commit the steps that stand (how many, returned): the dry run's state when all do
-    (less the arrivals it let in early), else the real state run again through them."""
-    cut, arrived = _valid(run, dry, times)
-    adopt = cut == len(dry.plans)
-    if adopt:
-        waiting = dry.state.waiting
-        sched = run.arrivals.requests.arrival_s     # inf: a turn sent after an answer
-        while waiting and not run.arrivals.requests.closed_loop and waiting[-1] >= arrived \
-                and waiting[-1] >= run.arrivals.next_open and sched[waiting[-1]] < np.inf:
-            waiting.pop()
-        run.state = dry.state
+    """Commit the steps that stand (how many, returned): the dry run's state after them, or
+    after the last of its marks before the first that does not (less the arrivals it let
+    in early), and from there the real state run again through the rest."""
+    cut, real = _valid(run, dry, times)
+    kept = cut if cut == len(dry.plans) else max((k for k in dry.marks if k <= cut), default=0)
+    if kept:
+        state = dry.state if kept == len(dry.plans) else dry.state.back_to(dry.marks[kept])
         if not run.arrivals.requests.closed_loop:
-            _sent(run, dry, times, min(dry.seen[-1], arrived))
+            waiting = state.waiting
+            sched = run.arrivals.requests.arrival_s     # inf: a turn sent after an answer
+            while waiting and waiting[-1] >= real[kept] and \
+                    waiting[-1] >= run.arrivals.next_open and sched[waiting[-1]] < np.inf:
+                waiting.pop()
+            _sent(run, dry, times, min(dry.seen[kept - 1], real[kept]), kept)
+        run.state = state
+    else:
+        run.state.rollback(dry.state)
     st = run.state
     for j in range(cut):
-        if adopt:
-            batch, effect = dry.plans[j], dry.effects[j]
+        if j < kept:        # the dry run's queue held the requests it let in, not those due
+            batch, (emit, counts, done, used, waiting) = dry.plans[j], dry.effects[j]
+            effect = (emit, counts, done, used, waiting + real[j] - dry.seen[j])
         else:
             if j:
                 st.waiting.extend(run.arrivals.due(run.cutoff))
             batch = st.schedule()
             emit, done = st.commit(batch)
             effect = (emit, st.emitted[emit], done, st.pool.used, len(st.waiting))
-        _record(run, batch, effect, float(times[j]), not adopt, float(host[j]))
+        _record(run, batch, effect, float(times[j]), j >= kept, float(host[j]))
     return cut
 
 
-def _sent(run: _Run, dry: Dry, times: np.ndarray, upto: int) -> None:
-    """The send times of the open-loop requests the adopted dry run let in: when due, or,
-    held back by the client's cap, at the start of the step it let them in."""
+def _sent(run: _Run, dry: Dry, times: np.ndarray, upto: int, kept: int) -> None:
+    """The send times of the open-loop requests the first ``kept`` steps of the dry run
+    let in: when due, or, held back by the client's cap, at the start of the step it let
+    them in."""
     arrivals = run.arrivals
     sched = arrivals.requests.arrival_s
     starts = [run.t]
-    for dt in times.tolist():
+    for dt in times[:kept].tolist():
         starts.append(starts[-1] + dt)
     first = arrivals.next_open
-    step = np.searchsorted(np.array(dry.seen), np.arange(first, upto), side="right")
-    capped = [dry.seen[j] >= arrivals.limit(dry.ended[j]) for j in range(len(dry.plans))]
+    step = np.searchsorted(np.array(dry.seen[:kept]), np.arange(first, upto), side="right")
+    capped = [dry.seen[j] >= arrivals.limit(dry.ended[j]) for j in range(kept)]
     for i, j in zip(range(first, upto), step.tolist(), strict=True):
         held = capped[j - 1] and sched[i] <= starts[j - 1]   # due, but the cap held it
         arrivals.arrival_s[i] = starts[j] if held else sched[i]
     arrivals.next_open = upto
-    last = len(dry.plans) - 1
+    last = kept - 1
     held = capped[last] and upto < len(sched) and sched[upto] <= starts[last]
     arrivals.held_upto = float(starts[last]) if held else -np.inf
 
@@ -373,9 +389,10 @@ def _merge(requests: Requests, parts: list, runs: list, blocks: int, label: str,
         for k in ("scheduled_s", "first_token_s", "finish_s"):
             out[k][idx] = getattr(run, k)
         pre[idx], hits[idx] = run.state.preemptions, run.state.hit_tokens
-        for local, i in enumerate(idx.tolist()):
-            token_s[offsets[i]:offsets[i + 1]] = \
-                run.token_s[run.token_offsets[local]:run.token_offsets[local + 1]]
+        mine = run.token_offsets[:len(idx) + 1]         # each token to its place, at once
+        shift = offsets[idx] - mine[:-1]
+        token_s[np.arange(mine[-1]) + np.repeat(shift, np.diff(mine))] = \
+            run.token_s[:mine[-1]]
     log = np.array(runs[0].log, dtype=float).reshape(-1, 8)
     steps = StepLog(log[:, 0], log[:, 1], *(log[:, i].astype(np.int64) for i in range(2, 7)),
                     host_s=log[:, 7])

@@ -305,6 +305,7 @@ class TRTLLMState(EngineState):
         return out
 
     def _admit(self, r: int, done: int) -> None:
+        self.admit(r)
         tokens = int(self.prompt[r] + self.emitted[r])
         hit_p, hit_own = self._hits(r, tokens)
         self._take_hits(r, hit_p, hit_own)
