@@ -34,13 +34,13 @@ dry runs the simulator prices ahead (``serving.simulate``) and ``rollback`` undo
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from perfmodel.serving.forks import Forkable
 from perfmodel.serving.kvpool import KVPool
 
 EngineSettings = Any    # an engine's settings (``serving.engines``), which import this module
@@ -61,7 +61,7 @@ class Batch:
 
 
 @dataclass(eq=False)
-class EngineState:
+class EngineState(Forkable):
     """What the scheduler keeps per request (arrays over all requests) and its queues."""
 
     engine: EngineSettings
@@ -103,65 +103,6 @@ class EngineState:
         return cls(engine, prompt, output, prefix, full, KVPool(blocks), *zeros, [], deque(),
                    np.zeros(n, dtype=bool), bool(full.any()) or grows is not None, prefilled,
                    grows, lag)
-
-    def fork(self) -> EngineState:
-        """A state to run ahead on, the dry run's: its own queues and pool, and the same
-        per-request arrays, written in place; ``rollback`` undoes what it wrote. Only the
-        rows of requests admitted and not finished (``lo:top``) can be written, so only
-        they are saved: the cost follows the requests in flight, not all requests."""
-        arrays = [getattr(self, f) for f in self.MUTABLE]
-        while self.lo < self.top and self.emitted[self.lo] >= self.output[self.lo] and \
-                not self.padded[self.lo]:
-            self.lo += 1
-        self.saved = tuple(a[self.lo:self.top].copy() for a in arrays)
-        new = copy.copy(self)
-        new.pool, new.running, new.waiting = self.pool.copy(), list(self.running), \
-            deque(self.waiting)
-        new.saved, new.late = (), list(self.late)
-        return new
-
-    def copy(self) -> EngineState:
-        """An independent copy, every per-request array copied: for a look-ahead that is
-        simply dropped (``serving.pipeline``'s), where ``fork`` needs its ``rollback``."""
-        new = copy.copy(self)
-        for f in self.MUTABLE:
-            setattr(new, f, getattr(self, f).copy())
-        new.pool, new.running, new.waiting = self.pool.copy(), list(self.running), \
-            deque(self.waiting)
-        new.saved, new.late = (), list(self.late)
-        return new
-
-    def rollback(self, fork: EngineState) -> None:
-        """Undo what ``fork``, made by ``self.fork()``, wrote in the shared arrays: the rows
-        saved back, those of the requests it admitted first back to zero."""
-        for f, rows in zip(self.MUTABLE, self.saved, strict=True):
-            a = getattr(self, f)
-            a[self.lo:self.top] = rows
-            a[self.top:fork.top] = 0
-        self.saved = ()
-
-    def mark(self) -> tuple:
-        """What ``back_to`` needs to return a fork to where it is now."""
-        here = copy.copy(self)
-        here.pool, here.running, here.waiting = self.pool.copy(), list(self.running), \
-            deque(self.waiting)
-        here.late = list(self.late)
-        return here, tuple(getattr(self, f)[self.lo:self.top].copy() for f in self.MUTABLE)
-
-    def back_to(self, mark: tuple) -> EngineState:
-        """The fork as it was at ``mark`` (its ``mark()``): the shared arrays' rows put
-        back, those of requests it admitted since back to zero."""
-        here, rows = mark
-        for f, saved in zip(self.MUTABLE, rows, strict=True):
-            a = getattr(self, f)
-            a[self.lo:here.top] = saved
-            a[here.top:self.top] = 0
-        return here
-
-    def admit(self, r: int) -> None:
-        """``r`` is about to be written for the first time (it leaves the queue)."""
-        if r >= self.top:
-            self.top = r + 1
 
     def blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.engine.block_size)
