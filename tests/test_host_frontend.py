@@ -198,3 +198,41 @@ def test_cli_prints_the_api_servers_token_work():
     assert data["engine_time"]["api_output_mean_s"] >= 20e-6
     bare = json.loads(runner.invoke(app, [*args, "--format", "json", "--no-host-time"]).stdout)
     assert bare["engine_time"]["api_output_mean_s"] == 0.0
+
+
+def test_vllm_019_with_data_parallel_attention_schedules_ahead():
+    """vLLM's source (vllm/config/vllm.py, VllmConfig.__post_init__) turns async scheduling
+    off by default only for pipeline parallel > 1, a non-EAGLE/MTP draft, or an executor
+    other than mp/uni/external_launcher; never for data parallel or expert parallel. Each
+    DP rank's engine core (DPEngineCoreProc.run_busy_loop -> _process_engine_step) steps
+    through the same step_fn, step_with_batch_queue under async scheduling. So the lss
+    runs' AsyncLLM with DP 2 + EP at 0.19.0 schedule a step ahead, read from its row."""
+    from perfmodel.compare.serving import _host, _plan
+
+    row = {"engine": "vLLM (AsyncLLM in-process, no HTTP)", "engine_version": "0.19.0",
+           "tp": "1", "dp": "2", "workload": "... enable_expert_parallel"}
+    host, notes = _host(row, "vllm")
+    plan, _ = _plan(row)
+    assert host.schedule_ahead and not notes and "in-process" in host.name
+    assert plan.attention_dp and plan.ep == 2
+
+
+def test_the_lag_holds_on_each_rank_under_data_parallel_attention():
+    """Two ranks in lockstep (an MoE replica, DP attention). A and X at 0 take one rank
+    each; B arrives in the middle of step 1 on A's rank. Sync: B is in step 2. Async:
+    step 2's schedule was formed at step 1's start, B joins step 3; A's and X's first
+    tokens do not move."""
+    moe, plan = pm.model("qwen3-30b-a3b"), Parallelism(ep=2, attention_dp=True)
+
+    def run(reqs: Requests, host: HostTime) -> object:
+        return simulate(moe, H100, reqs, plan, EngineConfig(host=host))
+
+    s = run(Requests.of([0.0, 0.0], [128, 128], [12, 12]), HostTime()).steps.start_s
+    mid = float((s[1] + s[2]) / 2)
+    reqs = Requests.of([0.0, 0.0, mid], [128, 128, 128], [12, 12, 4])
+    sync, ahead = run(reqs, HostTime()), run(reqs, AHEAD)
+    for res, step in ((sync, 2), (ahead, 3)):
+        starts = np.unique(res.steps.start_s)
+        assert np.searchsorted(starts, res.scheduled_s[2]) == step
+    assert ahead.ttft_s[2] > sync.ttft_s[2]
+    assert ahead.ttft_s[:2] == pytest.approx(sync.ttft_s[:2])
