@@ -158,12 +158,13 @@ def test_async_scheduling_replays_as_a_step_by_step_loop_would():
     assert full.finish_s == pytest.approx(one.finish_s)
 
 
-def test_only_vllms_v1_async_mode_schedules_ahead():
+def test_only_vllms_v1_async_and_sglangs_overlap_modes_schedule_ahead():
     assert host_time.resolve("vllm", "0.24.0").schedule_ahead
     assert not host_time.resolve("vllm", "0.11.0").schedule_ahead
-    for engine in ("sglang", "trtllm"):
-        for mode in host_time.modes(engine):
-            assert not host_time.resolve(engine, mode=mode).schedule_ahead
+    assert host_time.resolve("sglang", "0.5.14").schedule_ahead
+    assert not host_time.resolve("sglang", mode="no-overlap").schedule_ahead
+    for mode in host_time.modes("trtllm"):
+        assert not host_time.resolve("trtllm", mode=mode).schedule_ahead
     assert not HostTime(schedule_ahead=True).none
 
 
@@ -236,3 +237,38 @@ def test_the_lag_holds_on_each_rank_under_data_parallel_attention():
         assert np.searchsorted(starts, res.scheduled_s[2]) == step
     assert ahead.ttft_s[2] > sync.ttft_s[2]
     assert ahead.ttft_s[:2] == pytest.approx(sync.ttft_s[:2])
+
+
+def _sglang(reqs: Requests, host: HostTime, **flags) -> object:
+    from perfmodel.serving.engines import engine_config
+    return simulate(LLAMA, H100, reqs, Parallelism(), engine_config("sglang", host=host,
+                                                                      **flags))
+
+
+def test_sglang_overlap_arrival_joins_one_step_later():
+    """SGLang's overlap loop (``event_loop_overlap``) forms batch n+1 before batch n's
+    result is processed. A alone: prefill at step 0, decodes after; B arrives in the middle
+    of step 1. Without overlap B is in step 2 (its prefill batch); with it step 2 was formed
+    at step 1's launch, so B joins step 3."""
+    probe = _sglang(Requests.of([0.0], [128], [12]), HostTime())
+    s = probe.steps.start_s
+    reqs = Requests.of([0.0, float((s[1] + s[2]) / 2)], [128, 128], [12, 4])
+    sync, ahead = _sglang(reqs, HostTime()), _sglang(reqs, AHEAD)
+    assert np.searchsorted(sync.steps.start_s, sync.scheduled_s[1]) == 2
+    assert np.searchsorted(ahead.steps.start_s, ahead.scheduled_s[1]) == 3
+    assert ahead.ttft_s[0] == pytest.approx(sync.ttft_s[0])
+
+
+def test_sglang_overlap_frees_a_finished_seat_one_schedule_late():
+    """Two seats (--max-running-requests 2). A (3 tokens) and C (30) prefill at step 0, A
+    finishes in step 2, B waits. Without overlap step 3 is B's prefill alone and step 4
+    decodes B and C. With overlap step 3 was formed with A still seated: C decodes alone
+    (A's discarded row not priced), B's prefill is step 4, and step 5 decodes both."""
+    reqs = Requests.of([0.0, 0.0, 0.0], [64, 64, 64], [3, 30, 4])
+    sync = _sglang(reqs, HostTime(), max_running_requests=2)
+    ahead = _sglang(reqs, AHEAD, max_running_requests=2)
+    assert np.searchsorted(sync.steps.start_s, sync.scheduled_s).tolist() == [0, 0, 3]
+    assert np.searchsorted(ahead.steps.start_s, ahead.scheduled_s).tolist() == [0, 0, 4]
+    assert sync.steps.seqs[:6].tolist() == [2, 2, 2, 1, 2, 2]
+    assert ahead.steps.seqs[:6].tolist() == [2, 2, 2, 1, 1, 2]
+    assert ahead.finish_s[0] == pytest.approx(sync.finish_s[0])

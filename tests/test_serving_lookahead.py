@@ -83,6 +83,13 @@ CASES = {
     "sglang mixed chunk": lambda: (
         {"engine": engine_config("sglang", enable_mixed_chunk=True,
                                  chunked_prefill_size=256)}, _gen(80, 40)),
+    "sglang overlap, retraction": lambda: (
+        {"engine": replace(_small("sglang", 80, schedule_policy="lpm", page_size=16),
+                           host=host_time.resolve("sglang"))},
+        _gen(24, 200, shared_prefix=64, output_len=100)),
+    "sglang overlap, mixed chunk": lambda: (
+        {"engine": engine_config("sglang", enable_mixed_chunk=True, chunked_prefill_size=256,
+                                 host=host_time.resolve("sglang"))}, _gen(80, 40)),
     "trtllm no evict": lambda: ({"engine": engine_config("trtllm")}, _gen(80, 40)),
     "trtllm max utilization, chunked": lambda: (
         {"engine": _small("trtllm", 50, capacity_scheduler_policy="MAX_UTILIZATION",

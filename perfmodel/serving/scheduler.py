@@ -17,13 +17,14 @@
 3. After the step, a request whose computed tokens reach its prompt plus output so far
    emits one token; one that has emitted all its output finishes and frees its blocks.
 
-Under async scheduling (``lag``: vLLM v1 with ``async_scheduling``, the profile's
-``schedule_ahead``) step n+1 is scheduled while step n runs (``vllm/v1/engine/core.py``,
-``step_with_batch_queue``), before step n's output is processed: a request that finished
-in step n still holds its seat and blocks in that schedule and is not scheduled again
-(``scheduler.py`` skips one that reached ``max_tokens``); it leaves ``running`` once the
-schedule is formed (``late``). The simulator lets that schedule see only the requests that
-had arrived by step n's start (``serving.simulate``).
+Under async scheduling (``lag``: vLLM v1 with ``async_scheduling`` or SGLang's overlap
+scheduler, ``serving.sglang``; the profile's ``schedule_ahead``) step n+1 is scheduled
+while step n runs (``vllm/v1/engine/core.py``, ``step_with_batch_queue``), before step n's
+output is processed: a request that finished in step n still holds its seat and blocks in
+that schedule and is not scheduled again (``scheduler.py`` skips one that reached
+``max_tokens``); it leaves ``running`` once the schedule is formed (``late``). The
+simulator lets that schedule see only the requests that had arrived by step n's start
+(``serving.simulate``).
 
 The static baseline admits a batch only when the previous one has finished, reserves each
 member's KV at its final length (no preemption), and keeps a finished member in the batch
@@ -44,6 +45,7 @@ from perfmodel.serving.forks import Forkable
 from perfmodel.serving.kvpool import KVPool
 
 EngineSettings = Any    # an engine's settings (``serving.engines``), which import this module
+LAGS = ("vllm", "sglang")   # engines whose ``schedule_ahead`` is modelled (``serving.sglang``)
 
 
 @dataclass(eq=False)
@@ -98,7 +100,7 @@ class EngineState(Forkable):
         n = len(prompt)
         zeros = [np.zeros(n, np.int64) for _ in range(6)]
         full = prefix_tokens // engine.block_size
-        lag = engine.name == "vllm" and engine.scheduler == "continuous" and \
+        lag = engine.name in LAGS and engine.scheduler == "continuous" and \
             bool(getattr(engine.host, "schedule_ahead", False))
         return cls(engine, prompt, output, prefix, full, KVPool(blocks), *zeros, [], deque(),
                    np.zeros(n, dtype=bool), bool(full.any()) or grows is not None, prefilled,

@@ -32,6 +32,10 @@
    is any prefix of ``--page-size`` tokens (default 1: token granularity), at most the
    prompt less one token.
 5. The queue's order under lpm and dfs-weight: ``serving.sglang_policy``.
+6. Overlap (default; the profile's ``schedule_ahead``): ``scheduler.py`` ``event_loop_overlap``
+   launches batch n+1 before ``process_batch_result`` of n: ``EngineState.lag``. Not priced:
+   a request finished in step n still runs a discarded row in a decode batch n+1
+   (``process_batch_result_decode``: "should only happen when overlap scheduling").
 """
 
 from __future__ import annotations
@@ -185,11 +189,14 @@ class SGLangState(EngineState):
     def schedule(self) -> Batch | None:
         if self.ratio < 0:
             self.ratio = self._init_ratio
-        if self.waiting or self.chunked >= 0:
-            batch = self._extend()
-            if batch is not None:
-                return batch
-        return self._decode()
+        batch = self._extend() if self.waiting or self.chunked >= 0 else None
+        batch = self._decode() if batch is None else batch
+        self.settle()       # overlap: batch n's finishes are processed after n+1 is formed
+        return batch
+
+    def _live(self) -> np.ndarray:     # the running that decode: not the ``late``
+        run = np.array(self.running, np.int64)
+        return run[~np.isin(run, self.late)] if self.late else run
 
     def _extend(self) -> Batch | None:
         e, run = self.engine, np.array(self.running, np.int64)
@@ -215,6 +222,7 @@ class SGLangState(EngineState):
             return None
         ids, new = np.array(ids, np.int64), np.array(new, np.int64)
         if mixed:
+            run = self._live()
             more = self._decode_slots(run)
             if more is not None:
                 ids, new = np.concatenate([ids, run]), np.concatenate([new, more])
@@ -307,9 +315,9 @@ class SGLangState(EngineState):
 
     def _decode(self) -> Batch | None:
         """``update_running_batch``: one token each, retracting when the pool runs short."""
-        if not self.running:
+        run = self._live()
+        if not len(run):
             return None
-        run = np.array(self.running, np.int64)
         blocks = np.maximum(self.blocks_for(self.computed[run] + 1) - self.own[run]
                             - self.shared[run], 0)
         retracted = 0

@@ -44,7 +44,6 @@ Progress = Callable[[int, int, float], None]    # (requests done, of, simulated 
 @dataclass(eq=False)
 class _Run:
     """One engine's simulation state and what it records."""
-
     state: EngineState
     pricer: StepPricer
     arrivals: Arrivals
@@ -249,9 +248,10 @@ def _advance(run: _Run, progress: Progress | None = None) -> None:
             run.t = run.cutoff = max(min(t, run.horizon), run.t)
             continue
         dry = dry_run(run, guess)
-        if not dry.plans and run.state.late:    # async scheduling: the seats were held by
-            run.state.rollback(dry.state)       # finished requests; their output frees
-            run.cutoff = run.t                  # them, and the engine schedules afresh
+        if not dry.plans and run.state.late:    # async: finished requests held the seats;
+            run.state.rollback(dry.state)       # their output frees them (a queue waiting
+            run.state.settle()                  # or not), and the engine schedules afresh
+            run.cutoff = run.t
             continue
         times = run.pricer.times(dry.plans)
         guess.learn(dry.features, times)
