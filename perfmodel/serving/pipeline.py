@@ -62,7 +62,7 @@ import numpy as np
 from perfmodel.schedules.pipeline import activation_bytes, boundary_seconds, stage_seconds
 from perfmodel.serving.dry_run import Guess
 from perfmodel.serving.engine import StepPricer
-from perfmodel.serving.results import SimResult
+from perfmodel.serving.results import SimResult, StepLog, record_output
 from perfmodel.serving.scheduler import Batch, EngineState
 from perfmodel.specs.dtypes import CODE
 from perfmodel.specs.errors import SpecError
@@ -226,9 +226,8 @@ def _submit(run: object, pipe: Pipe, batch: Batch, epochs: np.ndarray) -> None:
     run.scheduled_s[fresh] = start
     run.last_done = run.last_done_tokens = 0
     st = run.state
-    run.log.append((start, t - start, len(batch.ids), int(batch.new.sum()),
-                    int(batch.new[batch.new > 1].sum()) if batch.prefill else 0,
-                    st.pool.used, len(st.waiting), float(host)))
+    run.log.append(StepLog.row(start, t - start, batch, st.pool.used, len(st.waiting),
+                               float(host)))
     pipe.stages.append(stage)
     pipe.sends.append(float(send.sum()))
 
@@ -239,17 +238,7 @@ def _land(run: object, flight: Flight, at: float) -> None:
     run.t = at
     st = run.state
     emit, done = land(st, flight.batch, flight.epochs)
-    run.token_s[run.token_offsets[emit] + st.emitted[emit] - 1] = at
-    first = emit[np.isnan(run.first_token_s[emit])]
-    run.first_token_s[first] = at
-    run.last_done, run.last_done_tokens = len(done), 0
-    if len(done):
-        run.finish_s[done] = at
-        run.done += len(done)
-        req = run.arrivals.requests
-        run.last_done_tokens = int((req.input_tokens[done] + req.output_tokens[done]).sum())
-        run.load_tokens -= run.last_done_tokens
-        st.waiting.extend(run.arrivals.finished(at, done))
+    st.waiting.extend(record_output(run, emit, st.emitted[emit], done, at))
 
 
 def _priced(run: object, pipe: Pipe, batch: Batch, epochs: np.ndarray

@@ -43,6 +43,14 @@ class StepLog:
     stage_s: np.ndarray | None = None
     send_s: np.ndarray | None = None
 
+    @staticmethod
+    def row(start: float, dt: float, batch: object, used: int, waiting: int,
+            host: float) -> tuple:
+        """One step's entry as the engine loops append it (the fields above, in order):
+        ``batch`` (``serving.scheduler.Batch``) gives its sequences and tokens."""
+        prompt = int(batch.new[batch.new > 1].sum()) if batch.prefill else 0
+        return start, dt, len(batch.ids), int(batch.new.sum()), prompt, used, waiting, host
+
     @property
     def gpu_s(self) -> np.ndarray:
         """GPU seconds of each step (under pipeline parallelism: summed over its stages)."""
@@ -202,3 +210,23 @@ class SimResult:
                 "queue_s": self.queue_s, "ttft_s": self.ttft_s, "tpot_s": tpot,
                 "itl_max_s": self.itl_max_s, "e2e_s": self.e2e_s,
                 "preemptions": self.preemptions}
+
+
+def record_output(run: object, emit: np.ndarray, counts: np.ndarray, done: np.ndarray,
+                  t: float) -> list[int]:
+    """A step's output taken at ``t`` on an engine's run (``serving.simulate._Run``): the
+    emitted requests' token (their ``counts``-th) and first-token times, the finished ones'
+    finish time and the run's counts of them; returns the requests the arrivals send next
+    (a closed loop's users, a conversation's later turns)."""
+    run.token_s[run.token_offsets[emit] + counts - 1] = t
+    first = emit[np.isnan(run.first_token_s[emit])]
+    run.first_token_s[first] = t
+    run.last_done, run.last_done_tokens = len(done), 0
+    if not len(done):
+        return []
+    run.finish_s[done] = t
+    run.done += len(done)
+    req = run.arrivals.requests
+    run.last_done_tokens = int((req.input_tokens[done] + req.output_tokens[done]).sum())
+    run.load_tokens -= run.last_done_tokens
+    return run.arrivals.finished(t, done)

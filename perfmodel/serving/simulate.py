@@ -30,7 +30,7 @@ from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.dry_run import Dry, Guess, dry_run
 from perfmodel.serving.engine import StepPricer, kv_pool
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.results import SimResult, StepLog
+from perfmodel.serving.results import SimResult, StepLog, record_output
 from perfmodel.serving.scheduler import EngineState
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
@@ -359,22 +359,10 @@ def _record(run: _Run, batch: object, effect: tuple, dt: float, queue_more: bool
     run.cutoff = start if run.state.lag else run.t     # what the next schedule sees
     fresh = batch.ids[np.isnan(run.scheduled_s[batch.ids])]
     run.scheduled_s[fresh] = start
-    run.token_s[run.token_offsets[emit] + counts - 1] = run.t
-    first = emit[np.isnan(run.first_token_s[emit])]
-    run.first_token_s[first] = run.t
-    run.last_done, run.last_done_tokens = len(done), 0
-    if len(done):
-        run.finish_s[done] = run.t
-        run.done += len(done)
-        req = run.arrivals.requests
-        run.last_done_tokens = int((req.input_tokens[done] + req.output_tokens[done]).sum())
-        run.load_tokens -= run.last_done_tokens
-        more = run.arrivals.finished(run.t, done)
-        if queue_more:
-            run.state.waiting.extend(more)
-    run.log.append((start, dt, len(batch.ids), int(batch.new.sum()),
-                    int(batch.new[batch.new > 1].sum()) if batch.prefill else 0,
-                    used, waiting, host))
+    more = record_output(run, emit, counts, done, run.t)
+    if queue_more:
+        run.state.waiting.extend(more)
+    run.log.append(StepLog.row(start, dt, batch, used, waiting, host))
 
 
 def _merge(requests: Requests, parts: list, runs: list, blocks: int, label: str,
