@@ -5,10 +5,10 @@ Dask's ``distributed`` scheduler (the optional ``fleet`` extra, ``pip install
 
 What travels: what every replica shares (model, hardware, layout, dtypes, engine settings,
 KV pool size) is scattered to every worker once; each task then carries only its replica's
-requests, and its result comes back without the model and hardware (as the fork pool's
-``_one`` does); a data-parallel-attention replica travels as one task, its ranks in
-lockstep. The simulation is deterministic, so a replica run on a Dask worker gives
-the same arrays, bit for bit, as in one process (``tests/test_cluster.py``).
+requests, and its result comes back without the model and hardware (as from the fork
+pool: ``serving.simulate._light``); a data-parallel-attention replica travels as one
+task, its ranks in lockstep. The simulation is deterministic, so a replica run on a Dask
+worker gives the same arrays, bit for bit, as in one process (``tests/test_cluster.py``).
 
 Only routers that read the request alone (round-robin, the affinity hashes) are dealt
 ahead and so can run here. A load-aware router's choice at an arrival depends on every

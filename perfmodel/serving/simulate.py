@@ -144,59 +144,54 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                   for g in range(0, engines, ways)]                 # step is never longest
         groups = [group for group in groups if group]
         jobs = [[_subset(requests, idx, engines) for idx in group] for group in groups]
-        if cluster is not None:
-            from perfmodel.serving import cluster as dask
-
-            ranks = dask.map_apart(_ranks, shared, jobs, cluster, workers)
-        elif workers == 1 or len(jobs) == 1:
-            ranks = [_ranks(job, shared, progress, keep=True) for job in jobs]
-        else:
-            import multiprocessing as mp
-
-            with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-                ranks = pool.starmap(_ranks, [(job, shared) for job in jobs], chunksize=1)
+        ranks = _apart(_ranks, shared, jobs, workers, cluster, progress)
         return [idx for group in groups for idx in group], [r for rs in ranks for r in rs]
     parts = [idx for idx in dealt if len(idx)]
+    jobs = [_subset(requests, idx, engines) for idx in parts]
+    return parts, _apart(_replica, shared, jobs, workers, cluster, progress)
+
+
+def _apart(fn: Callable, shared: tuple, jobs: list, workers: int, cluster: str | None,
+           progress: Progress | None) -> list:
+    """``[fn(job, shared) for job in jobs]``: here (with ``progress``), in ``workers``
+    forked processes, or as tasks on the Dask ``cluster`` (``serving.cluster``)."""
     if cluster is not None:
         from perfmodel.serving import cluster as dask
 
-        return parts, dask.map_apart(_one_part, shared,
-                                     [_subset(requests, idx, engines) for idx in parts],
-                                     cluster, workers)
-    jobs = [(model, hw, plan, w, engine, _subset(requests, idx, engines), blocks)
-            for idx in parts]
+        return dask.map_apart(fn, shared, jobs, cluster, workers)
     if workers == 1 or len(jobs) == 1:
-        return parts, [_simulate_one(*job, progress, edge) for job in jobs]
+        return [fn(job, shared, progress, keep=True) for job in jobs]
     import multiprocessing as mp
 
     with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-        return parts, pool.map(_one, [(*job, None, edge) for job in jobs], chunksize=1)
+        return pool.starmap(fn, [(job, shared) for job in jobs], chunksize=1)
 
 
-def _one(job: tuple) -> _Run:
-    run = _simulate_one(*job)
-    run.pricer.model = run.pricer.hw = None     # not needed back: keep the pickle small
+def _light(run: _Run) -> _Run:
+    """``run`` without the model and hardware, not needed back from a worker: a small
+    pickle."""
+    run.pricer.model = run.pricer.hw = None
     return run
 
 
-def _one_part(requests: Requests, shared: tuple) -> _Run:
-    """``_one`` on a Dask worker: ``shared`` (model, hw, plan, workload, engine, blocks,
-    edge) was sent to it once, the task carries only the replica's requests."""
+def _replica(requests: Requests, shared: tuple, progress: Progress | None = None,
+             keep: bool = False) -> _Run:
+    """One replica's run; ``shared``: (model, hw, plan, workload, engine, blocks, edge),
+    sent to a Dask worker once while the task carries only the requests; from a worker
+    (not ``keep``) returned ``_light``."""
     model, hw, plan, w, engine, blocks, edge = shared
-    return _one((model, hw, plan, w, engine, requests, blocks, None, edge))
+    run = _simulate_one(model, hw, plan, w, engine, requests, blocks, progress, edge)
+    return run if keep else _light(run)
 
 
 def _ranks(subsets: list, shared: tuple, progress: Progress | None = None,
            keep: bool = False) -> list[_Run]:
     """One data-parallel-attention replica: its ranks (``subsets``, one ``Requests`` each)
-    run in lockstep (``fleet.ranks_lockstep``); from a worker (not ``keep``) returned
-    without the model and hardware, as ``_one``."""
+    run in lockstep (``fleet.ranks_lockstep``); as ``_replica`` otherwise."""
     model, hw, plan, w, engine, blocks, edge = shared
     runs = [_start(model, hw, plan, w, engine, reqs, blocks, edge) for reqs in subsets]
     fleet.ranks_lockstep(runs, _record, progress)
-    for run in runs if not keep else ():
-        run.pricer.model = run.pricer.hw = None
-    return runs
+    return runs if keep else [_light(run) for run in runs]
 
 
 def _subset(requests: Requests, idx: np.ndarray, engines: int) -> Requests:
