@@ -47,7 +47,9 @@ def test_shipped_quantized_configs(case):
     file, name, method, dtype, group, scale, kept, per_weight = case
     model = pm.model(str(DATA / file))
     assert model.name == name
-    assert model.quantization == Quantization(method, dtype, group, scale, kept)
+    q = model.quantization
+    assert (q.method, q.weights_dtype, q.group_size, q.scale_bytes, q.unquantized) == \
+        (method, dtype, group, scale, kept)
     assert model.quantization.bytes_per_weight == pytest.approx(per_weight)
 
 
@@ -144,7 +146,7 @@ BAD = [
         "a": {"targets": ["re:.*self_attn.*"], "weights": {"num_bits": 8, "type": "float"}},
         "b": {"targets": ["re:.*mlp.*"], "weights": {"num_bits": 4, "type": "int",
                                                     "strategy": "group", "group_size": 128}}}},
-     "config_groups: 2 different weights schemes"),
+     "config_groups: the mlp class's weights (int4, groups of 128) differ from the others'"),
     ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"],
       "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}},
       "ignore": ["re:("]}, "quantization_config.ignore: 're:(' is not a valid regex"),

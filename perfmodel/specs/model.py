@@ -59,7 +59,14 @@ class Quantization:
     per ``group_size`` weights (None: one per tensor or output channel, negligible); the
     ``unquantized`` linear classes (``LINEAR_CLASSES``) stay at 16 bits. ``lm_head``: the
     checkpoint quantizes its LM head too (GPTQ's ``"lm_head": true``), the default of its
-    workloads' ``quantize_lm_head``. Embedding and norms are always 16-bit in this model."""
+    workloads' ``quantize_lm_head``. Embedding and norms are always 16-bit in this model.
+
+    Per class: ``formats`` gives the classes stored in another format than the main one
+    ((class, ``specs.formats`` name) pairs: an fp8 attention beside NVFP4 experts); they,
+    like the ``unquantized`` ones, keep their format whatever weights a workload asks for
+    (``--weights-format`` sets the main one). ``format``: the main format's name (""
+    where none of the table fits), ``scale_dtype`` its scales' dtype, ``act_dtype`` the
+    dtype the checkpoint quantizes activations to (None: not said, or weight-only)."""
 
     method: str
     weights_dtype: str
@@ -67,12 +74,24 @@ class Quantization:
     scale_bytes: float = 2.0
     unquantized: tuple[str, ...] = ()
     lm_head: bool = False
+    format: str = ""
+    scale_dtype: str = ""
+    act_dtype: str | None = None
+    formats: tuple[tuple[str, str], ...] = ()
 
     @property
     def bytes_per_weight(self) -> float:
         """Bytes per quantized weight, scales included (``dtypes.weight_bytes``)."""
         return float(weight_bytes(CODE[self.weights_dtype], self.group_size or 0,
                                   self.scale_bytes))
+
+    def class_formats(self, classes: tuple[str, ...] = LINEAR_CLASSES) -> dict[str, str]:
+        """Each of ``classes``: its format's name (the main one, ``format`` or its dtype,
+        for the classes not listed otherwise), or "16-bit"."""
+        other = dict(self.formats)
+        main = self.format or self.weights_dtype
+        return {c: "16-bit" if c in self.unquantized else other.get(c, main)
+                for c in classes}
 
 
 @dataclass(frozen=True)
