@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from perfmodel.cost.params import unquantized
+from perfmodel.cost.params import other_formats, unquantized
 from perfmodel.specs.model import Model, MoE
 
 ROW_QUANTITIES = ("tokens", "seqs", "logits", "expert_rows", "expert_act_rows", "absorbed",
@@ -146,5 +146,9 @@ Spec = GemmSpec | PointwiseSpec | AttentionSpec | EmbeddingSpec | KvWriteSpec \
 
 def weights_of(model: Model, linear_class: str) -> str:
     """A GemmSpec's ``weights`` for a layer of ``linear_class`` (``params.LINEAR_CLASSES``):
-    "act" when the model's quantization leaves that class unquantized, else "matmul"."""
-    return "act" if linear_class in unquantized(model) else "matmul"
+    "act" when the model's quantization leaves that class unquantized, "format:NAME" when
+    it stores the class in another format (``params.other_formats``), else "matmul"."""
+    if linear_class in unquantized(model):
+        return "act"
+    other = other_formats(model).get(linear_class)
+    return "matmul" if other is None else f"format:{other}"

@@ -62,6 +62,13 @@ def unquantized(model: Model) -> tuple[str, ...]:
     return model.quantization.unquantized if model.quantization is not None else ()
 
 
+def other_formats(model: Model) -> dict[str, str]:
+    """The linear classes the checkpoint stores in another format than its main one
+    (``Quantization.formats``: an fp8 attention beside NVFP4 experts), class -> format
+    name; they keep it whatever weights the workload asks for, as the 16-bit ones do."""
+    return dict(model.quantization.formats) if model.quantization is not None else {}
+
+
 def check_tp(model: Model, tp: int) -> None:
     """TP must split heads evenly and KV heads evenly (or replicate them whole); Mamba-2's
     B/C groups evenly, or one group replicated on every device (``mamba_groups``)."""

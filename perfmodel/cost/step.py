@@ -20,8 +20,9 @@ from perfmodel.cost import instantiate
 from perfmodel.cost.band import class_seconds
 from perfmodel.cost.error_class import error_code
 from perfmodel.cost.layers import step_template
-from perfmodel.cost.memory import kv_bytes_per_element, quantized_head
+from perfmodel.cost.memory import format_bytes, kv_bytes_per_element, quantized_head
 from perfmodel.cost.ops import ByteCounts, OpRecord
+from perfmodel.cost.params import other_formats
 from perfmodel.cost.roofline import op_time
 from perfmodel.cost.timebase import HOST, STREAM, timing_code
 from perfmodel.specs.dtypes import (
@@ -34,6 +35,7 @@ from perfmodel.specs.dtypes import (
     weight_bytes,
 )
 from perfmodel.specs.errors import SpecError
+from perfmodel.specs.formats import weight_format
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import op_class
 from perfmodel.specs.matmul_path import matmul_codes
@@ -367,6 +369,13 @@ def _values(model: Model, step: Step, dtypes: Dtypes, plan: Parallelism | None =
         matmul_codes(hw, dtypes.weights, dtypes.group_size, dtypes.acts),
         weights=dtypes.weights,
         attention=compute_codes(dtypes.kv, dtypes.acts), head=dtypes.quantized_head(model))
+    for name in set(other_formats(model).values()):
+        f = weight_format(name)
+        code = np.full(np.shape(dtypes.acts), CODE[f.weights])
+        group = np.full(np.shape(dtypes.acts), f.group_size or 0)
+        compute = compute_codes(code, dtypes.acts) if hw is None else \
+            matmul_codes(hw, code, group, dtypes.acts)
+        values.formats[name] = (format_bytes(name), CODE[f.weights], compute)
     if model.moe is not None:
         ep = plan.ep if plan is not None else 1
         spread = ep if plan is not None and plan.attention_dp else 1
