@@ -10,11 +10,12 @@ a format takes; this module only reads the table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 from perfmodel.specs.errors import SpecError, did_you_mean
+from perfmodel.specs.model import Model, Quantization
 
 TABLE = Path(__file__).with_name("weight_formats.yaml")
 SCALE_DTYPES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8-e4m3": 1.0, "e8m0": 1.0}
@@ -100,3 +101,19 @@ def format_of(weights: str, group_size: int | None,
             if f.weights == weights and (f.group_size or None) == (group_size or None)]
     exact = [f for f in same if scale_bytes is None or f.scale_bytes == scale_bytes]
     return (exact or same or [formats.get(defaults.get(weights, ""))])[0]
+
+
+def with_weights_format(model: Model, name: str | None) -> Model:
+    """``model`` with its checkpoint's main weights in format ``name`` (None: as is): the
+    classes it keeps at 16 bits or in another format keep theirs; an unquantized model
+    gets every linear class but the router (which the engines build 16-bit) in it. What
+    ``plan --weights-format`` searches with."""
+    if name is None:
+        return model
+    f = weight_format(name)
+    q = model.quantization
+    kept = q.unquantized if q is not None else ("router",) if model.moe else ()
+    new = Quantization(f"--weights-format {f.name}", f.weights, f.group_size, f.scale_bytes,
+                       kept, q.lm_head if q is not None else False, f.name, f.scale_dtype,
+                       f.act_dtype, q.formats if q is not None else ())
+    return replace(model, quantization=new)
