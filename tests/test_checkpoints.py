@@ -173,7 +173,7 @@ def test_fp4_experts_beside_fp8_attention(tmp_path):
     m = pm.model(str(path))
     assert m.quantization.class_formats() == {
         "attention": "fp8-block128", "mlp": "nvfp4", "experts": "nvfp4",
-        "shared_experts": "nvfp4", "router": "16-bit"}
+        "shared_experts": "nvfp4", "router": "16-bit", "o_proj": "fp8-block128"}
     c = param_counts(m)
     mem = memory_estimate(m, load.hardware("b200"), Parallelism(),
                           Workloads.from_list([Workload.for_model(m)]))
@@ -220,7 +220,7 @@ def test_format_vocabulary():
     assert (weight_format("mxfp4").scale_dtype, weight_format("nvfp4").scale_dtype,
             weight_format("nvfp4").group_size) == ("e8m0", "fp8-e4m3", 16)
     assert weight_format("w4a16").name == "w4a16-g128"
-    with pytest.raises(SpecError, match="--weights-format: unknown weights format 'fp9'"):
+    with pytest.raises(SpecError, match="--weights-format: unknown 'fp9'"):
         weight_format("fp9")
 
 
@@ -265,11 +265,27 @@ def test_weights_format_on_estimate_and_simulate():
 def test_model_yaml_format_errors(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text(MIXED.replace("format: nvfp4", "format: nvfp5"))
-    with pytest.raises(SpecError, match="quantization.format: unknown weights format"):
+    with pytest.raises(SpecError, match=r"quantization\.format: unknown weights format"):
         pm.model(str(path))
     path.write_text(MIXED.replace("format: nvfp4", "format: nvfp4\n  weights_dtype: fp4"))
-    with pytest.raises(SpecError, match="quantization.format: sets weights_dtype"):
+    with pytest.raises(SpecError, match=r"quantization\.format: sets weights_dtype"):
         pm.model(str(path))
     path.write_text(MIXED.replace("{attention: fp8-block128}", "{router: fp8-block128}"))
-    with pytest.raises(SpecError, match="quantization.formats.router: expected a quantized"):
+    with pytest.raises(SpecError, match=r"quantization\.formats\.router: expected a quantized"):
         pm.model(str(path))
+
+
+def test_deepseek_v3_1_nvfp4_quantizes_o_proj_alone():
+    # the real ModelOpt export: q_a, q_b, kv_a, kv_b excluded, o_proj NVFP4 (as R1-FP4-v2)
+    m = pm.model(str(DATA / "DeepSeek-V3.1-NVFP4" / "config.json"))
+    q = m.quantization
+    assert (q.unquantized, q.formats) == (("attention", "router"), (("o_proj", "nvfp4"),))
+    mem = memory_estimate(m, load.hardware("b200"), Parallelism(tp=8),
+                          Workloads.from_list([Workload.for_model(m)]))
+    o_proj = 61 * 16 * 128 * 7168
+    expect = (FFN + o_proj) * (0.5 + 1 / 16) + (61 * MLA - o_proj + HALF) * 2
+    assert float(mem.weights_bytes[0]) == pytest.approx(expect, rel=1e-12)
+    d = Dtypes.of(weights="fp4", group_size=16, scale_bytes=1.0)
+    o, qa = _gemm(m, "b200", "o_proj", d), _gemm(m, "b200", "q_a_proj", d)
+    assert int(np.ravel(o.dtype)[0]) == CODE["fp4"]
+    assert int(np.ravel(qa.dtype)[0]) == CODE["bf16"]

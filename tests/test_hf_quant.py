@@ -133,13 +133,13 @@ def test_cli_estimates_a_quantized_config():
 LLAMA = json.loads((DATA / "llama-awq.json").read_text())
 BAD = [
     ({"quant_method": "hqq", "nbits": 4}, "quantization_config.quant_method: unsupported "
-     "'hqq', expected one of fp8, awq, gptq, bitsandbytes, mxfp4, compressed-tensors"),
+     "'hqq', expected one of fp8, awq, gptq, bitsandbytes, mxfp4, compressed-tensors, modelopt"),
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "quantization_config.bits: "
      "expected 4 or 8"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128,
       "modules_to_not_convert": ["model.layers.0.self_attn"]},
      "quantization_config.modules_to_not_convert: names only some attention modules "
-     "(4 of 8"),
+     "(3 of 6"),
     ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size: expected "
      "[rows, cols]"),
     ({"quant_method": "compressed-tensors", "config_groups": {

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from perfmodel.cost.params import (
-    LINEAR_CLASSES,
+    class_params,
     kv_heads_per_device,
     mamba_conv_channels,
     other_formats,
@@ -90,10 +90,11 @@ def stage_weights(model: Model, tp: int, weight_bytes: np.ndarray, act_bytes: np
     (``params.param_counts``)."""
     counts = param_counts(model, tp, ep, replicas)
     kept, other = unquantized(model), other_formats(model)
-    linear = sum(getattr(counts, c) for c in LINEAR_CLASSES if c not in kept and c not in other)
+    per = class_params(model, counts, tp)
+    linear = sum(n for c, n in per.items() if c not in kept and c not in other)
     layers = linear * np.asarray(weight_bytes) + (counts.norms + sum(
-        getattr(counts, c) for c in kept)) * np.asarray(act_bytes) \
-        + sum(getattr(counts, c) * format_bytes(f) for c, f in other.items())
+        per[c] for c in kept)) * np.asarray(act_bytes) \
+        + sum(per[c] * format_bytes(f) for c, f in other.items())
     head = counts.lm_head if counts.lm_head or pp == 1 else counts.embedding
     share = stage_layers(model.n_layers, pp) / model.n_layers
     out = share.reshape((pp,) + (1,) * np.ndim(layers)) * layers

@@ -16,7 +16,7 @@ from perfmodel.specs.dtypes import BYTES, CODE, DTYPES
 from perfmodel.specs.formats import WeightFormat, format_of, weight_format
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.matmul_path import matmul_path
-from perfmodel.specs.model import Model
+from perfmodel.specs.model import SUBCLASSES, Model
 from perfmodel.specs.workload import Workload, Workloads
 
 Assumption = tuple[np.ndarray, str]
@@ -75,8 +75,9 @@ def class_formats(hw: Hardware, model: Model, wl: Workload) -> list[tuple[str, l
     linear classes ``model`` has (embedding, LM head and norms at 16 bits unless the head
     is quantized)."""
     counts = param_counts(model)
-    present = [c for c in LINEAR_CLASSES if getattr(counts, c) > 0]
     kept, other = unquantized(model), other_formats(model)
+    present = [c for c in LINEAR_CLASSES if getattr(counts, c) > 0] \
+        + [c for c in SUBCLASSES if c in kept or c in other]
     groups: dict[str, list[str]] = {}
     main = _name(hw, wl.weights_dtype, wl.weight_group_size, wl.weight_scale_bytes)
     for c in present:

@@ -85,7 +85,7 @@ def weight_format(name: str, where: str = "--weights-format") -> WeightFormat:
     """The format ``name``; SpecError naming ``where`` and the accepted names if unknown."""
     found = weight_formats().get(name)
     if found is None:
-        raise SpecError(f"{where}: unknown weights format {name!r}, expected one of "
+        raise SpecError(f"{where}: unknown {name!r}, expected one of "
                         f"{', '.join(format_names())}{did_you_mean(name, format_names())}")
     return found
 

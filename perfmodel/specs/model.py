@@ -14,6 +14,11 @@ from perfmodel.specs.dtypes import CODE, weight_bytes
 # the classes of linear-layer weights (``cost.params`` counts each; a checkpoint may keep
 # some at 16 bits while quantizing the rest)
 LINEAR_CLASSES = ("attention", "mlp", "experts", "shared_experts", "router")
+# parts of a class a checkpoint may store otherwise than the rest of it: the attention's
+# output projection (nvidia/DeepSeek-R1-FP4-v2 quantizes o_proj and keeps q/kv 16-bit); a
+# part not named in a ``Quantization`` follows its class
+SUBCLASSES = {"o_proj": "attention"}
+QUANT_CLASSES = (*LINEAR_CLASSES, *SUBCLASSES)
 
 
 @dataclass(frozen=True)
@@ -85,13 +90,18 @@ class Quantization:
         return float(weight_bytes(CODE[self.weights_dtype], self.group_size or 0,
                                   self.scale_bytes))
 
-    def class_formats(self, classes: tuple[str, ...] = LINEAR_CLASSES) -> dict[str, str]:
+    def class_formats(self, classes: tuple[str, ...] = QUANT_CLASSES) -> dict[str, str]:
         """Each of ``classes``: its format's name (the main one, ``format`` or its dtype,
-        for the classes not listed otherwise), or "16-bit"."""
+        for the classes not listed otherwise), or "16-bit"; a part of a class
+        (``SUBCLASSES``) not listed follows its class."""
         other = dict(self.formats)
         main = self.format or self.weights_dtype
-        return {c: "16-bit" if c in self.unquantized else other.get(c, main)
-                for c in classes}
+
+        def one(c: str) -> str:
+            if c in SUBCLASSES and c not in self.unquantized and c not in other:
+                return one(SUBCLASSES[c])
+            return "16-bit" if c in self.unquantized else other.get(c, main)
+        return {c: one(c) for c in classes}
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from perfmodel.specs.fields import Fields
 from perfmodel.specs.formats import weight_format
-from perfmodel.specs.model import LINEAR_CLASSES, Quantization
+from perfmodel.specs.model import QUANT_CLASSES, Quantization
 from perfmodel.specs.quant_modules import classes, matches, patterns
 from perfmodel.specs.quantization import Scheme, record
 
@@ -98,7 +98,7 @@ def modelopt(q: Fields, names: Names) -> Quantization | None:
         return record(q, "modelopt", per_class, names, acts=_acts(algo))
     layers = q.sub("quantized_layers")
     per_class = {}
-    for cls in LINEAR_CLASSES:
+    for cls in QUANT_CLASSES:
         found = {_layer_scheme(layers.sub(k)) for k in layers.data
                  if any(_under(k, n) for n in names[cls])}
         if len(found) > 1:

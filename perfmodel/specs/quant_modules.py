@@ -17,7 +17,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from perfmodel.specs.fields import Fields
-from perfmodel.specs.model import LINEAR_CLASSES
+from perfmodel.specs.model import QUANT_CLASSES
 
 
 def patterns(q: Fields, key: str) -> list[str]:
@@ -39,10 +39,11 @@ def module_names(out: dict[str, Any]) -> dict[str, list[str]]:
     dense = ["gate_proj", "up_proj", "down_proj"]
     first = moe.get("first_dense_layers", 0) if moe else layers
     step = moe.get("layer_step", 1) if moe else 1
-    names: dict[str, list[str]] = {c: [] for c in LINEAR_CLASSES}
+    names: dict[str, list[str]] = {c: [] for c in QUANT_CLASSES}
     for i in range(layers):
         p = f"model.layers.{i}."
-        names["attention"] += [f"{p}self_attn.{n}" for n in attn]
+        names["attention"] += [f"{p}self_attn.{n}" for n in attn if n != "o_proj"]
+        names["o_proj"].append(f"{p}self_attn.o_proj")
         if i < first or (i + 1) % step:
             names["mlp"] += [f"{p}mlp.{n}" for n in dense]
             continue

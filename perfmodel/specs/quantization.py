@@ -38,7 +38,7 @@ from typing import Any
 
 from perfmodel.specs.fields import Fields
 from perfmodel.specs.formats import format_of
-from perfmodel.specs.model import LINEAR_CLASSES, Quantization
+from perfmodel.specs.model import LINEAR_CLASSES, SUBCLASSES, Quantization
 from perfmodel.specs.quant_modules import classes, module_names, patterns
 
 Scheme = tuple[str, int | None, float]       # weights dtype, group size, scale bytes per group
@@ -78,6 +78,7 @@ def record(where: Fields, method: str, per_class: dict[str, Scheme | None],
     ``Quantization.formats`` by their format's name. None when no class is quantized.
     ``named`` False: the scheme keeps no format name (bitsandbytes' blocks match none)."""
     per_class = {c: (None if c == "router" else s) for c, s in per_class.items()}
+    parts = {c: per_class.pop(c) for c in SUBCLASSES if c in per_class}
     quantized = [c for c in LINEAR_CLASSES if per_class.get(c) is not None]
     if not quantized:
         return None
@@ -94,6 +95,12 @@ def record(where: Fields, method: str, per_class: dict[str, Scheme | None],
                                   "and are in no weight format (docs/checkpoints.md)")
             other.append((c, alt.name))
     kept = [c for c in LINEAR_CLASSES if c in names and names[c] and per_class.get(c) is None]
+    for c, scheme in parts.items():      # a part stored as its class is no part of its own
+        if scheme != per_class.get(SUBCLASSES[c]):
+            if scheme is None:
+                kept.append(c)
+            else:
+                other.append((c, format_of(*scheme).name))
     return Quantization(method, *main, tuple(kept), lm_head,
                         format=fmt.name if exact else "",
                         scale_dtype=fmt.scale_dtype if exact else "",

@@ -9,9 +9,9 @@ from perfmodel.specs.fields import Fields
 from perfmodel.specs.formats import WeightFormat
 from perfmodel.specs.model import (
     LAYER_KINDS,
-    LINEAR_CLASSES,
     MLA,
     QK_NORMS,
+    QUANT_CLASSES,
     LinearAttention,
     Mamba,
     Model,
@@ -308,8 +308,8 @@ def _quantization(f: Fields | None) -> Quantization | None:
     if f is None:
         return None
     kept = f.raw("unquantized", [])
-    if not isinstance(kept, list) or any(k not in LINEAR_CLASSES for k in kept):
-        raise f.error("unquantized", f"expected a list of {', '.join(LINEAR_CLASSES)}, "
+    if not isinstance(kept, list) or any(k not in QUANT_CLASSES for k in kept):
+        raise f.error("unquantized", f"expected a list of {', '.join(QUANT_CLASSES)}, "
                       f"got {kept!r}")
     f.text("source", "")                # where the block is transcribed from (any text)
     fmt = _format(f, "format") if f.has("format") else None
@@ -322,7 +322,7 @@ def _quantization(f: Fields | None) -> Quantization | None:
                        group_size=fmt.group_size if fmt else size(f, "group_size", None),
                        scale_bytes=fmt.scale_bytes if fmt else
                        f.quantity("scale_bytes", "number", 2.0, positive=False, maximum=64.0),
-                       unquantized=tuple(k for k in LINEAR_CLASSES if k in kept),
+                       unquantized=tuple(k for k in QUANT_CLASSES if k in kept),
                        lm_head=f.flag("lm_head", False),
                        format=fmt.name if fmt else "",
                        scale_dtype=fmt.scale_dtype if fmt else "",
@@ -348,10 +348,10 @@ def _class_formats(f: Fields, kept: list[str]) -> tuple[tuple[str, str], ...]:
     if sub is None:
         return ()
     out = []
-    quantized = [c for c in LINEAR_CLASSES if c not in kept]
+    quantized = [c for c in QUANT_CLASSES if c not in kept]
     for cls in list(sub.data):
         if cls not in quantized:
             raise sub.error(cls, f"expected a quantized linear class ({', '.join(quantized)})")
         out.append((cls, _format(sub, cls).name))
     sub.finish()
-    return tuple(sorted(out, key=lambda p: LINEAR_CLASSES.index(p[0])))
+    return tuple(sorted(out, key=lambda p: QUANT_CLASSES.index(p[0])))
