@@ -39,10 +39,13 @@ def path_assumptions(hw: Hardware, model: Model, w: Workloads) -> list[Assumptio
     out = []
     pairs = set(zip(w.weights_dtype[narrow].tolist(), w.weight_group_size[narrow].tolist(),
                     strict=True))
+    said = set()
     for code, group in sorted(pairs):
         mask = narrow & (w.weights_dtype == code) & (w.weight_group_size == group)
-        out += _line(hw, format_of(DTYPES[code], group or None), mask)
-    for name in sorted(set(other_formats(model).values())):
+        fmt = format_of(DTYPES[code], group or None)
+        out += _line(hw, fmt, mask)
+        said.add(fmt.name if fmt is not None else "")
+    for name in sorted(set(other_formats(model).values()) - said):
         out += _line(hw, weight_format(name), wide, "the checkpoint's ")
     return out
 
