@@ -14,7 +14,7 @@ TensorRT-LLM's ``QuantConfig``).
   ``hf_quant_config.json`` the same keys sit under ``quantization`` (``specs.load`` reads
   that file beside a config.json that has no ``quantization_config``).
 
-Each linear class gets one scheme or none (16-bit); ``quantization.record`` makes the
+Each linear class gets one scheme or none (16-bit); ``quant_record.record`` makes the
 record, with the classes in another format than the main one kept per class.
 """
 
@@ -26,7 +26,7 @@ from perfmodel.specs.fields import Fields
 from perfmodel.specs.formats import weight_format
 from perfmodel.specs.model import QUANT_CLASSES, Quantization
 from perfmodel.specs.quant_modules import classes, matches, patterns
-from perfmodel.specs.quantization import Scheme, record
+from perfmodel.specs.quant_record import Scheme, record
 
 _HALF = 2.0
 _CT_TYPES = {("int", 4): "int4", ("int", 8): "int8", ("float", 8): "fp8", ("float", 4): "fp4"}
