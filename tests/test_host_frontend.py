@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import perfmodel as pm
 from perfmodel.cli.app import app
 from perfmodel.serving import host_time
-from perfmodel.serving.config import EngineConfig
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.host_time import HostTime, api_server
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.simulate import simulate

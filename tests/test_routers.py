@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 import perfmodel as pm
 from perfmodel.cli.app import app
-from perfmodel.serving import fleet, traffic
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import kv_pool
+from perfmodel.serving import traffic
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.fleet import routers as fleet
+from perfmodel.serving.pricing import kv_pool
 from perfmodel.serving.simulate import _record, _start, _subset, run_replicas
 from perfmodel.specs.workload import Parallelism, Workload
 

@@ -1,14 +1,14 @@
 """The SGLang and TensorRT-LLM schedulers: goldens derived by hand from each engine's source
-(``serving.sglang`` and ``serving.trtllm`` cite the functions), and the places where the
-three engines' rules differ."""
+(``serving.engines.sglang`` and ``serving.engines.trtllm`` cite the functions), and the
+places where the three engines' rules differ."""
 
 import numpy as np
 import pytest
 
-from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.engines import engine_config
-from perfmodel.serving.sglang import SGLangConfig
-from perfmodel.serving.trtllm import TRTLLMConfig
+from perfmodel.serving.engines.sglang import SGLangConfig
+from perfmodel.serving.engines.trtllm import TRTLLMConfig
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.errors import SpecError
 
 

@@ -17,14 +17,14 @@ import perfmodel as pm
 from perfmodel.cli.app import app
 from perfmodel.serving import pipeline
 from perfmodel.serving import simulate as simulate_mod
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import StepPricer, kv_pool
+from perfmodel.serving.engines.sglang import SGLangConfig
+from perfmodel.serving.engines.trtllm import TRTLLMConfig
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.host_time import resolve
+from perfmodel.serving.pricing import StepPricer, kv_pool
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.sglang import SGLangConfig
 from perfmodel.serving.simulate import _simulate_one, _subset, run_replicas, simulate
 from perfmodel.serving.traffic import generate
-from perfmodel.serving.trtllm import TRTLLMConfig
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism, Workload
 

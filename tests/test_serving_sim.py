@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import StepPricer, capacity_rps, kv_pool
+from perfmodel.serving.engines.state import Batch, EngineState
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.pricing import StepPricer, capacity_rps, kv_pool
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.scheduler import Batch, EngineState
 from perfmodel.serving.simulate import simulate
 from perfmodel.serving.traffic import generate
 from perfmodel.specs.errors import SpecError

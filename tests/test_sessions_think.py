@@ -10,9 +10,9 @@ import pytest
 
 import perfmodel as pm
 from perfmodel.serving import sessions, traffic
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import StepPricer
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.host_time import HostTime
+from perfmodel.serving.pricing import StepPricer
 from perfmodel.serving.simulate import simulate
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism

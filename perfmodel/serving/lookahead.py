@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfmodel.serving.scheduler import EngineState
+from perfmodel.serving.engines.state import EngineState
 
 MARK_EVERY = 8      # dry-run steps between marks: a look-ahead cut short at step j resumes
                     # from the last mark before j, and only the steps since are run again

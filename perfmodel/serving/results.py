@@ -47,7 +47,7 @@ class StepLog:
     def row(start: float, dt: float, batch: object, used: int, waiting: int,
             host: float) -> tuple:
         """One step's entry as the engine loops append it (the fields above, in order):
-        ``batch`` (``serving.scheduler.Batch``) gives its sequences and tokens."""
+        ``batch`` (``serving.engines.state.Batch``) gives its sequences and tokens."""
         prompt = int(batch.new[batch.new > 1].sum()) if batch.prefill else 0
         return start, dt, len(batch.ids), int(batch.new.sum()), prompt, used, waiting, host
 

@@ -1,6 +1,6 @@
 """The discrete-event simulation of serving engines: requests arrive, queue, run in the
-steps the scheduler forms (``serving.scheduler``), and leave; each step is priced by the
-core (``serving.engine.StepPricer``, with the engine's host time: ``serving.host_time``).
+steps the scheduler forms (``serving.engines.state``), and leave; each step is priced by the
+core (``serving.pricing.StepPricer``, with the engine's host time: ``serving.host_time``).
 
 Steps are priced ahead, many per ``price_step`` call: the scheduler is run forward on a
 fork of the engine's state (``EngineState.fork``: the rows of the requests in flight saved,
@@ -24,14 +24,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from perfmodel.serving import fleet, host_time, pipeline, sessions
+from perfmodel.serving import host_time, pipeline, sessions
 from perfmodel.serving.arrivals import Arrivals
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.dry_run import Dry, Guess, dry_run
-from perfmodel.serving.engine import StepPricer, kv_pool
+from perfmodel.serving.engines.state import EngineState
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.fleet import routers as fleet
+from perfmodel.serving.lookahead import Dry, Guess, dry_run
+from perfmodel.serving.pricing import StepPricer, kv_pool
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.results import SimResult, StepLog, record_output
-from perfmodel.serving.scheduler import EngineState
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
@@ -73,7 +74,7 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     """Serve ``requests`` on ``plan.dp`` replicas of ``model`` on ``hw`` (dtypes from
     ``workload``, default as the checkpoint stores them) with ``engine``'s scheduler,
     behind ``router`` (``serving.fleet``; ``workers`` processes for replicas run apart, on
-    the Dask cluster ``cluster`` when given: ``serving.cluster``).
+    the Dask cluster ``cluster`` when given: ``serving.fleet.cluster``).
     ``progress(done, total, clock_s)`` is called as the simulation advances: requests
     finished and the simulated clock, per engine (dp engines run one after another, each
     ``total`` of the requests; engines in lockstep together). ``edge`` 0 / 1: every step's
@@ -123,7 +124,7 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                  edge: int | None = None, cluster: str | None = None) -> tuple[list, list]:
     """(each replica's requests, as indices in arrival order; each replica's ``_Run``):
     dealt ahead and run apart (in ``workers`` processes, or on the Dask ``cluster``:
-    ``serving.cluster``), or, under a load-aware router,
+    ``serving.fleet.cluster``), or, under a load-aware router,
     run in lockstep (``serving.fleet``). An engine given no request (fewer requests than
     engines) idles and is left out."""
     def start(reqs: Requests) -> _Run:
@@ -154,9 +155,9 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
 def _apart(fn: Callable, shared: tuple, jobs: list, workers: int, cluster: str | None,
            progress: Progress | None) -> list:
     """``[fn(job, shared) for job in jobs]``: here (with ``progress``), in ``workers``
-    forked processes, or as tasks on the Dask ``cluster`` (``serving.cluster``)."""
+    forked processes, or as tasks on the Dask ``cluster`` (``serving.fleet.cluster``)."""
     if cluster is not None:
-        from perfmodel.serving import cluster as dask
+        from perfmodel.serving.fleet import cluster as dask
 
         return dask.map_apart(fn, shared, jobs, cluster, workers)
     if workers == 1 or len(jobs) == 1:

@@ -1,10 +1,10 @@
 """The serving engines the simulator knows, one module each, behind one interface:
-``serving.config`` (vLLM v1), ``serving.sglang`` (SGLang), ``serving.trtllm``
+``serving.engines.vllm`` (vLLM v1), ``serving.engines.sglang`` (SGLang), ``serving.engines.trtllm``
 (TensorRT-LLM). An engine's settings are a frozen record named with its own flags, and
 give the simulator:
 
 - ``state(prompt, output, prefix_id, prefix_tokens, blocks, prefilled, grows)``: its
-  scheduler's state (an ``serving.scheduler.EngineState``) whose ``schedule()`` forms the
+  scheduler's state (an ``serving.engines.state.EngineState``) whose ``schedule()`` forms the
   next step's ``Batch`` and ``commit(batch)`` applies it;
 - ``kv_bytes(hw, weights, acts)``: its rule for the KV pool's size;
 - ``resolved(blocks, context_len)``: itself with what the engine derives at start-up;
@@ -19,9 +19,9 @@ further method of the same record. A new engine is a new module and a line below
 
 from __future__ import annotations
 
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.sglang import SGLangConfig
-from perfmodel.serving.trtllm import TRTLLMConfig
+from perfmodel.serving.engines.sglang import SGLangConfig
+from perfmodel.serving.engines.trtllm import TRTLLMConfig
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.errors import SpecError
 
 ENGINES = {"vllm": EngineConfig, "sglang": SGLangConfig, "trtllm": TRTLLMConfig}

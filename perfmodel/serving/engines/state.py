@@ -18,7 +18,7 @@
    emits one token; one that has emitted all its output finishes and frees its blocks.
 
 Under async scheduling (``lag``: vLLM v1 with ``async_scheduling`` or SGLang's overlap
-scheduler, ``serving.sglang``; the profile's ``schedule_ahead``) step n+1 is scheduled
+scheduler, ``serving.engines.sglang``; the profile's ``schedule_ahead``) step n+1 is scheduled
 while step n runs (``vllm/v1/engine/core.py``, ``step_with_batch_queue``), before step n's
 output is processed: a request that finished in step n still holds its seat and blocks in
 that schedule and is not scheduled again (``scheduler.py`` skips one that reached
@@ -45,7 +45,7 @@ from perfmodel.serving.forks import Forkable
 from perfmodel.serving.kvpool import KVPool
 
 EngineSettings = Any    # an engine's settings (``serving.engines``), which import this module
-LAGS = ("vllm", "sglang")   # engines whose ``schedule_ahead`` is modelled (``serving.sglang``)
+LAGS = ("vllm", "sglang")   # engines whose ``schedule_ahead`` is modelled (``engines.sglang``)
 
 
 @dataclass(eq=False)

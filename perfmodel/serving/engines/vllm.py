@@ -67,8 +67,8 @@ class EngineConfig:
         return self
 
     def state(self, *args: object, **kw: object) -> object:
-        """The scheduler's state for a stream of requests (``serving.scheduler``)."""
-        from perfmodel.serving.scheduler import EngineState
+        """The scheduler's state for a stream of requests (``serving.engines.state``)."""
+        from perfmodel.serving.engines.state import EngineState
 
         return EngineState.new(self, *args, **kw)
 

@@ -35,7 +35,7 @@ Policies, as production routers have them:
 Replicas share no state, so under a policy that reads only the request ("round-robin",
 "session-affinity", "prefix-affinity") the requests are dealt first and each replica is
 simulated on its own, in parallel worker processes when ``workers`` > 1, or as tasks on a
-Dask cluster (``serving.cluster``, ``--cluster``). A policy that reads the replicas' load
+Dask cluster (``serving.fleet.cluster``, ``--cluster``). A policy that reads the replicas' load
 cannot be dealt ahead: the load at an arrival depends on every completion before it, and
 the completions on what was routed. Those run in lockstep, exactly: before each arrival
 every replica is advanced to it (no step that starts at or after the arrival is
@@ -82,7 +82,7 @@ def check(router: str, workers: int, requests: Requests, engines: int,
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise SpecError(f"--workers: expected a whole number >= 1, got {workers!r}")
     if cluster is not None:
-        from perfmodel.serving import cluster as dask
+        from perfmodel.serving.fleet import cluster as dask
 
         dask.check(cluster)
         if router in LOAD_AWARE and engines > 1:
@@ -287,7 +287,7 @@ def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = Non
     simulator's bookkeeping of a committed step; ``progress(done, total, clock_s)`` as in
     ``serving.simulate``. No step starting at or after ``horizon`` is run (the next
     arrival a load-aware router has yet to place: ``lockstep``)."""
-    from perfmodel.serving.scheduler import Batch
+    from perfmodel.serving.engines.state import Batch
 
     one = np.ones(1, np.int64)
     dummy = Batch(np.zeros(1, np.int64), one, one, False, False, 0)

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.disagg import Pool, simulate_disaggregated
-from perfmodel.serving.planner_search import unit
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.planner.search import unit
 from perfmodel.serving.simulate import simulate
 from perfmodel.serving.traffic import generate
 from perfmodel.specs.hardware import Hardware
