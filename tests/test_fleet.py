@@ -6,9 +6,11 @@ import pytest
 
 import perfmodel as pm
 from perfmodel.serving import sessions, traffic
+from perfmodel.serving.engine_loop import simulate_one
 from perfmodel.serving.fleet import routers as fleet
+from perfmodel.serving.fleet.replicas import run_replicas
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.simulate import _simulate_one, run_replicas, simulate
+from perfmodel.serving.simulate import simulate
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism, Workload
 
@@ -44,9 +46,9 @@ def test_lockstep_is_exact():
     parts, runs = run_replicas(MODEL, HW, one, w, engine, reqs, 3, blocks,
                                "least-tokens", 1, None)
     assert sorted(np.concatenate(parts).tolist()) == list(range(120))
-    from perfmodel.serving.simulate import _subset
+    from perfmodel.serving.fleet.replicas import subset
     for idx, run in zip(parts, runs, strict=True):
-        alone = _simulate_one(MODEL, HW, one, w, engine, _subset(reqs, idx, 3), blocks, None)
+        alone = simulate_one(MODEL, HW, one, w, engine, subset(reqs, idx, 3), blocks, None)
         np.testing.assert_allclose(run.first_token_s, alone.first_token_s, rtol=1e-9)
         np.testing.assert_allclose(run.finish_s, alone.finish_s, rtol=1e-9)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.serving import host_time, traffic
+from perfmodel.serving import engine_loop, host_time, lookahead, traffic
 from perfmodel.serving import simulate as sim
 from perfmodel.serving.engines import engine_config
 from perfmodel.serving.engines.state import EngineState
@@ -102,13 +102,13 @@ CASES = {
 
 
 def _one_step_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    init = sim.Guess.__init__
+    init = lookahead.Guess.__init__
 
-    def one(self: sim.Guess) -> None:
+    def one(self: lookahead.Guess) -> None:
         init(self)
         self.lookahead = 1
-    monkeypatch.setattr(sim, "LOOKAHEAD", 1)
-    monkeypatch.setattr(sim.Guess, "__init__", one)
+    monkeypatch.setattr(engine_loop, "LOOKAHEAD", 1)
+    monkeypatch.setattr(lookahead.Guess, "__init__", one)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -1,7 +1,7 @@
-"""The dry run ``serving.simulate`` prices steps ahead with: the scheduler run forward on a
+"""The dry run ``serving.engine_loop`` prices steps ahead with: the scheduler run forward on a
 copy of an engine's state, letting arrivals in where a guess of each step's time places
 them (``Guess``, fitted to the steps priced so far). Only where arrivals land rests on the
-guess: ``serving.simulate`` prices every step it commits and keeps those that stand.
+guess: ``serving.engine_loop`` prices every step it commits and keeps those that stand.
 """
 
 from __future__ import annotations

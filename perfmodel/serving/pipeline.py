@@ -21,7 +21,7 @@ How vLLM runs it (read from its source):
   may be scheduled while the previous one is still in the pipe. A token is emitted when a
   batch that computed the request's whole prompt and output so far returns.
 
-What this module adds to ``serving.simulate`` for ``plan.pp`` > 1:
+What this module adds to ``serving.engine_loop`` for ``plan.pp`` > 1:
 
 - The scheduler is vLLM's (``serving.engines.state``) with the computed tokens advanced at
   schedule time and tokens emitted when the batch returns (``land``); a request preempted
@@ -42,7 +42,7 @@ What this module adds to ``serving.simulate`` for ``plan.pp`` > 1:
   was scheduled, time until its output returned; ``StepLog.stage_s`` its GPU seconds on
   each stage, ``send_s`` its sends; the rest of its time is host work and waiting for
   busy stages.
-- Steps are priced ahead as in ``serving.simulate``: the same event loop is run forward on
+- Steps are priced ahead as in ``serving.engine_loop``: the same event loop is run forward on
   a copy of the state (no further arrivals) and its batches priced in one call; a priced
   batch is used only when the real loop forms the very same batch.
 
@@ -182,7 +182,7 @@ def land(st: EngineState, batch: Batch, epochs: np.ndarray) -> tuple[np.ndarray,
 
 
 def advance(run: object, progress: object = None) -> None:
-    """``serving.simulate``'s engine loop under pipeline parallelism: run the engine until
+    """``serving.engine_loop``'s loop under pipeline parallelism: run the engine until
     every request it knows has finished, or until its clock reaches ``run.horizon`` (no
     batch is scheduled or landed at or after it)."""
     if run.pipe is None:

@@ -214,7 +214,7 @@ class SimResult:
 
 def record_output(run: object, emit: np.ndarray, counts: np.ndarray, done: np.ndarray,
                   t: float) -> list[int]:
-    """A step's output taken at ``t`` on an engine's run (``serving.simulate._Run``): the
+    """A step's output taken at ``t`` on an engine's run (``serving.engine_loop.Run``): the
     emitted requests' token (their ``counts``-th) and first-token times, the finished ones'
     finish time and the run's counts of them; returns the requests the arrivals send next
     (a closed loop's users, a conversation's later turns)."""

@@ -24,13 +24,13 @@ output is processed: a request that finished in step n still holds its seat and 
 that schedule and is not scheduled again (``scheduler.py`` skips one that reached
 ``max_tokens``); it leaves ``running`` once the schedule is formed (``late``). The
 simulator lets that schedule see only the requests that had arrived by step n's start
-(``serving.simulate``).
+(``serving.engine_loop``).
 
 The static baseline admits a batch only when the previous one has finished, reserves each
 member's KV at its final length (no preemption), and keeps a finished member in the batch
 as padding (a decode row that emits nothing) until the whole batch is done, as a static
 ``generate`` call runs. A schedule is computed on ``EngineState``; ``fork`` makes the
-dry runs the simulator prices ahead (``serving.simulate``) and ``rollback`` undoes one.
+dry runs the simulator prices ahead (``serving.engine_loop``) and ``rollback`` undoes one.
 """
 
 from __future__ import annotations

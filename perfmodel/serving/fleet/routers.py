@@ -1,5 +1,5 @@
 """Data-parallel replicas behind a router: which replica each request goes to, and how the
-replicas are run (``serving.simulate`` runs each one's engine).
+replicas are run (``fleet.replicas``; ``serving.engine_loop`` runs each one's engine).
 
 Policies, as production routers have them:
 
@@ -267,7 +267,7 @@ def _grow(run: object, cap: int) -> None:
 
 
 def _trim(run: object) -> None:
-    """Cut the arrays to the requests placed, as ``serving.simulate._merge`` reads them."""
+    """Cut the arrays to the requests placed, as ``fleet.replicas.merge`` reads them."""
     k = run.known
     run.arrivals.arrival_s = run.arrivals.arrival_s[:k]
     for f in ("first_token_s", "finish_s", "scheduled_s"):
