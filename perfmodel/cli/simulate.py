@@ -303,7 +303,7 @@ def _show(runs: list, summaries: list[dict], fmt: Format, m: Any, hw: Any, layou
 
 
 def _capacity(m: Any, hw: Any, layout: Any, wl: Any, engine: Any) -> float:
-    from perfmodel.serving.engine import capacity_rps
+    from perfmodel.serving.pricing import capacity_rps
 
     return capacity_rps(m, hw, layout, wl, engine)
 

@@ -31,8 +31,8 @@ from perfmodel.cost.params import stage_layers
 from perfmodel.cost.step import Dtypes, Step, StepCost, price_step
 from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.scheduler import Batch
+from perfmodel.serving.engines.state import Batch
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.dtypes import BYTES
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
