@@ -96,12 +96,14 @@ def _yaml(tmp_path: Path, block: str) -> Path:
 
 def test_block_is_read_and_checked(tmp_path: Path) -> None:
     good = _yaml(tmp_path, 'composition:\n  graph_overlap: 0.2\n  source: "a fit"\n')
-    assert pm.load_hardware(good).composition == Composition(0.2, "a fit")
+    assert pm.load_hardware(good).composition == Composition(0.2, "a fit", 0.2)
     for block, field in (('composition:\n  graph_overlap: 0.95\n  source: "x"\n',
                           "graph_overlap"),
                          ('composition:\n  graph_overlap: -0.1\n  source: "x"\n',
                           "graph_overlap"),
                          ("composition:\n  graph_overlap: 0.1\n", "source"),
+                         ('composition:\n  graph_overlap: 0.3\n  graph_overlap_max: 0.2\n'
+                          '  source: "x"\n', "graph_overlap_max"),
                          ('composition:\n  graph_overlap: 0.1\n  source: "x"\n  ovrlap: 1\n',
                           "ovrlap")):
         with pytest.raises(SpecError, match=field):
@@ -126,3 +128,33 @@ def test_fit_recovers_a_known_overlap() -> None:
             for i, (b, f) in enumerate(rng.uniform(1e-3, 5e-3, (8, 2)))]
     assert fit.fit(rows) == pytest.approx(0.3, abs=1e-3)
     assert np.max(np.abs(fit.leave_one_out(rows))) < 2e-3
+
+
+def test_band_term_spans_every_overlap_the_data_allow() -> None:
+    """Overlap 0.2 of at most 0.6 on 1 s of graph fixed cost: up to 0.4 / 0.8 = 0.5 s
+    faster (all of 0.6 hidden) and 0.2 / 0.8 = 0.25 s slower (none hidden); the band of a
+    step with no other class is exactly that, around an unmoved centre."""
+    from perfmodel.cost.band import band
+    from perfmodel.specs.uncertainty import Uncertainty
+
+    comp = Composition(0.2, "test", 0.6)
+    down, up = comp.edges(np.array([1.0]))
+    assert float(down[0]) == pytest.approx(0.5) and float(up[0]) == pytest.approx(0.25)
+    per = np.zeros((len(pm.specs.uncertainty.ERROR_CLASSES), 1))
+    per[0] = 3.0
+    for unc in (Uncertainty("test", {}, {}), Uncertainty("test", {"gemv": 0.0}, {"gemv": 0.0})):
+        lo, hi = band(per, unc, composed=(down, up))
+        assert float(lo[0]) == pytest.approx(2.5) and float(hi[0]) == pytest.approx(3.25)
+    lo, hi = band(per, Uncertainty("test", {}, {}))
+    assert (float(lo[0]), float(hi[0])) == (3.0, 3.0)     # no term, no class: no band
+
+
+def test_estimate_band_widens_only_graph_decode() -> None:
+    """The composition term moves the band of a graph-replayed decode only."""
+    model, hw = pm.model("llama-3-8b"), pm.hardware("h200-sxm")
+    none = replace(hw, composition=Composition(hw.composition.graph_overlap, "t",
+                                               hw.composition.graph_overlap))
+    for graphs, wider in ((True, True), (False, False)):
+        wl = pm.Workload(batch=1, prompt_len=128, gen_len=64, cuda_graphs=graphs)
+        a, b = (pm.estimate(h, model, wl).band["tpot_s"] for h in (none, hw))
+        assert (float(b[0]) < float(a[0])) is wider

@@ -21,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-COMPOSITION_KEYS = ("graph_overlap", "source", "note", "fit")
+import numpy as np
+
+COMPOSITION_KEYS = ("graph_overlap", "graph_overlap_max", "source", "note", "fit")
 MAX_OVERLAP = 0.9
 
 
@@ -32,10 +34,22 @@ class Composition:
 
     graph_overlap: float = 0.0
     source: str = ""
+    # the largest overlap the whole-step data allow (a graph of empty kernels: 1 - its
+    # per-kernel time / the isolated fixed cost): the band's fast edge (``cost.band``)
+    graph_overlap_max: float = 0.0
 
     def exposed(self) -> float:
         """The share of a kernel's fixed cost a graph-replayed step pays."""
         return 1.0 - self.graph_overlap
+
+    def edges(self, composed_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(how much faster, how much slower) a step whose kernels pay ``composed_s`` of
+        fixed cost inside a graph can be: every overlap from 0 (the sum of isolated
+        kernels) to ``graph_overlap_max``."""
+        share = self.exposed()
+        top = max(self.graph_overlap_max, self.graph_overlap)
+        return composed_s * (top - self.graph_overlap) / share, \
+            composed_s * self.graph_overlap / share
 
 
 def read_composition(f: Any) -> Composition:
@@ -44,6 +58,11 @@ def read_composition(f: Any) -> Composition:
     if f is None:
         return Composition()
     overlap = f.quantity("graph_overlap", "number", positive=False, maximum=MAX_OVERLAP)
+    top = f.quantity("graph_overlap_max", "number", overlap, positive=False,
+                     maximum=MAX_OVERLAP)
+    if top < overlap:
+        raise f.error("graph_overlap_max", f"expected at least graph_overlap ({overlap:g}), "
+                      f"got {top:g}")
     source = f.text("source")
     if not source.strip():
         raise f.error("source", "expected text saying which whole-step measurements (or "
@@ -51,4 +70,4 @@ def read_composition(f: Any) -> Composition:
     f.raw("note", None)
     f.raw("fit", None)
     f.finish()
-    return Composition(float(overlap), source)
+    return Composition(float(overlap), source, float(top))
