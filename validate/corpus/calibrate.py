@@ -1,8 +1,8 @@
 """``perfmodel calibrate --from``: a shipped device's constants from measured kernels.
 
-For one device and engine: read its measured kernels (``kernel_rows``: a kernel corpus, or
+For one device and engine: read its measured kernels (``corpus.rows``: a kernel corpus, or
 aiconfigurator-core's tables read in memory by the same reader), price them with the
-shipped YAML (before), fit the constants (``kernel_fit``), measure the fit on shapes it
+shipped YAML (before), fit the constants (``corpus.fit``), measure the fit on shapes it
 never saw (5 folds by shape family) and, for a family of devices, on a device it never saw
 (leave one device out: the family's other devices fitted together predict it). The result
 becomes a variant hardware YAML (``--out``) or is written into the shipped file
@@ -18,7 +18,7 @@ import numpy as np
 import perfmodel as pm
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
-from validate.kernel_fit import (
+from validate.corpus.fit import (
     INTERCONNECT,
     PARAMETERS,
     apply,
@@ -27,8 +27,8 @@ from validate.kernel_fit import (
     held_out,
     summary,
 )
-from validate.kernel_rows import Rows, load_sets
-from validate.kernel_sets import KernelSet
+from validate.corpus.rows import Rows, load_sets
+from validate.corpus.sets import KernelSet
 
 FAMILIES = {
     "ampere": ("a100-80gb-sxm", "a100-80gb-pcie", "a30"),
