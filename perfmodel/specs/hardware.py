@@ -237,6 +237,10 @@ class Hardware:
     # the 80% band on each error class's kernel times (the optional ``uncertainty:`` block,
     # ``specs.uncertainty``); None: no kernel measurements, so estimates carry no band
     uncertainty: Uncertainty | None = None
+    # the ``power:`` block: rated board power and, where published or measured, idle power
+    # (W); None where the file gives none
+    tdp_watts: float | None = None
+    idle_watts: float | None = None
     # derived tables the cost model keeps per device (a fresh one for every copy)
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
