@@ -203,6 +203,15 @@ class Interconnect:
     custom_all_reduce_max_bytes: float = 0.0
     custom_all_reduce_latency_s: float = 0.0
     custom_all_reduce_fraction: float = 1.0
+    # devices one host (server, VM) holds, where it is fewer than the scale-up domain (a
+    # TPU VM's 4 or 8 chips of a pod's torus); 0: max_devices. Launch lines place servers
+    # on hosts by it
+    devices_per_host: int = 0
+
+    @property
+    def host_devices(self) -> int:
+        """Devices per host: ``devices_per_host``, else the whole scale-up domain."""
+        return self.devices_per_host or self.max_devices
 
 
 @dataclass(frozen=True)

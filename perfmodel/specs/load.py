@@ -200,6 +200,7 @@ def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
                                                positive=False),
         custom_all_reduce_fraction=f.quantity("custom_all_reduce_fraction", "number", 1.0,
                                               maximum=1.0),
+        devices_per_host=f.integer("devices_per_host", 0, minimum=0),
     )
     _sources(f, "interconnect", sources)
     f.finish()
