@@ -37,9 +37,9 @@ def test_balance_delays_a_lone_prompt_in_simulate():
     rank 0's first answer is short, so its next prompt (request 4) arrives while every
     rank still decodes and no other rank has a prompt: with balance on it waits."""
     import perfmodel as pm
+    from perfmodel.serving.engines.trtllm import TRTLLMConfig
     from perfmodel.serving.requests import Requests
     from perfmodel.serving.simulate import simulate
-    from perfmodel.serving.trtllm import TRTLLMConfig
     from perfmodel.specs.workload import Parallelism
 
     model, hw = pm.model("qwen3-30b-a3b"), pm.hardware("h100-sxm")
