@@ -275,7 +275,9 @@ class Hardware:
         reports (``schedules.assumptions``)."""
         if dtype in self.peak_flops_per_s:
             return dtype
-        twin = {"fp16": "bf16", "bf16": "fp16"}.get(dtype)
+        # fp16 <-> bf16 share a datapath; tf32 is fp32's width, so a part with no TF32 path
+        # (CDNA 4) runs it as fp32
+        twin = {"fp16": "bf16", "bf16": "fp16", "tf32": "fp32"}.get(dtype)
         if twin in self.peak_flops_per_s:
             return twin
         wider = sorted((d for d in self.peak_flops_per_s if DTYPE_BYTES[d] > DTYPE_BYTES[dtype]),
