@@ -219,7 +219,8 @@ def _gemms(b: Block, v: Values) -> Gemm:
     return weight_gemm(np.where(act, 0.0, v.outliers), m=rows, n=c["n"], k=c["k"],
                        groups=groups, weight_bytes=np.where(act, v.ab, v.wb),
                        act_bytes=v.ab, bias=c["bias"], dtype=np.where(act, v.act, v.matmul),
-                       count=count, weight_dtype=stored)
+                       count=count, weight_dtype=stored,
+                       experts=False if c["touched"] is None else c["touched"])
 
 
 def _pointwise(b: Block, v: Values) -> Pointwise:

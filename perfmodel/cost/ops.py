@@ -117,7 +117,8 @@ class Gemm(OpRecord):
     as activations. ``weight_bytes`` and ``act_bytes`` are bytes per element (the weights'
     with their group scales). ``weight_dtype`` is the code of the stored weights when they
     are narrower than the compute ``dtype`` (weight-only quantization, dequantized in the
-    kernel: ``cost.dequant``); -1: stored at the compute dtype."""
+    kernel: ``cost.dequant``); -1: stored at the compute dtype. ``experts``: a fused MoE's
+    grouped expert GEMM, priced with that kernel's own constants (``cost.moe``)."""
 
     kind: ClassVar[str] = "gemm"
     m: Num
@@ -129,6 +130,7 @@ class Gemm(OpRecord):
     bias: Num = 0.0
     weights_are_activations: Num = False
     weight_dtype: Num = -1
+    experts: Num = False
 
     @property
     def flops(self) -> Num:
