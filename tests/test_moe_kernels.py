@@ -77,11 +77,12 @@ def test_format_class(gemm, cls):
 def _with_kernels(hw, row):
     from dataclasses import replace
 
-    return replace(hw, efficiency=replace(hw.efficiency, moe_kernels={"bf16": row}))
+    table = {"bf16": row} if row else {}
+    return replace(hw, efficiency=replace(hw.efficiency, moe_kernels=table))
 
 
 def test_expert_gemm_fixed_cost_is_the_kernels_own():
-    hw = pm.hardware("h100-sxm")
+    hw = _with_kernels(pm.hardware("h100-sxm"), None)
     # latency 10 us, 0.1 us per expert, 1 ns per k element: 10 + 8 x 0.1 + 2048 x 0.001
     fitted = _with_kernels(hw, (0.5, 0.8, 10e-6, 0.1e-6, 0.0, 1e-9))
     op = _gemm("bf16")
@@ -118,7 +119,8 @@ def test_moe_kernels_block_is_checked(tmp_path):
     assert base.efficiency.moe_kernels      # the fitted vLLM figures ship
     path = tmp_path / "hw.yaml"
     path.write_text("version: 1\nbase: h100-sxm\nname: x\nefficiency:\n  moe_kernels:\n"
-                    "    fp9: {gemm_fraction: 0.5, memory_fraction: 0.5, latency_s: 1 us}\n")
+                    "    fp9: {gemm_fraction: 0.5, memory_fraction: 0.5, latency_s: 1 us}\n"
+                    "  source: a test\n")
     with pytest.raises(SpecError, match=r"moe_kernels\.fp9.*format class"):
         pm.hardware(str(path))
 

@@ -14,7 +14,9 @@ module adds is the calibration's choice of rows, per device and engine:
   backends on the same shapes (FlashAttention-2 and FlashInfer on Ada), and one model
   prices one kernel; the one kept is named in the provenance;
 - all-reduce: the engine's custom all-reduce replayed from a CUDA graph (``CUSTOM_AR``,
-  ``algorithm`` 1) and NCCL's 16-bit all-reduce (0).
+  ``algorithm`` 1) and NCCL's 16-bit all-reduce (0);
+- fused MoE layers: every format and kernel, each weight format from the newest version
+  that measured it; quantized linears (fp8, fp8 blocks, nvfp4) replayed from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -137,7 +139,8 @@ def load_sets(hardware: str, engine: str = "vllm", rows: Rows | None = None,
     if hardware not in rows.devices():
         raise SpecError(f"--hardware: {hardware}: no aiconfigurator tables for it; expected "
                         f"one of {', '.join(rows.devices())}")
-    df = newest(rows.frame(hardware, engine))
+    full = rows.frame(hardware, engine)
+    df = newest(full)
     where = _aic_device(hardware)
     sets: list[KernelSet] = []
     versions: dict[str, str] = {}
@@ -160,7 +163,7 @@ def load_sets(hardware: str, engine: str = "vllm", rows: Rows | None = None,
                                np.full(len(att), 2.0), att["measured_s"].to_numpy(),
                                f"{where}/attention/{engine}/{v}")
     sets += _collectives(df, engine, versions, where)
-    sets += _moe(df, engine, versions, where)
+    sets += _moe(full, engine, versions, where)
     sets += _quantized(df, engine, versions, where)
     sets = [s for s in sets if len(s)]
     source = df["source"].iloc[0] if len(df) else ""
@@ -210,7 +213,8 @@ def _moe(df, engine: str, versions: dict[str, str], where: str) -> list[KernelSe
               & df["dtype"].isin(list(CODE))]
     if rows.empty:
         return []
-    versions["moe"] = v = rows["engine_version"].iloc[0]
+    rows = _newest_per_format(rows)
+    versions["moe"] = v = ", ".join(sorted(set(rows["engine_version"])))
     return [moe_set(_records(rows), rows["measured_s"].to_numpy(),
                     f"{where}/moe/{engine}/{v}")]
 
@@ -233,3 +237,17 @@ def _quantized(df, engine: str, versions: dict[str, str], where: str) -> list[Ke
     versions["gemm_quantized"] = v = rows["engine_version"].iloc[0]
     return [linear_set(_records(rows), rows["measured_s"].to_numpy(),
                        f"{where}/gemm/{engine}/{v}")]
+
+
+def _newest_per_format(rows):
+    """Each weight format's rows of the newest engine version that measured it: a later
+    collection may re-time only some formats (TensorRT-LLM 1.3.0rc23's MoE table holds
+    its bf16 / fp8 non-gated rows, rc20 the rest)."""
+    from perfmodel.kernels.aiconfigurator import version_key
+
+    keep = np.zeros(len(rows), dtype=bool)
+    key = rows["dtype"] + "/" + rows["weight_format"] + "/" + rows["weight_dtype"]
+    for _, part in rows.groupby(key):
+        top = max(set(part["engine_version"]), key=version_key)
+        keep[rows.index.get_indexer(part.index[part["engine_version"] == top])] = True
+    return rows[keep]
