@@ -26,7 +26,7 @@ un-permutation sum). Which kernel runs is the engine's choice per weight format 
 ``select_*_moe_backend``, SGLang's ``--moe-runner-backend``, TensorRT-LLM's MoE backend per
 quantization: e.g. vLLM on Hopper runs bf16 and fp8-block on Triton, per-tensor fp8 on
 FlashInfer's CUTLASS, int4 / mxfp4 on Marlin), so a device's file carries, per engine and per
-format class (``FORMATS``), from the measured MoE layers (``validate/kernel_fit.py``, stage
+format class (``FORMATS``), from the measured MoE layers (``validate/corpus/fit.py``, stage
 ``moe``), ``efficiency.moe_kernels.<class>``:
 
 - ``gemm_fraction``: the expert GEMMs' best-shape share of the dtype's peak;

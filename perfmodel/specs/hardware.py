@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfmodel.specs.composition import Composition
 from perfmodel.specs.dtypes import DTYPE_BYTES, DTYPES
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.uncertainty import Uncertainty
@@ -246,6 +247,9 @@ class Hardware:
     # the 80% band on each error class's kernel times (the optional ``uncertainty:`` block,
     # ``specs.uncertainty``); None: no kernel measurements, so estimates carry no band
     uncertainty: Uncertainty | None = None
+    # how kernels compose into a CUDA-graph-replayed step (the optional ``composition:``
+    # block, ``specs.composition``); absent: the sum of isolated kernels
+    composition: Composition = field(default_factory=Composition)
     # derived tables the cost model keeps per device (a fresh one for every copy)
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

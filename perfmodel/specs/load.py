@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from perfmodel.specs import engines
+from perfmodel.specs.composition import read_composition
 from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.efficiency_block import read_efficiency
 from perfmodel.specs.errors import SpecError, did_you_mean
@@ -28,7 +29,7 @@ MODELS_DIR = ROOT / "models"
 
 HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
                  "interconnect", "efficiency", "calibration", "price", "engines",
-                 "uncertainty")
+                 "uncertainty", "composition")
 # how a vendor's devices run a recurrent layer's chunked scan when the file does not say
 # (``efficiency.scan_kernel``): mamba_ssm's and FLA's Triton kernels run on CUDA and ROCm;
 # a TPU runs the scan as compiled XLA (or Pallas) programs, no operator dispatched from the
@@ -108,6 +109,7 @@ def _hardware(f: Fields, engine: str) -> Hardware:
                                         engine if "calibration" in f.renamed else None),
         runtime_reserved_bytes=reserved, price_per_hour=price, engine=engine,
         uncertainty=read_uncertainty(f.sub("uncertainty", required=False)),
+        composition=read_composition(f.sub("composition", required=False)),
     )
     f.finish()
     return hw

@@ -6,7 +6,7 @@ the fit's held-out and leave-one-device-out figures.
         --device h200-sxm --device b200
     perfmodel kernels compare /tmp/corpus --sample 1000 --seed 0 --out /tmp/before --no-figures
         (on the commit before the change; its summary.md etc. copied to before_*)
-    python -m validate.kernel_moe --from /tmp/corpus -H h100-sxm -H h200-sxm -H b200 \\
+    python -m validate.corpus.moe --from /tmp/corpus -H h100-sxm -H h200-sxm -H b200 \\
         --report reports/kernels/moe --write-hardware
     perfmodel kernels compare /tmp/corpus --sample 1000 --seed 0 --out /tmp/after --no-figures
         (its summary.md, errors.csv and gemm_dtypes.csv copied to after_*)

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodel.serving import planner_search as search
-from perfmodel.serving.dollars import OBJECTIVES, priced
 from perfmodel.serving.host_time import NO_HOST, HostTime
-from perfmodel.serving.planner_check import MEASURE, check, unchecked_command
-from perfmodel.serving.planner_search import (  # noqa: F401 - the planner's public names
+from perfmodel.serving.planner import search
+from perfmodel.serving.planner.check import MEASURE, check, unchecked_command
+from perfmodel.serving.planner.prices import OBJECTIVES, priced
+from perfmodel.serving.planner.search import (  # noqa: F401 - the planner's public names
     LOADS,
     Precision,
     _wait_p90,

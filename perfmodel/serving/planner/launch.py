@@ -2,7 +2,7 @@
 TensorRT-LLM config, each for one named engine version (``VERSIONS``), pure (no I/O).
 
 Every flag emitted is one the named version's launcher defines: the lists are made from
-the engines' source by ``reports/engines/make_flag_lists.py`` into ``engine_flags/`` and
+the engines' source by ``reports/engines/make_flag_lists.py`` into ``engines/flags/`` and
 the tests check every emitted command against them.
 
 The rules, per engine version:
@@ -26,7 +26,7 @@ The rules, per engine version:
   server, ``enable_attention_dp`` for attention ranks; across nodes under ``mpirun`` with
   ``trtllm-llmapi-launch``.
 - The scheduler: each server's batch, token budget, chunked prefill and queue policy in the
-  engine's own names (``serving.scheduler_flags``), said again in ``Launch.scheduler``.
+  engine's own names (``serving.planner.scheduler_flags``), said again in ``Launch.scheduler``.
 - Quantization follows the checkpoint: a checkpoint whose config carries its own
   ``quantization_config`` (``format`` fp8 or mxfp4) needs no flag; ``--quantization fp8``
   (online W8A8-fp8) only for a bf16 checkpoint planned at fp8; fp8 KV is
@@ -39,7 +39,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from perfmodel.serving.scheduler_flags import as_flags, as_yaml, said, scheduler
+from perfmodel.serving.planner.scheduler_flags import as_flags, as_yaml, said, scheduler
 from perfmodel.specs.errors import SpecError
 
 ENGINES = ("vllm", "sglang", "trtllm")

@@ -1,8 +1,8 @@
 """``perfmodel calibrate --from``: a shipped device's constants from measured kernels.
 
-For one device and engine: read its measured kernels (``kernel_rows``: a kernel corpus, or
+For one device and engine: read its measured kernels (``corpus.rows``: a kernel corpus, or
 aiconfigurator-core's tables read in memory by the same reader), price them with the
-shipped YAML (before), fit the constants (``kernel_fit``), measure the fit on shapes it
+shipped YAML (before), fit the constants (``corpus.fit``), measure the fit on shapes it
 never saw (5 folds by shape family) and, for a family of devices, on a device it never saw
 (leave one device out: the family's other devices fitted together predict it). The result
 becomes a variant hardware YAML (``--out``) or is written into the shipped file
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import perfmodel as pm
-from perfmodel.specs.kinds import ERROR_CLASSES
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
-from validate.kernel_fit import (
+from perfmodel.specs.kinds import ERROR_CLASSES
+from validate.corpus.fit import (
     INTERCONNECT,
     PARAMETERS,
     apply,
@@ -28,8 +28,8 @@ from validate.kernel_fit import (
     held_out,
     summary,
 )
-from validate.kernel_rows import Rows, load_sets
-from validate.kernel_sets import KernelSet
+from validate.corpus.rows import Rows, load_sets
+from validate.corpus.sets import KernelSet
 
 FAMILIES = {
     "ampere": ("a100-80gb-sxm", "a100-80gb-pcie", "a30"),
@@ -148,8 +148,8 @@ def kernel_tables(values: dict[str, float]) -> dict[str, dict]:
     """The ``efficiency.moe_kernels`` / ``gemm_kernels`` mappings of fitted values
     (``moe.<class>.<field>``, ``gemm.<class>.<field>``; seconds as microsecond text),
     each class's fields in ``kernel_fit.MOE_FIELDS`` order."""
-    from validate.kernel_fit import MOE_FIELDS
-    from validate.kernel_write import _shown
+    from validate.corpus.fit import MOE_FIELDS
+    from validate.corpus.write import _shown
 
     out: dict[str, dict] = {}
     for key, value in sorted(values.items()):

@@ -201,7 +201,7 @@ def steady_state(prefill_s: np.ndarray, step_s: np.ndarray, static_tokens_per_s:
     output_len requests finish and as many prompts join: TPOT = batch / that throughput,
     the decode step with its share of prefill. Disaggregated: the decode pool's TPOT is its
     step. A sequence holds its slot ``output_len x TPOT``; capacity (req/s) = decode_dp x
-    batch / that (``serving.engine.capacity_rps`` for one aggregated engine), and at most
+    batch / that (``serving.pricing.capacity_rps`` for one aggregated engine), and at most
     ``prefill_dp / prefill_s`` when a prefill pool serves the prompts.
 
     TTFT p90 at a load = the prompt's compute and the step it rides in (``prefill_s +

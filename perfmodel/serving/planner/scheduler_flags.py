@@ -1,6 +1,6 @@
 """A planned server's scheduler settings in each engine's own names, as the planner's
-simulated check ran them (``serving.planner_check``: vLLM's scheduler, first come first
-served, chunked prefill under the token budget), for ``serving.launch`` to emit:
+simulated check ran them (``serving.planner.check``: vLLM's scheduler, first come first
+served, chunked prefill under the token budget), for ``serving.planner.launch`` to emit:
 
 - vLLM 0.24.0 (``vllm/engine/arg_utils.py``): ``--max-num-seqs`` (per data-parallel rank),
   ``--max-num-batched-tokens``, ``--enable-chunked-prefill``, ``--scheduling-policy fcfs``;
@@ -19,7 +19,7 @@ from typing import Any
 
 
 def scheduler(engine: str, s: Any) -> list[tuple[str, str | None]]:
-    """Server ``s``'s (``serving.launch.Server``) scheduler settings as ``engine`` takes
+    """Server ``s``'s (``serving.planner.launch.Server``) scheduler settings as ``engine`` takes
     them: (flag, value; None a switch), TensorRT-LLM's (YAML key, value), nested keys
     dotted."""
     if engine == "vllm":

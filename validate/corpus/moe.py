@@ -11,7 +11,7 @@ device x engine: held-out error (5 folds by shape: a MoE's hidden, width, expert
 top-k; a linear's n x k) and, within a family, leave one device out (the family's other
 listed devices fitted together).
 
-    python -m validate.kernel_moe --from /tmp/corpus -H h100-sxm -H h200-sxm -H b200 \
+    python -m validate.corpus.moe --from /tmp/corpus -H h100-sxm -H h200-sxm -H b200 \
         --report reports/kernels/moe [--class moe] [--write-hardware]
 """
 
@@ -24,11 +24,10 @@ import numpy as np
 import yaml
 
 import perfmodel as pm
-from validate import kernel_write as kw
-from validate.kernel_calibrate import Calibration, family_of
-from validate.kernel_calibrate import kernel_tables as tables_of
-from validate.kernel_fit import (
-    MOE_FIELDS,
+from validate.corpus import write as kw
+from validate.corpus.calibrate import Calibration, family_of
+from validate.corpus.calibrate import kernel_tables as tables_of
+from validate.corpus.fit import (
     PARAMETERS,
     apply,
     fit_device,
@@ -36,9 +35,9 @@ from validate.kernel_fit import (
     held_out,
     summary,
 )
-from validate.kernel_rows import ENGINES, Rows, load_sets
+from validate.corpus.rows import ENGINES, Rows, load_sets
 
-COMMAND = ("python -m validate.kernel_moe --from <corpus> -H h100-sxm -H h200-sxm -H b200 "
+COMMAND = ("python -m validate.corpus.moe --from <corpus> -H h100-sxm -H h200-sxm -H b200 "
            "--write-hardware")
 
 

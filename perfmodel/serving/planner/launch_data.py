@@ -1,6 +1,6 @@
-"""The data ``serving.launch`` needs, read from the package: which Hugging Face checkpoint
+"""The data ``serving.planner.launch`` needs, read from the package: which Hugging Face checkpoint
 serves a model (``checkpoints.yaml``) and each engine version's accepted flags
-(``engine_flags/<engine>-<version>.yaml``, made by ``reports/engines/make_flag_lists.py``
+(``engines/flags/<engine>-<version>.yaml``, made by ``reports/engines/make_flag_lists.py``
 from the engine's source)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import re
 from functools import cache
 from pathlib import Path
 
-from perfmodel.serving.launch import Checkpoint, Launch, emitted_flags, yaml_keys
+from perfmodel.serving.planner.launch import Checkpoint, Launch, emitted_flags, yaml_keys
 from perfmodel.specs.model import Model
 
 HERE = Path(__file__).parent
 CHECKPOINTS = HERE / "checkpoints.yaml"
-FLAGS = HERE / "engine_flags"
+FLAGS = HERE.parent / "engines" / "flags"
 
 
 @cache

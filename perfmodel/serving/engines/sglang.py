@@ -31,7 +31,7 @@
    prefix or session) the tail of a chain goes first, as the paged pool's LRU does. A hit
    is any prefix of ``--page-size`` tokens (default 1: token granularity), at most the
    prompt less one token.
-5. The queue's order under lpm and dfs-weight: ``serving.sglang_policy``.
+5. The queue's order under lpm and dfs-weight: ``serving.engines.sglang_policy``.
 6. Overlap (default; the profile's ``schedule_ahead``): ``scheduler.py`` ``event_loop_overlap``
    launches batch n+1 before ``process_batch_result`` of n: ``EngineState.lag``. Not priced:
    a request finished in step n still runs a discarded row in a decode batch n+1
@@ -44,13 +44,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodel.serving import sglang_policy
+from perfmodel.serving.engines.sglang_policy import POLICIES, sorts
+from perfmodel.serving.engines.sglang_policy import order as policy_order
+from perfmodel.serving.engines.state import Batch, EngineState
 from perfmodel.serving.host_time import NO_HOST, HostTime
-from perfmodel.serving.scheduler import Batch, EngineState
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 
-POLICIES = sglang_policy.POLICIES
 CLIP_MAX_NEW_TOKENS = 4096      # schedule_policy.py, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 INIT_NEW_TOKEN_RATIO = 0.7      # environ.py SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
@@ -211,7 +211,7 @@ class SGLangState(EngineState):
         ids, new = [], []
         if self.chunked >= 0:
             self._add_chunked(b, ids, new)
-        if sglang_policy.sorts(e.schedule_policy, len(self.waiting)):
+        if sorts(e.schedule_policy, len(self.waiting)):
             self._sort()
         while self.waiting and len(ids) < cap - len(run):
             if not self._add_one(self.waiting[0], b, ids, new):
@@ -297,11 +297,11 @@ class SGLangState(EngineState):
         return fresh
 
     def _sort(self) -> None:
-        """The waiting queue in ``--schedule-policy`` order (``serving.sglang_policy``)."""
+        """The waiting queue in ``--schedule-policy`` order (``serving.engines.sglang_policy``)."""
         q = list(self.waiting)
         hits = [self._hits(r, int(self.prompt[r] + self.emitted[r]))[0] for r in q]
-        order = sglang_policy.order(self.engine.schedule_policy, hits,
-                                    [int(self.prefix[r]) for r in q])
+        order = policy_order(self.engine.schedule_policy, hits,
+                              [int(self.prefix[r]) for r in q])
         self.waiting.clear()
         self.waiting.extend(q[i] for i in order)
 

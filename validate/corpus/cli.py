@@ -1,8 +1,8 @@
-"""``perfmodel calibrate --from``: the command body (no torch; see ``kernel_calibrate``).
+"""``perfmodel calibrate --from``: the command body (no torch; see ``corpus.calibrate``).
 
 ``--from``: ``aiconfigurator`` (the installed aiconfigurator-core's tables, read in memory
 by ``perfmodel.kernels``), a corpus folder ``perfmodel kernels import aiconfigurator``
-wrote (the same rows), or aiconfigurator-core's ``systems/data`` folder (``kernel_rows``).
+wrote (the same rows), or aiconfigurator-core's ``systems/data`` folder (``corpus.rows``).
 One device: ``perfmodel calibrate --from aiconfigurator -H h100-sxm [--engine vllm]
 --out FILE.yaml`` writes a variant YAML (``base: h100-sxm``) with the fitted constants and
 prints the before / held-out errors. Every device: ``perfmodel calibrate --from
@@ -23,7 +23,7 @@ import typer
 
 from perfmodel.cli.common import fail, out_dir, out_file
 from perfmodel.specs.errors import SpecError
-from validate.kernel_rows import ENGINES, Rows
+from validate.corpus.rows import ENGINES, Rows
 
 
 def _print(cal) -> None:
@@ -40,8 +40,8 @@ def _print(cal) -> None:
 
 def calibrate_from(spec: str, hardware: str | None, engine: str, all_devices: bool,
                    write_hardware: bool, out: Path, report: Path) -> None:
-    from validate import kernel_calibrate as kc
-    from validate import kernel_write as kw
+    from validate.corpus import calibrate as kc
+    from validate.corpus import write as kw
 
     if engine not in ENGINES:
         fail(f"--engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
@@ -69,9 +69,9 @@ def run_all(rows: Rows, report: Path, write_hardware: bool) -> None:
     """Every device x engine; report; the shipped files when asked."""
     import yaml
 
-    from validate import kernel_calibrate as kc
-    from validate import kernel_write as kw
-    from validate.kernel_rows import load_sets
+    from validate.corpus import calibrate as kc
+    from validate.corpus import write as kw
+    from validate.corpus.rows import load_sets
 
     by_engine = {}
     for engine in ENGINES:

@@ -28,11 +28,11 @@ from perfmodel.cost.memory import (
     workspace_bytes_per_token,
 )
 from perfmodel.cost.params import stage_layers
-from perfmodel.cost.step import Dtypes, Step, StepCost, price_step
+from perfmodel.cost.step import Dtypes, Step, StepCost, composed_seconds, price_step
 from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.scheduler import Batch
+from perfmodel.serving.engines.state import Batch
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.dtypes import BYTES
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
@@ -166,8 +166,9 @@ class StepPricer:
         if k not in self.rows:      # every row the one workload's dtypes, made once per k
             self.rows[k] = self.dtypes.take(np.zeros(k, np.int64))
         cost = price_step(self.model, self.hw, self.plan, step, self.rows[k], timing)
-        gpu = cost.time if self.edge is None else band(cost.class_seconds(),
-                                                       self.hw.uncertainty)[self.edge]
+        gpu = cost.time if self.edge is None else band(
+            cost.class_seconds(), self.hw.uncertainty,
+            composed=self.hw.composition.edges(composed_seconds(cost, timing)))[self.edge]
         return gpu, cost, count.sum(axis=1)
 
 

@@ -1,4 +1,4 @@
-"""Fit a device's efficiency constants to measured kernels (``kernel_sets``; no torch).
+"""Fit a device's efficiency constants to measured kernels (``corpus.sets``; no torch).
 
 The model's structure (roofline, tiles, waves, splits, the collectives' algorithms) stays;
 only constants with a physical meaning are fitted, each inside a plausible range
@@ -37,8 +37,8 @@ import numpy as np
 
 from perfmodel.specs.dtypes import DENSE_FORMATS, MOE_FORMATS
 from perfmodel.specs.hardware import Hardware
+from validate.corpus.sets import KernelSet
 from validate.fit import _with
-from validate.kernel_sets import KernelSet
 
 # parameter -> (lower, upper, why that range)
 PARAMETERS: dict[str, tuple[float, float, str]] = {
@@ -252,7 +252,7 @@ def fit_device(hw: Hardware, sets: Sequence[KernelSet], **kw: int) -> dict[str, 
 def held_out(hw: Hardware, sets: Sequence[KernelSet], folds: int = 5, **kw: int
              ) -> dict[str, np.ndarray]:
     """Error class -> predicted/measured - 1 of every row, each predicted by the fit made
-    without its fold (k-fold by shape family, ``kernel_sets.fold_of``)."""
+    without its fold (k-fold by shape family, ``corpus.sets.fold_of``)."""
     out: dict[str, list[np.ndarray]] = {}
     for f in range(folds):
         train = [s.take(np.flatnonzero(s.fold != f)) for s in sets]

@@ -1,12 +1,12 @@
 """Replicas that share no state, simulated on a Dask cluster (``--cluster``): past one
-machine the split ``serving.simulate.run_replicas`` makes for worker processes runs on
+machine the split ``fleet.replicas.run_replicas`` makes for worker processes runs on
 Dask's ``distributed`` scheduler (the optional ``fleet`` extra, ``pip install
 'perfmodel[fleet]'``), not on a scheduler of our own.
 
 What travels: what every replica shares (model, hardware, layout, dtypes, engine settings,
 KV pool size) is scattered to every worker once; each task then carries only its replica's
 requests, and its result comes back without the model and hardware (as from the fork
-pool: ``serving.simulate._light``); a data-parallel-attention replica travels as one
+pool: ``fleet.replicas._light``); a data-parallel-attention replica travels as one
 task, its ranks in lockstep. The simulation is deterministic, so a replica run on a Dask
 worker gives the same arrays, bit for bit, as in one process (``tests/test_cluster.py``).
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.disagg import Pool, simulate_disaggregated
-from perfmodel.serving.planner_search import unit
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.planner.search import unit
 from perfmodel.serving.simulate import simulate
 from perfmodel.serving.traffic import generate
 from perfmodel.specs.hardware import Hardware
@@ -150,7 +150,7 @@ def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float,
     if pre:
         host = f"HostTime(**{target.host.constants()!r})"
         return (f"python -c \"import perfmodel as pm; from perfmodel.serving import disagg, "
-                f"traffic; from perfmodel.serving.config import EngineConfig as E; from "
+                f"traffic; from perfmodel.serving.engines import EngineConfig as E; from "
                 f"perfmodel.specs.workload import Parallelism as P; from perfmodel.serving."
                 f"host_time import HostTime; m, h = pm.model("
                 f"'{model_arg}'), pm.hardware('{hw.name}'); r = traffic.generate({n}, rate="

@@ -1,5 +1,5 @@
 """Data-parallel replicas behind a router: which replica each request goes to, and how the
-replicas are run (``serving.simulate`` runs each one's engine).
+replicas are run (``fleet.replicas``; ``serving.engine_loop`` runs each one's engine).
 
 Policies, as production routers have them:
 
@@ -35,7 +35,7 @@ Policies, as production routers have them:
 Replicas share no state, so under a policy that reads only the request ("round-robin",
 "session-affinity", "prefix-affinity") the requests are dealt first and each replica is
 simulated on its own, in parallel worker processes when ``workers`` > 1, or as tasks on a
-Dask cluster (``serving.cluster``, ``--cluster``). A policy that reads the replicas' load
+Dask cluster (``serving.fleet.cluster``, ``--cluster``). A policy that reads the replicas' load
 cannot be dealt ahead: the load at an arrival depends on every completion before it, and
 the completions on what was routed. Those run in lockstep, exactly: before each arrival
 every replica is advanced to it (no step that starts at or after the arrival is
@@ -82,7 +82,7 @@ def check(router: str, workers: int, requests: Requests, engines: int,
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise SpecError(f"--workers: expected a whole number >= 1, got {workers!r}")
     if cluster is not None:
-        from perfmodel.serving import cluster as dask
+        from perfmodel.serving.fleet import cluster as dask
 
         dask.check(cluster)
         if router in LOAD_AWARE and engines > 1:
@@ -267,7 +267,7 @@ def _grow(run: object, cap: int) -> None:
 
 
 def _trim(run: object) -> None:
-    """Cut the arrays to the requests placed, as ``serving.simulate._merge`` reads them."""
+    """Cut the arrays to the requests placed, as ``fleet.replicas.merge`` reads them."""
     k = run.known
     run.arrivals.arrival_s = run.arrivals.arrival_s[:k]
     for f in ("first_token_s", "finish_s", "scheduled_s"):
@@ -287,7 +287,7 @@ def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = Non
     simulator's bookkeeping of a committed step; ``progress(done, total, clock_s)`` as in
     ``serving.simulate``. No step starting at or after ``horizon`` is run (the next
     arrival a load-aware router has yet to place: ``lockstep``)."""
-    from perfmodel.serving.scheduler import Batch
+    from perfmodel.serving.engines.state import Batch
 
     one = np.ones(1, np.int64)
     dummy = Batch(np.zeros(1, np.int64), one, one, False, False, 0)

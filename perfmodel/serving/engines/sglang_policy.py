@@ -1,7 +1,7 @@
 """SGLang's waiting-queue order by ``--schedule-policy`` (``sglang==0.5.14``,
 ``python/sglang/srt/managers/schedule_policy.py`` ``SchedulePolicy.calc_priority``), at
 this model's granularity: a request's cached hit is a run of its chain (one shared prefix
-or one session, ``serving.scheduler``), and the radix tree is one path off the root per
+or one session, ``serving.engines.state``), and the radix tree is one path off the root per
 chain.
 
 - "fcfs": arrival order, unsorted.

@@ -1,36 +1,26 @@
-"""One engine step's schedule, by vLLM v1's rules (``vllm/v1/core/sched/scheduler.py``,
-``Scheduler.schedule`` and ``update_from_output``):
+"""What every engine's scheduler keeps per request, and the rules all three engines share
+(``serving.engines``: each engine's ``schedule`` forms a step from this state).
 
-1. Running requests first, in the order they were admitted: each asks for the tokens it
-   has not computed (1 for a decode, the rest of its prompt for a chunked prefill), capped
-   by what is left of the step's token budget (``max_num_batched_tokens``). Its KV blocks
-   are allocated; when the pool cannot give them, the last-admitted running request is
-   preempted (its blocks freed, its computed tokens reset: it is recomputed later, prompt
-   and output so far) and put at the head of the waiting queue, until the allocation fits
-   or the request itself is the one preempted.
-2. Then, only if nothing was preempted, waiting requests in order while the budget lasts
-   and fewer than ``max_num_seqs`` run: the prefix cache gives the full blocks already
-   cached (capped one token short of the prompt: the last token is always recomputed), the
-   rest is scheduled (a chunk of the budget, or, without chunked prefill, the whole prompt;
-   a prompt larger than the budget left is skipped for this step and the next one tried),
-   and the queue stops at the first request whose blocks do not fit.
-3. After the step, a request whose computed tokens reach its prompt plus output so far
-   emits one token; one that has emitted all its output finishes and frees its blocks.
+``EngineState`` holds arrays over all requests (tokens computed and emitted, KV blocks
+held alone and shared, preemptions, prefix-cache hits), the running list and waiting
+queue, and the paged KV pool (``serving.kvpool``). Shared by the engines: a step's
+``commit`` (a request whose computed tokens reach its prompt plus output so far emits one
+token; one that has emitted all its output finishes and frees its blocks), ``finish``,
+``preempt`` (free a request's blocks, its own chain left cached, and requeue it at the
+head), the prefix cache's hits (``_hits``, ``_take_hits``, ``_publish``) and a
+conversation's growing chain (``_grow_chain``).
 
 Under async scheduling (``lag``: vLLM v1 with ``async_scheduling`` or SGLang's overlap
-scheduler, ``serving.sglang``; the profile's ``schedule_ahead``) step n+1 is scheduled
+scheduler, ``engines.sglang``; the profile's ``schedule_ahead``) step n+1 is scheduled
 while step n runs (``vllm/v1/engine/core.py``, ``step_with_batch_queue``), before step n's
 output is processed: a request that finished in step n still holds its seat and blocks in
 that schedule and is not scheduled again (``scheduler.py`` skips one that reached
-``max_tokens``); it leaves ``running`` once the schedule is formed (``late``). The
-simulator lets that schedule see only the requests that had arrived by step n's start
-(``serving.simulate``).
+``max_tokens``); it leaves ``running`` once the schedule is formed (``late``, ``settle``).
+The simulator lets that schedule see only the requests that had arrived by step n's start
+(``serving.engine_loop``).
 
-The static baseline admits a batch only when the previous one has finished, reserves each
-member's KV at its final length (no preemption), and keeps a finished member in the batch
-as padding (a decode row that emits nothing) until the whole batch is done, as a static
-``generate`` call runs. A schedule is computed on ``EngineState``; ``fork`` makes the
-dry runs the simulator prices ahead (``serving.simulate``) and ``rollback`` undoes one.
+A schedule is computed on the state; ``fork`` (``serving.forks``) makes the dry runs the
+simulator prices ahead (``serving.engine_loop``) and ``rollback`` undoes one.
 """
 
 from __future__ import annotations
@@ -45,7 +35,7 @@ from perfmodel.serving.forks import Forkable
 from perfmodel.serving.kvpool import KVPool
 
 EngineSettings = Any    # an engine's settings (``serving.engines``), which import this module
-LAGS = ("vllm", "sglang")   # engines whose ``schedule_ahead`` is modelled (``serving.sglang``)
+LAGS = ("vllm", "sglang")   # engines whose ``schedule_ahead`` is modelled (``engines.sglang``)
 
 
 @dataclass(eq=False)
@@ -109,30 +99,6 @@ class EngineState(Forkable):
     def blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.engine.block_size)
 
-    def schedule(self) -> Batch | None:
-        """The next step's batch (None: nothing to run)."""
-        budget = self.engine.max_num_batched_tokens
-        ids, new, preempted = self._running(budget)
-        tokens = int(new.sum())
-        budget -= tokens
-        static = self.engine.scheduler == "static"
-        admit = not preempted and (not static or not len(ids))
-        context = self.computed[ids] + new
-        if admit and self.waiting:
-            more, chunks, budget = self._waiting(budget)
-            if len(more):
-                ids, new = np.concatenate([ids, more]), np.concatenate([new, chunks])
-                context = np.concatenate([context, self.computed[more] + chunks])
-                tokens += int(chunks.sum())
-        room = budget > 0 and len(self.running) < self.engine.max_num_seqs
-        self.settle()
-        if not len(ids):
-            return None
-        prefill = tokens > len(ids)     # some request computes more than one token (each
-        # computes at least one): not vLLM's uniform-decode batch
-        return Batch(ids, new, context, prefill, admit and not self.waiting and room,
-                     preempted)
-
     def settle(self) -> None:
         """Free the seats and blocks of the requests that finished before the schedule
         just formed (async scheduling: their output is processed after it)."""
@@ -145,59 +111,6 @@ class EngineState(Forkable):
         """Nothing to schedule but finished requests whose seats are not yet freed (async
         scheduling: the engine processes their output, then schedules afresh)."""
         return bool(self.late) and not self.waiting and len(self.late) == len(self.running)
-
-    def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
-        run = np.array(self.running, dtype=np.int64)
-        if not len(run):
-            return run, run, 0
-        computed = self.computed[run]
-        need = self.prompt[run] + self.emitted[run] - computed
-        if self.late:           # finished, output not yet processed: not scheduled again
-            need[np.isin(run, self.late)] = 0
-        if self.engine.scheduler == "static":
-            need = np.where(self.padded[run], 1, need)
-        spent = need.cumsum()
-        new = need if spent[-1] <= budget else \
-            np.minimum(np.maximum(budget - spent + need, 0), need)
-        if self.engine.scheduler == "static":      # KV reserved at admission
-            return run[new > 0], new[new > 0], 0
-        blocks = np.maximum(-(-(computed + new) // self.engine.block_size) - self.own[run]
-                            - self.shared[run], 0)
-        wanted = int(blocks.sum())
-        if wanted <= self.pool.free:
-            if wanted:      # most decode steps fill blocks they hold
-                self.pool.allocate(wanted)
-                self.own[run] += blocks
-            if new.all():
-                return run, new, 0
-            keep = new > 0
-            return run[keep], new[keep], 0
-        return self._running_preempting(run, new, blocks)
-
-    def _running_preempting(self, run: np.ndarray, new: np.ndarray, blocks: np.ndarray
-                            ) -> tuple[np.ndarray, np.ndarray, int]:
-        """The running loop one request at a time, preempting from the tail."""
-        ids, chunks, preempted, i = [], [], 0, 0
-        alive = len(run)
-        while i < alive:
-            r = int(run[i])
-            if new[i] == 0:
-                i += 1
-                continue
-            while not self.pool.allocate(int(blocks[i])):
-                alive -= 1
-                victim = int(run[alive])
-                self.preempt(victim)
-                preempted += 1
-                if victim == r:
-                    break
-            if i >= alive:
-                break
-            self.own[r] += blocks[i]
-            ids.append(r)
-            chunks.append(int(new[i]))
-            i += 1
-        return np.array(ids, np.int64), np.array(chunks, np.int64), preempted
 
     def preempt(self, r: int) -> None:
         """Free ``r``'s blocks (its own chain stays cached for its recomputation) and put it
@@ -217,42 +130,6 @@ class EngineState(Forkable):
         self.computed[r] = self.own[r] = self.shared[r] = 0
         self.preemptions[r] += 1
         self.waiting.appendleft(r)
-
-    def _waiting(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
-        ids, chunks = [], []
-        static = self.engine.scheduler == "static"
-        skipped = []
-        while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
-            r = self.waiting[0]
-            tokens = int(self.prompt[r] + self.emitted[r])
-            hit_p, hit_own = self._hits(r, tokens)
-            done = (hit_p + hit_own) * self.engine.block_size
-            if self.prefilled is not None and not self.preemptions[r]:
-                done = max(done, int(self.prefilled[r]))     # its KV came with it
-            need = tokens - done
-            if not self.engine.chunked_prefill and need > budget:
-                skipped.append(self.waiting.popleft())    # vLLM goes on to the next one
-                continue
-            new = min(need, budget)
-            final = tokens + int(self.output[r] - self.emitted[r]) if static else done + new
-            fresh = int(self.blocks_for(np.int64(final))) - hit_p - hit_own
-            cached = hit_own + (hit_p if int(self.prefix[r]) not in self.pool.active else 0)
-            if fresh + cached > self.pool.free:
-                break
-            self.admit(r)
-            self._take_hits(r, hit_p, hit_own)
-            self.pool.allocate(fresh)
-            self.own[r] += fresh
-            self.computed[r] = done
-            if not self.preemptions[r]:
-                self.hit_tokens[r] = done
-            self.waiting.popleft()
-            self.running.append(r)
-            ids.append(r)
-            chunks.append(new)
-            budget -= new
-        self.waiting.extendleft(reversed(skipped))
-        return np.array(ids, np.int64), np.array(chunks, np.int64), budget
 
     def _hits(self, r: int, tokens: int) -> tuple[int, int]:
         """(shared-prefix blocks, own blocks) the prefix cache gives ``r``: full blocks of

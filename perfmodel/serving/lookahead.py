@@ -1,7 +1,7 @@
-"""The dry run ``serving.simulate`` prices steps ahead with: the scheduler run forward on a
+"""The dry run ``serving.engine_loop`` prices steps ahead with: the scheduler run forward on a
 copy of an engine's state, letting arrivals in where a guess of each step's time places
 them (``Guess``, fitted to the steps priced so far). Only where arrivals land rests on the
-guess: ``serving.simulate`` prices every step it commits and keeps those that stand.
+guess: ``serving.engine_loop`` prices every step it commits and keeps those that stand.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfmodel.serving.scheduler import EngineState
+from perfmodel.serving.engines.state import EngineState
 
 MARK_EVERY = 8      # dry-run steps between marks: a look-ahead cut short at step j resumes
                     # from the last mark before j, and only the steps since are run again

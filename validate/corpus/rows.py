@@ -1,5 +1,5 @@
 """The calibration's measured kernels: kernel-corpus rows (``perfmodel.kernels``) into
-``kernel_sets`` (no torch).
+``corpus.sets`` (no torch).
 
 The rows come from a corpus folder ``perfmodel kernels import aiconfigurator`` wrote, or
 (``--from aiconfigurator``, or aiconfigurator-core's ``systems/data`` folder) are built in
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.specs.errors import SpecError
-from validate.kernel_sets import (
+from validate.corpus.sets import (
     KernelSet,
     attention_sets,
     collective_set,

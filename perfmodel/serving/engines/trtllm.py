@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodel.cost.memory import usable_bytes
+from perfmodel.serving.engines.state import Batch, EngineState
 from perfmodel.serving.host_time import NO_HOST, HostTime
-from perfmodel.serving.scheduler import Batch, EngineState
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 
