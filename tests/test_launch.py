@@ -19,11 +19,16 @@ from perfmodel.serving.planner.launch import (
     LaunchError,
     Server,
     Step,
-    emitted_flags,
     launch,
     launches,
 )
-from perfmodel.serving.planner.launch_data import FLAGS, checkpoint, flag_list, unknown_flags
+from perfmodel.serving.planner.launch_data import (
+    FLAGS,
+    checkpoint,
+    emitted_flags,
+    flag_list,
+    unknown_flags,
+)
 from perfmodel.specs import load
 
 ROOT = Path(__file__).resolve().parents[1]

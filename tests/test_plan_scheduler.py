@@ -6,7 +6,8 @@ import json
 
 import yaml
 
-from perfmodel.serving.planner.launch import Checkpoint, Deployment, Server, emitted_flags, launch
+from perfmodel.serving.planner.launch import Checkpoint, Deployment, Server, launch
+from perfmodel.serving.planner.launch_data import emitted_flags
 from tests.test_plan_cli import ASK, LENGTHS, _run
 
 

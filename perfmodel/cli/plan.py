@@ -227,6 +227,7 @@ def deployment(result: Any) -> Any:
     from perfmodel.serving.engines.vllm import EngineConfig
     from perfmodel.serving.planner.launch import Deployment, Server
     from perfmodel.serving.planner.launch_data import checkpoint
+    from perfmodel.serving.planner.platforms import platform_of
     from perfmodel.specs import load
 
     cols, i = result.candidates, result.winner["index"]
@@ -236,13 +237,15 @@ def deployment(result: Any) -> Any:
     server = Server(tp=tp, pp=pp, dp=dp, ep=ep if ep > 1 else 1,
                     max_num_seqs=int(cols["batch"][i]),
                     max_num_batched_tokens=max(tokens, int(cols["batch"][i])))
-    per_node = load.hardware(str(cols["hardware"][i])).interconnect.max_devices \
-        if "hardware" in cols else 8
+    hw = load.hardware(str(cols["hardware"][i])) if "hardware" in cols else None
+    per_node = hw.interconnect.host_devices if hw is not None else 8
+    where = platform_of(hw.vendor).name if hw is not None else "cuda"
     pre = int(cols["prefill_replicas"][i])
     return Deployment(checkpoint(result.model), server, int(cols["decode_replicas"][i]),
                       pre, replace(server, max_num_seqs=EngineConfig().max_num_seqs)
                       if pre else None, per_node, str(cols["weights_dtype"][i]),
-                      str(cols["kv_dtype"][i]) if "kv_dtype" in cols else "bf16")
+                      str(cols["kv_dtype"][i]) if "kv_dtype" in cols else "bf16",
+                      platform=where)
 
 
 def launch_steps(result: Any) -> dict[str, Any]:

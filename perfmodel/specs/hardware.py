@@ -213,6 +213,15 @@ class Interconnect:
     custom_all_reduce_max_bytes: float = 0.0
     custom_all_reduce_latency_s: float = 0.0
     custom_all_reduce_fraction: float = 1.0
+    # devices one host (server, VM) holds, where it is fewer than the scale-up domain (a
+    # TPU VM's 4 or 8 chips of a pod's torus); 0: max_devices. Launch lines place servers
+    # on hosts by it
+    devices_per_host: int = 0
+
+    @property
+    def host_devices(self) -> int:
+        """Devices per host: ``devices_per_host``, else the whole scale-up domain."""
+        return self.devices_per_host or self.max_devices
 
 
 @dataclass(frozen=True)
@@ -250,6 +259,10 @@ class Hardware:
     # how kernels compose into a CUDA-graph-replayed step (the optional ``composition:``
     # block, ``specs.composition``); absent: the sum of isolated kernels
     composition: Composition = field(default_factory=Composition)
+    # the ``power:`` block: rated board power and, where published or measured, idle power
+    # (W); None where the file gives none
+    tdp_watts: float | None = None
+    idle_watts: float | None = None
     # derived tables the cost model keeps per device (a fresh one for every copy)
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

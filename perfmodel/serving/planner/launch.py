@@ -39,6 +39,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from perfmodel.serving.planner.platforms import platform
 from perfmodel.serving.planner.scheduler_flags import as_flags, as_yaml, said, scheduler
 from perfmodel.specs.errors import SpecError
 
@@ -122,8 +123,10 @@ class Deployment:
     kv_dtype: str = "bf16"
     gpu_memory_utilization: float = 0.9
     versions: dict = field(default_factory=lambda: dict(VERSIONS))
+    platform: str = "cuda"      # serving.planner.platforms: cuda, rocm, tpu, neuron, gaudi
 
     def __post_init__(self) -> None:
+        platform(self.platform)
         if self.checkpoint.format not in FORMATS:
             raise LaunchError(f"launch: checkpoint format: expected one of "
                               f"{', '.join(FORMATS)}, got {self.checkpoint.format!r}")
@@ -183,7 +186,12 @@ def launch(dep: Deployment, engine: str) -> Launch:
     """The steps that start ``dep`` with ``engine`` (``ENGINES``) at ``dep.versions``."""
     if engine not in ENGINES:
         raise LaunchError(f"launch: engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
-    notes = list(_weight_notes(dep, engine))
+    where = platform(dep.platform)
+    rule = where.rule(engine)
+    if rule.refused:
+        return Launch(engine, dep.versions[engine], (), (),
+                      (f"no launch on {where.name}: {rule.refused}",))
+    notes = list(_weight_notes(dep, engine)) + list(_platform_notes(dep))
     steps, files, args = [], [], {}
     pools = [("prefill", dep.prefill or dep.server, dep.prefill_replicas)] \
         if dep.prefill_replicas else []
@@ -210,6 +218,14 @@ def launch(dep: Deployment, engine: str) -> Launch:
 
 def launches(dep: Deployment) -> dict[str, Launch]:
     return {e: launch(dep, e) for e in ENGINES}
+
+
+def _platform_notes(dep: Deployment):
+    where = platform(dep.platform)
+    if where.devices_env is None and any(s.gpus < dep.gpus_per_node for s in dep.servers):
+        yield (f"{where.name}: a server of fewer {where.unit}s than a host's "
+               f"{dep.gpus_per_node} runs on a host (VM) of its own size: {where.unit}s are "
+               f"not split between servers here")
 
 
 def _weight_notes(dep: Deployment, engine: str):
@@ -268,6 +284,9 @@ def _packed(dep: Deployment, pools: list, args: dict, engine: str) -> list[Step]
     """The servers that fit a node, packed onto nodes in pool order, each on its own GPUs
     and port; nodes laid out alike are shown once."""
     n, nodes, free = dep.gpus_per_node, [], 0
+    where = platform(dep.platform)
+    unit, env_name = where.unit, where.devices_env
+    engine_env = list(where.rule(engine).env)
     for role, s, count in pools:
         for _ in range(count if s.gpus <= n else 0):
             if not nodes or free + s.gpus > n:
@@ -280,14 +299,14 @@ def _packed(dep: Deployment, pools: list, args: dict, engine: str) -> list[Step]
         last = k
         while last + 1 < len(nodes) and nodes[last + 1] == nodes[k]:
             last += 1
-        where = f"node {k}" if last == k else f"nodes {k}-{last}, each"
+        place = f"node {k}" if last == k else f"nodes {k}-{last}, each"
         for i, (role, s, first) in enumerate(nodes[k]):
             gpus = ",".join(str(g) for g in range(first, first + s.gpus))
-            env = [f"CUDA_VISIBLE_DEVICES={gpus}"] if s.gpus < n else []
-            cmd = _wrap(engine, env + args[role] + ["--port", str(PORTS[engine] + i)],
-                        s.gpus, 1)
+            env = [f"{env_name}={gpus}"] if s.gpus < n and env_name else []
+            cmd = _wrap(engine, engine_env + env + args[role]
+                        + ["--port", str(PORTS[engine] + i)], s.gpus, 1)
             name = f"{role} server" if role else "server"
-            out.append(Step(f"{where}: {name} on GPU{'s' if s.gpus > 1 else ''} {gpus}",
+            out.append(Step(f"{place}: {name} on {unit}{'s' if s.gpus > 1 else ''} {gpus}",
                             _join(cmd)))
         k = last + 1
     return out
@@ -299,6 +318,7 @@ def _spanning(dep: Deployment, s: Server, count: int, role: str, args: list[str]
     flags naming its node 0 (``HEAD``); one step per node of a server."""
     n = dep.gpus_per_node
     nodes = s.gpus // n
+    env = list(platform(dep.platform).rule(engine).env)
     name = f"{role} server" if role else "server"
     each = f"{count} {name}{'s' if count > 1 else ''}, " + (
         f"each on {nodes} nodes of its own" if count > 1 else f"on {nodes} nodes") + \
@@ -307,7 +327,7 @@ def _spanning(dep: Deployment, s: Server, count: int, role: str, args: list[str]
     if engine == "trtllm":
         return [Step(f"{each}; once, from node 0", _join(_wrap(engine, args + port,
                                                                  s.gpus, nodes)))]
-    return [Step(f"{each}: node {r}", _join(args + _multinode(engine, s, r, nodes, n)
+    return [Step(f"{each}: node {r}", _join(env + args + _multinode(engine, s, r, nodes, n)
                                             + (port if r == 0 else [])))
             for r in range(nodes)]
 
@@ -360,29 +380,3 @@ def _front(dep: Deployment, engine: str) -> list[Step]:
 
 def _join(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
-
-
-def emitted_flags(step: Step) -> list[tuple[str, str | None]]:
-    """The launcher flags of one step with their values (None: a switch): the tokens
-    after the launcher's name (``serve``, ``sglang.launch_server``, ``trtllm-serve``)."""
-    tokens = shlex.split(step.command, comments=True)
-    for start in ("serve", "sglang.launch_server", "trtllm-serve"):
-        if start in tokens:
-            tokens = tokens[tokens.index(start) + 1:]
-            break
-    return [(t, tokens[i + 1] if i + 1 < len(tokens) and not tokens[i + 1].startswith("-")
-             else None) for i, t in enumerate(tokens) if t.startswith("-")]
-
-
-def yaml_keys(body: str) -> list[tuple[str, str]]:
-    """The keys of a launch YAML (two levels, ``a.b``) with their values, read without a
-    YAML parser (the launch files are flat ``key: value`` lines)."""
-    out, parent = [], ""
-    for line in body.splitlines():
-        key, _, value = line.partition(":")
-        if line.startswith("  "):
-            out.append((f"{parent}.{key.strip()}", value.strip()))
-        elif key:
-            parent = key
-            out.append((key, value.strip()))
-    return out

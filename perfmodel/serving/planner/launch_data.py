@@ -1,15 +1,17 @@
 """The data ``serving.planner.launch`` needs, read from the package: which Hugging Face checkpoint
 serves a model (``checkpoints.yaml``) and each engine version's accepted flags
 (``engines/flags/<engine>-<version>.yaml``, made by ``reports/engines/make_flag_lists.py``
-from the engine's source)."""
+from the engine's source), and the reading back of a launch's flags and YAML keys that the
+check against them needs."""
 
 from __future__ import annotations
 
 import re
+import shlex
 from functools import cache
 from pathlib import Path
 
-from perfmodel.serving.planner.launch import Checkpoint, Launch, emitted_flags, yaml_keys
+from perfmodel.serving.planner.launch import Checkpoint, Launch, Step
 from perfmodel.specs.model import Model
 
 HERE = Path(__file__).parent
@@ -65,4 +67,30 @@ def unknown_flags(launch: Launch) -> list[str]:
         elif value is not None and (known[flag] or {}).get("choices") and \
                 value not in known[flag]["choices"]:
             out.append(f"{flag}={value}")
+    return out
+
+
+def emitted_flags(step: Step) -> list[tuple[str, str | None]]:
+    """The launcher flags of one step with their values (None: a switch): the tokens
+    after the launcher's name (``serve``, ``sglang.launch_server``, ``trtllm-serve``)."""
+    tokens = shlex.split(step.command, comments=True)
+    for start in ("serve", "sglang.launch_server", "trtllm-serve"):
+        if start in tokens:
+            tokens = tokens[tokens.index(start) + 1:]
+            break
+    return [(t, tokens[i + 1] if i + 1 < len(tokens) and not tokens[i + 1].startswith("-")
+             else None) for i, t in enumerate(tokens) if t.startswith("-")]
+
+
+def yaml_keys(body: str) -> list[tuple[str, str]]:
+    """The keys of a launch YAML (two levels, ``a.b``) with their values, read without a
+    YAML parser (the launch files are flat ``key: value`` lines)."""
+    out, parent = [], ""
+    for line in body.splitlines():
+        key, _, value = line.partition(":")
+        if line.startswith("  "):
+            out.append((f"{parent}.{key.strip()}", value.strip()))
+        elif key:
+            parent = key
+            out.append((key, value.strip()))
     return out
