@@ -125,10 +125,10 @@ def plan(op: Gemm, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
     """(achievable compute fraction, split-K factor) of a GEMM (``tiling.gemm_plan``); an
     expert GEMM never splits k (Triton's fused_moe grid is M blocks x N blocks of each
     expert; CUTLASS's grouped GEMM one tile per program) and runs at its kernel's share
-    (``compute_factor``)."""
+    (``compute_factor``) where the file has a fused-MoE table; without one, a dense plan."""
     frac, split = gemm_plan(op.m, op.n, op.k, op.groups, hw)
-    if not np.any(op.experts):
-        return frac * compute_factor(op, hw), split
+    if not np.any(op.experts) or not hw.efficiency.moe_kernels:
+        return frac * compute_factor(op, hw), split     # no fused-MoE table: a dense GEMM
     whole, _ = gemm_plan(op.m, op.n, op.k, op.groups, hw, may_split=False)
     expert = is_expert(op)
     return (np.where(expert, whole, frac) * compute_factor(op, hw),
