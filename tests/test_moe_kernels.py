@@ -55,9 +55,9 @@ def test_known_distributions():
 def _gemm(dtype: str, fmt: str = "", stored: str = "", **kw) -> Gemm:
     wb = weight_bytes(CODE[stored or dtype], 0, 0.0)
     if fmt:
-        from perfmodel.specs.dtypes import WEIGHT_FORMATS
+        from perfmodel.specs.formats import weight_formats
 
-        name, group, scale = WEIGHT_FORMATS[fmt]
+        name, group, scale = weight_formats()[fmt].scheme
         wb, stored = weight_bytes(CODE[name], group, scale), (name if name != dtype else "")
     return Gemm(m=kw.get("m", 1.0), n=kw.get("n", 4096.0), k=kw.get("k", 2048.0),
                 groups=kw.get("groups", 8.0), weight_bytes=float(wb), dtype=CODE[dtype],
