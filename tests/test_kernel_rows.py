@@ -81,13 +81,14 @@ def test_corpus_folder_and_in_memory_rows_give_the_same_sets(tmp_path) -> None:
     sets, prov = folder
     # 16-bit GEMMs of the newest table only (8 rows: m 1 and 8 are gemv); attention: the
     # bf16-KV rows of head_dim <= 256 of each phase's most measured kernel; the custom
-    # all-reduce under a CUDA graph and NCCL's all-reduce
+    # all-reduce under a CUDA graph and NCCL's all-reduce; the fp8 linear replayed from a
+    # CUDA graph (kernel_fit stage 5)
     assert prov["rows"] == {"gemv": 4, "gemm": 4, "attention_decode": 2,
-                            "attention_prefill": 2, "collective": 4}
+                            "attention_prefill": 2, "collective": 4, "gemm_quantized": 1}
     assert prov["versions"] == {
         "gemm": "0.24.0", "attention_context_kernel": "vllm_flash_attn_fa3",
         "attention_generation_kernel": "vllm_flash_attn_fa3", "attention": "0.24.0",
-        "custom_all_reduce": "0.24.0", "nccl": "2.29.2"}
+        "custom_all_reduce": "0.24.0", "nccl": "2.29.2", "gemm_quantized": "0.24.0"}
     by = {s.error_class: s for s in sets}
     # vLLM 0.24.0's collector: seq_lens = step + 1 (the new token after step cached ones)
     assert sorted(by["attention_decode"].columns["kv_len"]) == [1024, 4096]

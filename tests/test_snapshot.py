@@ -87,10 +87,12 @@ def _snapshot_hardware(entry: dict) -> pm.Hardware:
     kernel's dequantization now (a modelling change after the rewrite, tested in
     test_dequant), and Hopper GEMMs may take one of cuBLAS's other tiles (after the rewrite,
     tested in test_gemm_tiles), and a CUDA-graph step hides part of its kernels' fixed cost
-    (``specs.composition``, after the rewrite, tested in test_composition): all three are
-    left out here."""
+    (``specs.composition``, after the rewrite, tested in test_composition), and a fused
+    MoE's expert GEMMs run their kernel's table (``cost.moe``, test_moe_kernels): all four
+    are left out here."""
     hw = device(entry["device"])
-    hw = replace(hw, efficiency=replace(hw.efficiency, dequant={}, gemm_tiles=()),
+    hw = replace(hw, efficiency=replace(hw.efficiency, dequant={}, gemm_tiles=(),
+                                        moe_kernels={}),
                  composition=Composition())
     old = entry.get("estimate", {}).get("memory")
     if old is None:

@@ -32,6 +32,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from perfmodel.compare.moe_routing import is_known, routed_load
 from perfmodel.cost.ops import AllReduce, AllToAll, Attention, Gemm, KvWrite, OpRecord, pointwise
 from perfmodel.cost.quantize import ActQuant
 from perfmodel.cost.routing import expected_distinct, zipf_popularity
@@ -115,12 +116,24 @@ def _quant_pass(rows: np.ndarray, n: np.ndarray, dtype: np.ndarray, mode: np.nda
 
 def gemm_parts(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np.ndarray,
                where: str, line: Sequence[int]) -> list[Part]:
-    m, n, k = col("m"), col("n"), col("k")
+    return linear(**gemm_inputs(rows, col, dtype, where, line))
+
+
+def gemm_inputs(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np.ndarray,
+                where: str, line: Sequence[int]) -> dict[str, np.ndarray]:
+    """``linear``'s arguments for GEMM rows."""
     wb, stored = _weights(rows, dtype, where, line)
+    return {"m": col("m"), "n": col("n"), "k": col("k"), "wb": wb, "stored": stored,
+            "dtype": dtype, "mode": _act_quant(rows, where, line)}
+
+
+def linear(m: np.ndarray, n: np.ndarray, k: np.ndarray, wb: np.ndarray, stored: np.ndarray,
+           dtype: np.ndarray, mode: np.ndarray) -> list[Part]:
+    """A framework's linear: the GEMM and, where ``mode`` >= 0, its activations'
+    quantization (``_act_quant``)."""
     gemm = Gemm(m=m, n=n, k=k, weight_bytes=wb, act_bytes=BYTES[dtype], dtype=dtype,
                 weight_dtype=stored)
     parts: list[Part] = [(gemm, True)]
-    mode = _act_quant(rows, where, line)
     if (mode >= 0).any():
         parts.append((_quant_pass(m, k, dtype, mode), False))
     return parts
@@ -147,32 +160,71 @@ def attention_parts(rows: Sequence[dict], col: Callable[[str], np.ndarray],
 
 def moe_parts(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np.ndarray,
               where: str, line: Sequence[int]) -> list[Part]:
-    tokens, hidden, width = col("m"), col("n"), col("k")
-    experts, topk = col("experts"), col("topk")
+    return moe_layer(**moe_inputs(rows, col, dtype, where, line))
+
+
+def moe_inputs(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np.ndarray,
+               where: str, line: Sequence[int]) -> dict[str, np.ndarray]:
+    """``moe_layer``'s arguments for MoE rows (the routing, weight bytes and activation
+    quantization each row's columns give)."""
+    pairs, groups = moe_routing(rows, col, where, line)
+    wb, stored = _weights(rows, dtype, where, line)
+    return {"tokens": col("m"), "topk": col("topk"), "hidden": col("n"), "width": col("k"),
+            "pairs": pairs,
+            "groups": groups, "wb": wb, "stored": stored, "dtype": dtype,
+            "mode": _act_quant(rows, where, line)}
+
+
+def moe_routing(rows: Sequence[dict], col: Callable[[str], np.ndarray], where: str,
+                line: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(token-expert pairs, experts touched) on the timed device of each MoE row: routed as
+    aiconfigurator's collector routes where the row names its distribution
+    (``compare.moe_routing``), else under Zipf routing of exponent ``skew``
+    (``busiest_rank``)."""
+    tokens, experts, topk = col("m"), col("experts"), col("topk")
     ep = np.maximum(_numbers(rows, "ep", 1.0, where, line), 1.0)
     skew = _numbers(rows, "skew", 0.0, where, line)
-    pairs, groups = np.array([busiest_rank(int(e), int(t), x, s, int(d)) for e, t, x, s, d
-                              in zip(experts, topk, tokens, skew, ep, strict=True)]).T
+    routing = _text(rows, "distribution")
+    pairs, groups = np.array([
+        collector_rank(int(e), int(t), int(d), int(x), r) if is_known(r)
+        else busiest_rank(int(e), int(t), x, s, int(d))
+        for e, t, x, s, d, r in zip(experts, topk, tokens, skew, ep, routing, strict=True)]
+    ).reshape(-1, 2).T
+    return pairs, groups
+
+
+def moe_layer(tokens: np.ndarray, topk: np.ndarray, hidden: np.ndarray, width: np.ndarray,
+              pairs: np.ndarray, groups: np.ndarray, wb: np.ndarray, stored: np.ndarray,
+              dtype: np.ndarray, mode: np.ndarray) -> list[Part]:
+    """The kernels of a fused MoE layer on one device: the up/gate grouped GEMM over the
+    ``groups`` experts its ``pairs`` (token, expert) pairs touch, the gated activation, the
+    down grouped GEMM and, where ``mode`` >= 0, the activations' quantization before each
+    GEMM (``_act_quant``)."""
     expert_rows = pairs / groups                # mean rows of each expert it touches
-    local = pairs
-    wb, stored = _weights(rows, dtype, where, line)
     ab = BYTES[dtype]
     up = Gemm(m=expert_rows, n=2 * width, k=hidden, groups=groups, weight_bytes=wb,
-              act_bytes=ab, dtype=dtype, weight_dtype=stored)
+              act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
     down = Gemm(m=expert_rows, n=hidden, k=width, groups=groups, weight_bytes=wb,
-                act_bytes=ab, dtype=dtype, weight_dtype=stored)
-    parts: list[Part] = [(up, True), (pointwise("silu_and_mul", local, width), False),
-                         (down, False)]
-    mode = _act_quant(rows, where, line)
+                act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
+    parts: list[Part] = [(up, True), (pointwise("silu_and_mul", pairs, width), False),
+                         (down, False), (pointwise("gather", tokens * topk, hidden), False)]
     if (mode >= 0).any():
         parts += [(_quant_pass(tokens, hidden, dtype, mode), False),
-                  (_quant_pass(local, width, dtype, mode), False)]
+                  (_quant_pass(pairs, width, dtype, mode), False)]
     return parts
 
 
 @lru_cache(maxsize=256)
 def _popularity(n_experts: int, top_k: int, skew: float) -> np.ndarray:
     return zipf_popularity(n_experts, top_k, skew)
+
+
+def collector_rank(n_experts: int, top_k: int, ep: int, tokens: int, routing: str
+                   ) -> tuple[float, float]:
+    """(token-expert pairs, experts touched) on the device aiconfigurator's collector
+    timed, routed as it routes (``compare.moe_routing``)."""
+    pairs, touched, _ = routed_load(n_experts, top_k, ep, tokens, routing)
+    return pairs, touched
 
 
 def busiest_rank(n_experts: int, top_k: int, tokens: float, skew: float, ep: int

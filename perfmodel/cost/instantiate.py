@@ -234,7 +234,8 @@ def _gemms(b: Block, v: Values) -> Gemm:
         outliers = np.where(at, 0.0, outliers)
     return weight_gemm(outliers, m=rows, n=c["n"], k=c["k"], groups=groups,
                        weight_bytes=wb, act_bytes=v.ab, bias=c["bias"], dtype=dtype,
-                       count=count, weight_dtype=stored)
+                       count=count, weight_dtype=stored,
+                       experts=False if c["touched"] is None else c["touched"])
 
 
 def _pointwise(b: Block, v: Values) -> Pointwise:

@@ -110,14 +110,13 @@ class OpRecord:
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Gemm(OpRecord):
     """[m, k] x [k, n] matmul, repeated for ``groups`` independent weight matrices (experts).
-
     FLOPs = 2*m*n*k per group. Bytes: the weight matrix once per group (k*n, plus n bias
     terms when ``bias``), the input m*k and output m*n activations. With
     ``weights_are_activations`` (e.g. the MLA absorbed projections) the k*n operand counts
     as activations. ``weight_bytes`` and ``act_bytes`` are bytes per element (the weights'
-    with their group scales). ``weight_dtype`` is the code of the stored weights when they
-    are narrower than the compute ``dtype`` (weight-only quantization, dequantized in the
-    kernel: ``cost.dequant``); -1: stored at the compute dtype."""
+    with their group scales). ``weight_dtype``: the stored weights' code when narrower than
+    ``dtype`` (weight-only, dequantized in the kernel: ``cost.dequant``), else -1.
+    ``experts``: a fused MoE's expert GEMM, priced by its kernel's constants (``cost.moe``)."""
 
     kind: ClassVar[str] = "gemm"
     m: Num
@@ -129,6 +128,7 @@ class Gemm(OpRecord):
     bias: Num = 0.0
     weights_are_activations: Num = False
     weight_dtype: Num = -1
+    experts: Num = False
 
     @property
     def flops(self) -> Num:

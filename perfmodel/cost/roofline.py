@@ -29,6 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from perfmodel.cost import moe
 from perfmodel.cost.attention import attention_time
 from perfmodel.cost.collectives import all_reduce_parts, all_to_all_parts
 from perfmodel.cost.dequant import combine, dequant_time
@@ -36,7 +37,6 @@ from perfmodel.cost.ops import AllReduce, AllToAll, Gemm, OpRecord, Pointwise
 from perfmodel.cost.outliers import OutlierGemm, in_series
 from perfmodel.cost.scan import Scan
 from perfmodel.cost.scan_chain import chain, chain_times
-from perfmodel.cost.tiling import gemm_plan
 from perfmodel.cost.timebase import (
     BOUNDS,
     COMMUNICATION,
@@ -92,9 +92,9 @@ def _stream_parameters(op: OpRecord, hw: Hardware, units: np.ndarray | int
 
 def _gemm_time(op: Gemm, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
     eff = hw.efficiency
-    c_eff, split = gemm_plan(op.m, op.n, op.k, op.groups, hw)
+    c_eff, split = moe.plan(op, hw)
     nbytes = op.bytes.total
-    m_eff = gemm_memory_efficiency(nbytes, hw, op.m, op.k)
+    m_eff = moe.memory_fraction(op, hw, gemm_memory_efficiency(nbytes, hw, op.m, op.k))
     compute_s = op.flops / (peak(hw, op.dtype) * c_eff)        # efficiencies are > 0
     memory_s = nbytes / (hw.memory_bytes_per_s * m_eff)
     dequant_s, overlap = dequant_time(op, hw)                   # 0 unless weight-only
@@ -104,7 +104,7 @@ def _gemm_time(op: Gemm, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
     else:
         work_s = compute_s + dequant_s
         body_s = work_s + memory_s
-    fixed_s = eff.latency_for("gemm") * (1.0 + (split > 1))
+    fixed_s = moe.fixed_cost(op, hw) * (1.0 + (split > 1))
     times = finish(op, hw, timing, work_s, memory_s, body_s, fixed_s, c_eff, m_eff)
     if not np.any(dequant_s):
         return times

@@ -71,14 +71,15 @@ def _tile_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
 
 
 def gemm_choice(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
-                hw: Hardware) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                hw: Hardware, may_split: bool = True
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(achievable fraction, split-K factor, index into ``gemm_tiles``) of a GEMM: the
     device's own tile as ``gemm_plan`` prices it, or an alternative tile run one program per
     tile where that reaches a higher fraction (a shorter compute time); on a tie, the one
     listed first."""
     eff, units = hw.efficiency, hw.compute_units
     tiles = gemm_tiles(eff)
-    frac, split = _tile_plan(m, n, k, groups, eff, units, tiles[0])
+    frac, split = _tile_plan(m, n, k, groups, eff, units, tiles[0], may_split)
     choice = np.zeros(np.shape(frac), dtype=np.int64)
     for index, tile in enumerate(tiles[1:], start=1):
         other, _ = _tile_plan(m, n, k, groups, eff, units, tile, may_split=False)
@@ -89,7 +90,7 @@ def gemm_choice(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
 
 
 def gemm_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
-              hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
+              hw: Hardware, may_split: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(achievable fraction of peak, split-K factor) of a GEMM:
     best-shape fraction x tile padding x wave quantization x k-depth ramp.
 
@@ -110,8 +111,10 @@ def gemm_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
     instead of padding rows into tiles: m / (m + gemm_m_half) for m > 1 (m = 1 runs as a
     GEMV: no padding, no packing); its packed path also slows as the output widens:
     x gemm_n_half / (gemm_n_half + n).
+    Without ``may_split`` no tile splits k (a fused MoE's grouped GEMM: one program per
+    output tile of each expert, ``cost.moe``).
     """
-    frac, split, _ = gemm_choice(m, n, k, groups, hw)
+    frac, split, _ = gemm_choice(m, n, k, groups, hw, may_split)
     return frac, split
 
 

@@ -91,3 +91,10 @@ def kv_group(codes: np.ndarray | int, group_size: np.ndarray | int,
 def compute_codes(weights: np.ndarray | int, acts: np.ndarray | int) -> np.ndarray:
     """``compute_dtype`` on arrays of codes (ties go to the weights' dtype)."""
     return np.where(BYTES[weights] >= BYTES[acts], weights, acts)
+
+
+# weight-format classes of a fused MoE layer's expert GEMMs (``cost.moe``): an engine picks
+# its MoE kernel per class, so a hardware file calibrates each (``efficiency.moe_kernels``)
+MOE_FORMATS = ("bf16", "fp8", "fp8_block", "fp4", "w4a16", "w4a8", "w8a16")
+# the quantized classes a dense GEMM's kernel is calibrated by (``efficiency.gemm_kernels``)
+DENSE_FORMATS = ("fp8", "fp8_block", "fp4")

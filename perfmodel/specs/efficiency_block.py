@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from perfmodel.specs.dtypes import DTYPE_BYTES, DTYPES
+from perfmodel.specs.dtypes import DENSE_FORMATS, DTYPE_BYTES, DTYPES, MOE_FORMATS
 from perfmodel.specs.fields import Fields
 from perfmodel.specs.hardware import DequantKernel, Efficiency
 from perfmodel.specs.kinds import OWN_FRACTION, OWN_LATENCY
@@ -50,6 +50,8 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
                                           "bytes_per_s", memory_only=True),
         kernel_latency_by_kind=_per_kind(f.sub("kernel_latency_by_kind", required=False), "s",
                                          memory_only=False),
+        moe_kernels=_moe_kernels(f.sub("moe_kernels", required=False), MOE_FORMATS),
+        gemm_kernels=_moe_kernels(f.sub("gemm_kernels", required=False), DENSE_FORMATS),
         parallel_grain_elements=f.integer("parallel_grain_elements", 0, minimum=0),
         launch_mode=f.text("launch_mode", "async", ("async", "sync")),
         layer_overhead_s=f.quantity("layer_overhead_s", "s", 0.0, positive=False),
@@ -125,5 +127,30 @@ def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float
             raise f.error(kind, f"expected {what}: {', '.join(kinds)}")
         out[kind] = f.quantity(kind, unit, maximum=1.0) if unit == "number" \
             else f.quantity(kind, unit, positive=False)
+    f.finish()
+    return out
+
+
+def _moe_kernels(f: Fields | None, classes: tuple[str, ...]) -> dict[str, tuple[float, ...]]:
+    """``moe_kernels`` / ``gemm_kernels``: per weight-format class (``cost.moe.FORMATS``)
+    the GEMMs' ``gemm_fraction``, ``memory_fraction`` (both in (0, 1]), ``latency_s`` and,
+    for expert GEMMs, ``expert_latency_s``, ``programs_per_unit`` and ``depth_s``
+    (defaults 0: off)."""
+    if f is None:
+        return {}
+    out = {}
+    for name in list(f.data):
+        if name not in classes:
+            raise f.error(name, f"expected a format class: {', '.join(classes)}")
+        k = f.sub(name)
+        row = (k.quantity("gemm_fraction", "number", maximum=1.0),
+               k.quantity("memory_fraction", "number", maximum=1.0),
+               k.quantity("latency_s", "s", positive=False))
+        if classes == MOE_FORMATS:
+            row += (k.quantity("expert_latency_s", "s", 0.0, positive=False),
+                    k.quantity("programs_per_unit", "number", 0.0, positive=False),
+                    k.quantity("depth_s", "s", 0.0, positive=False))
+        out[name] = row
+        k.finish()
     f.finish()
     return out

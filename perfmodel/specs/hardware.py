@@ -138,6 +138,15 @@ class Efficiency:
     # kernel kind -> fixed device time replacing kernel_latency_s for that kind (calibrated:
     # e.g. a split-KV decode attention with its combine pass, or an op dispatched as several)
     kernel_latency_by_kind: dict[str, float] = field(default_factory=dict)
+    # a fused MoE layer's expert GEMMs per weight-format class (``cost.moe.FORMATS``):
+    # (best-shape share of the dtype's peak, streaming share of HBM peak, fixed cost s, cost
+    # per expert run s, programs per SM to stream at that share, s per k element of a
+    # program's serial loop) of the kernel the engine runs for it; a class not listed
+    # prices as a dense GEMM
+    moe_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # a dense GEMM of a quantized class (fp8, fp8_block, fp4): (best-shape share of the
+    # dtype's peak, streaming share, fixed cost s) of the kernel the engine runs for it
+    gemm_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"

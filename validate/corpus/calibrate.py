@@ -18,6 +18,7 @@ import numpy as np
 import perfmodel as pm
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.kinds import ERROR_CLASSES
 from validate.corpus.fit import (
     INTERCONNECT,
     PARAMETERS,
@@ -121,7 +122,7 @@ def family_bands(cals: dict[str, Calibration]) -> dict[str, dict]:
         done = [cals[n] for n in names if n in cals and cals[n].lodo_errors]
         if not done:
             continue
-        classes = dict.fromkeys(k for c in done for k in c.lodo_errors)
+        classes = dict.fromkeys(k for c in done for k in c.lodo_errors if k in ERROR_CLASSES)
         pooled = {k: np.concatenate([c.lodo_errors[k] for c in done if k in c.lodo_errors])
                   for k in classes}
         block = {
@@ -139,6 +140,27 @@ def family_bands(cals: dict[str, Calibration]) -> dict[str, dict]:
     return out
 
 
+TABLE_PREFIXES = ("moe.", "gemm.")
+TABLES = {"moe": "moe_kernels", "gemm": "gemm_kernels"}
+
+
+def kernel_tables(values: dict[str, float]) -> dict[str, dict]:
+    """The ``efficiency.moe_kernels`` / ``gemm_kernels`` mappings of fitted values
+    (``moe.<class>.<field>``, ``gemm.<class>.<field>``; seconds as microsecond text),
+    each class's fields in ``kernel_fit.MOE_FIELDS`` order."""
+    from validate.corpus.fit import MOE_FIELDS
+    from validate.corpus.write import _shown
+
+    out: dict[str, dict] = {}
+    for key, value in sorted(values.items()):
+        if key.startswith(TABLE_PREFIXES):
+            prefix, cls, what = key.split(".")
+            row = out.setdefault(TABLES[prefix], {}).setdefault(cls, {})
+            row[what] = _shown(what, float(f"{value:.4g}"))
+    return {t: {c: {f: row[f] for f in MOE_FIELDS if f in row} for c, row in classes.items()}
+            for t, classes in out.items()}
+
+
 def _round(value: float) -> float:
     return float(f"{value:.4g}")
 
@@ -147,8 +169,10 @@ def blocks(cal: Calibration, source: str | None = None) -> dict:
     """The YAML blocks of a calibration: efficiency and interconnect values, the
     ``calibration:`` provenance and the ``uncertainty:`` band (q10/q90 of held-out
     residuals)."""
-    eff, link = {}, {}
+    eff, link = dict(kernel_tables(cal.values)), {}
     for name, value in cal.values.items():
+        if name.startswith(TABLE_PREFIXES):
+            continue
         if name in INTERCONNECT:
             link[name] = _round(value)
         elif "." in name:
@@ -180,17 +204,20 @@ def blocks(cal: Calibration, source: str | None = None) -> dict:
         "engine": cal.engine,
         "engine_version": versions.get("gemm") or versions.get("attention") or "",
         "method": METHOD,
-        "fitted": {n: float(f"{v:.4g}") for n, v in sorted(cal.values.items())},
-        "rows": dict(cal.provenance["rows"]),
+        "fitted": {n: float(f"{v:.4g}") for n, v in sorted(cal.values.items())
+                   if not n.startswith(TABLE_PREFIXES)},
+        "rows": {k: v for k, v in cal.provenance["rows"].items() if k in ERROR_CLASSES},
         "held_out_median_abs_error": {k: round(v["median_abs"], 3) for k, v in
-                                      cal.held.items()},
+                                      cal.held.items() if k in ERROR_CLASSES},
         "command": "perfmodel calibrate --from aiconfigurator --all --write-hardware",
         "note": note,
     }
     uncertainty = {
         "source": f"held-out residuals, 5-fold by shape, {source} {cal.engine}",
-        "error_q10": {k: round(v["q10"], 3) for k, v in cal.held.items()},
-        "error_q90": {k: round(v["q90"], 3) for k, v in cal.held.items()},
+        "error_q10": {k: round(v["q10"], 3) for k, v in cal.held.items()
+                      if k in ERROR_CLASSES},
+        "error_q90": {k: round(v["q90"], 3) for k, v in cal.held.items()
+                      if k in ERROR_CLASSES},
     }
     return {"efficiency": eff, "interconnect": link, "calibration": calibration,
             "uncertainty": uncertainty}

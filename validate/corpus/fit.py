@@ -17,7 +17,11 @@ in three stages whose parameters act on disjoint kernels, so each sees only its 
 2. attention (decode and prefill rows, with stage 1's constants): ``attention_fraction`` and
    the attention call's fixed cost ``kernel_latency_s.attention`` (kernel_latency_by_kind);
 3. all-reduce: NCCL's ``collective_fraction`` and ``collective_latency_s``, the engine's
-   custom all-reduce ``custom_all_reduce_fraction`` and ``custom_all_reduce_latency_s``.
+   custom all-reduce ``custom_all_reduce_fraction`` and ``custom_all_reduce_latency_s``;
+4. fused MoE layers (every weight format the engine's collector timed, with stage 1's
+   constants), one fit per format class (``cost.moe``: the engine runs a kernel of its own
+   for each): the expert GEMMs' ``gemm_fraction``, ``memory_fraction`` and ``latency_s``
+   (``efficiency.moe_kernels.<class>``, parameters ``moe.<class>.<field>``).
 
 ``fit_devices`` fits one set of constants to several devices at once (each keeps its own
 peaks, bandwidth and units): a family rule, used for leave-one-device-out.
@@ -31,6 +35,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from perfmodel.specs.dtypes import DENSE_FORMATS, MOE_FORMATS
 from perfmodel.specs.hardware import Hardware
 from validate.corpus.sets import KernelSet
 from validate.fit import _with
@@ -58,7 +63,26 @@ PARAMETERS: dict[str, tuple[float, float, str]] = {
                                               "link"),
     "custom_all_reduce_latency_s": (1e-6, 30e-6, "custom all-reduce launch and flag "
                                                  "handshake"),
+    **{f"moe.{c}.{n}": b for c in MOE_FORMATS for n, b in (
+        ("gemm_fraction", (0.1, 0.95, "fused-MoE expert GEMMs of the class's kernel, share "
+                                      "of the dtype's peak")),
+        ("memory_fraction", (0.2, 0.98, "their weight streaming, share of HBM peak")),
+        ("latency_s", (0.5e-6, 60e-6, "fixed cost of one expert GEMM with its share of the "
+                                      "layer's routing, sort and un-permutation kernels")),
+        ("expert_latency_s", (1e-9, 2e-6, "cost each expert run adds (tile pipeline fill "
+                                          "and tail, row-index loads)")),
+        ("programs_per_unit", (0.05, 8.0, "programs per SM that saturate the memory "
+                                          "(loads in flight)")),
+        ("depth_s", (1e-12, 1e-8, "time per k element of one program's serial k loop "
+                                  "(memory latency per weight tile)")))},
 }
+PARAMETERS |= {f"gemm.{c}.{n}": (*PARAMETERS[f"moe.{c}.{n}"][:2], why)
+               for c in DENSE_FORMATS for n, why in (
+                   ("gemm_fraction", "the class's dense GEMM kernel, share of the dtype's "
+                                     "peak"),
+                   ("memory_fraction", "its operand streaming, share of HBM peak"),
+                   ("latency_s", "its fixed cost with the activations' quantization "
+                                 "kernel's launch"))}
 INTERCONNECT = ("collective_latency_s", "custom_all_reduce_fraction",
                 "custom_all_reduce_latency_s")
 STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
@@ -72,6 +96,8 @@ STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("collective",), ("collective_fraction", "collective_latency_s",
                        "custom_all_reduce_fraction", "custom_all_reduce_latency_s")),
 )
+MOE_FIELDS = ("gemm_fraction", "memory_fraction", "latency_s", "expert_latency_s",
+              "programs_per_unit", "depth_s")
 CUSTOM_AR_MAX_BYTES = 8192 * 1024   # vLLM CustomAllreduce max_size (custom_all_reduce.py)
 MAX_ROWS = 2500                     # per error class and device in one fit (deterministic)
 
@@ -80,9 +106,14 @@ def value_of(hw: Hardware, name: str) -> float:
     """The current value of a fitted parameter on ``hw``."""
     if name in INTERCONNECT:
         return float(getattr(hw.interconnect, name))
-    _base, _, kind = name.partition(".")
+    if name.startswith(("moe.", "gemm.")):
+        table, cls, what = name.split(".")
+        row = getattr(hw.efficiency, f"{table}_kernels").get(cls)
+        return float(row[MOE_FIELDS.index(what)]) if row else float(START[name])
+    base, _, kind = name.partition(".")
     if kind:
-        return float(hw.efficiency.latency_for(kind))
+        return float(hw.efficiency.memory_fraction_for(kind) if base == "memory_fraction"
+                     else hw.efficiency.latency_for(kind))
     value = getattr(hw.efficiency, name)
     if value is None and name == "attention_fraction":
         return float(hw.efficiency.attention)
@@ -91,6 +122,16 @@ def value_of(hw: Hardware, name: str) -> float:
 
 def apply(hw: Hardware, values: dict[str, float]) -> Hardware:
     """``hw`` with fitted ``values`` set (efficiency fields, per-kind latencies, link)."""
+    for prefix, count in (("moe", len(MOE_FIELDS)), ("gemm", 3)):
+        mine = {k: v for k, v in values.items() if k.startswith(prefix + ".")}
+        if not mine:
+            continue
+        table = dict(getattr(hw.efficiency, f"{prefix}_kernels"))
+        for cls in {k.split(".")[1] for k in mine}:
+            table[cls] = tuple(mine.get(f"{prefix}.{cls}.{n}", START[f"{prefix}.{cls}.{n}"])
+                               for n in MOE_FIELDS[:count])
+        hw = replace(hw, efficiency=replace(hw.efficiency, **{f"{prefix}_kernels": table}))
+        values = {k: v for k, v in values.items() if k not in mine}
     link = {k: v for k, v in values.items() if k in INTERCONNECT}
     if any(k.startswith("custom_all_reduce") for k in link):
         link.setdefault("custom_all_reduce_max_bytes", CUSTOM_AR_MAX_BYTES)
@@ -115,7 +156,11 @@ START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          "memory_fraction.attention": 0.85,
          "kernel_latency_s.attention": 5e-6, "collective_fraction": 0.7,
          "collective_latency_s": 8e-6, "custom_all_reduce_fraction": 0.3,
-         "custom_all_reduce_latency_s": 5e-6}
+         "custom_all_reduce_latency_s": 5e-6,
+         **{f"moe.{c}.{n}": v for c in MOE_FORMATS
+            for n, v in zip(MOE_FIELDS, (0.5, 0.8, 8e-6, 5e-8, 1.0, 1e-9), strict=True)},
+         **{f"gemm.{c}.{n}": v for c in DENSE_FORMATS
+            for n, v in zip(MOE_FIELDS, (0.7, 0.8, 4e-6), strict=False)}}
 
 
 def _start(name: str) -> float:
@@ -170,7 +215,33 @@ def fit_devices(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], max_nfe
                 np.any(s.columns["algorithm"] == 1) for _, sets in chosen for s in sets):
             names = [n for n in names if not n.startswith("custom_all_reduce")]
         fitted |= _stage(chosen, names, max_nfev)
-    return fitted
+    fitted |= _class_stage(devices, fitted, "moe", MOE_FIELDS, max_nfev, max_rows)
+    return fitted | _class_stage(devices, fitted, "gemm_quantized", MOE_FIELDS[:3],
+                                 max_nfev, max_rows)
+
+
+def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted: dict,
+                 error_class: str, fields: Sequence[str], max_nfev: int, max_rows: int
+                 ) -> dict[str, float]:
+    """Stages 4 and 5: each format class's kernel constants on its own rows (fused MoE
+    layers, ``moe.<class>.*``; quantized dense linears, ``gemm.<class>.*``)."""
+    from perfmodel.cost.moe import FORMATS
+
+    prefix = "moe" if error_class == "moe" else "gemm"
+    out: dict[str, float] = {}
+    for i, cls in enumerate(FORMATS):
+        if prefix == "gemm" and cls not in DENSE_FORMATS:
+            continue            # w4a8 dense linears: priced at the dense fp8 figures
+        chosen = []
+        for hw, sets in devices:
+            mine = [s.take(np.flatnonzero(s.columns["format"] == i)) for s in sets
+                    if s.error_class == error_class]
+            mine = [subsample(s, max_rows) for s in mine if len(s)]
+            if mine:
+                chosen.append((apply(hw, fitted), mine))
+        if chosen:
+            out |= _stage(chosen, [f"{prefix}.{cls}.{n}" for n in fields], max_nfev)
+    return out
 
 
 def fit_device(hw: Hardware, sets: Sequence[KernelSet], **kw: int) -> dict[str, float]:

@@ -14,7 +14,9 @@ module adds is the calibration's choice of rows, per device and engine:
   backends on the same shapes (FlashAttention-2 and FlashInfer on Ada), and one model
   prices one kernel; the one kept is named in the provenance;
 - all-reduce: the engine's custom all-reduce replayed from a CUDA graph (``CUSTOM_AR``,
-  ``algorithm`` 1) and NCCL's 16-bit all-reduce (0).
+  ``algorithm`` 1) and NCCL's 16-bit all-reduce (0);
+- fused MoE layers: every format and kernel, each weight format from the newest version
+  that measured it; quantized linears (fp8, fp8 blocks, nvfp4) replayed from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.specs.errors import SpecError
-from validate.corpus.sets import KernelSet, attention_sets, collective_set, gemm_sets
+from validate.corpus.sets import (
+    KernelSet,
+    attention_sets,
+    collective_set,
+    gemm_sets,
+    linear_set,
+    moe_set,
+)
 
 ENGINES = ("vllm", "sglang", "trtllm")
 # the custom all-reduce kernel source each engine's collector times under a CUDA graph
@@ -32,11 +41,14 @@ CUSTOM_AR = {"vllm": "vLLM_custom_graph", "sglang": "SGLang_CustomAllReduce_grap
              "trtllm": "TRTLLM"}
 TABLES = {"gemm_perf": "gemm", "context_attention_perf": "attention",
           "generation_attention_perf": "attention", "custom_allreduce_perf": "comm",
-          "nccl_perf": "comm"}
+          "nccl_perf": "comm", "moe_perf": "moe"}
 NUMERIC = ("m", "n", "k", "batch", "q_len", "kv_len", "n_heads", "n_kv_heads", "head_dim",
-           "window", "message_bytes", "n_devices", "measured_s")
+           "window", "message_bytes", "n_devices", "measured_s", "experts", "topk", "ep",
+           "skew")
 TEXT = ("device", "source", "source_version", "engine", "engine_version", "table", "kernel",
-        "op", "dtype", "kv_dtype", "weight_format", "weight_dtype", "act_quant")
+        "timing",
+        "op", "dtype", "kv_dtype", "weight_format", "weight_dtype", "act_quant",
+        "distribution")
 AIC_SOURCE = "aiconfigurator-core {version} (NVIDIA, Apache-2.0): systems/data/{device}"
 
 
@@ -127,7 +139,8 @@ def load_sets(hardware: str, engine: str = "vllm", rows: Rows | None = None,
     if hardware not in rows.devices():
         raise SpecError(f"--hardware: {hardware}: no aiconfigurator tables for it; expected "
                         f"one of {', '.join(rows.devices())}")
-    df = newest(rows.frame(hardware, engine))
+    full = rows.frame(hardware, engine)
+    df = newest(full)
     where = _aic_device(hardware)
     sets: list[KernelSet] = []
     versions: dict[str, str] = {}
@@ -150,6 +163,8 @@ def load_sets(hardware: str, engine: str = "vllm", rows: Rows | None = None,
                                np.full(len(att), 2.0), att["measured_s"].to_numpy(),
                                f"{where}/attention/{engine}/{v}")
     sets += _collectives(df, engine, versions, where)
+    sets += _moe(full, engine, versions, where)
+    sets += _quantized(df, engine, versions, where)
     sets = [s for s in sets if len(s)]
     source = df["source"].iloc[0] if len(df) else ""
     text = AIC_SOURCE.format(version=df["source_version"].iloc[0], device=where) \
@@ -186,3 +201,53 @@ def _collectives(df, engine: str, versions: dict[str, str], where: str) -> list[
         return []
     return [collective_set(rows["n_devices"], rows["message_bytes"], rows["algorithm"],
                            rows["measured_s"].to_numpy(), f"{where}/comm")]
+
+
+def _moe(df, engine: str, versions: dict[str, str], where: str) -> list[KernelSet]:
+    """The fused MoE layers the collector timed, every weight format and kernel of the
+    newest version (``compare.forms.moe_layer``), routed as it routed them."""
+    from perfmodel.compare.moe_routing import is_known
+    from perfmodel.specs.dtypes import CODE
+
+    rows = df[(df["table"] == "moe_perf") & df["distribution"].map(is_known)
+              & df["dtype"].isin(list(CODE))]
+    if rows.empty:
+        return []
+    rows = _newest_per_format(rows)
+    versions["moe"] = v = ", ".join(sorted(set(rows["engine_version"])))
+    return [moe_set(_records(rows), rows["measured_s"].to_numpy(),
+                    f"{where}/moe/{engine}/{v}")]
+
+
+def _records(rows) -> list[dict]:
+    return [{k: ("" if isinstance(x, float) and np.isnan(x) else x) for k, x in r.items()}
+            for r in rows.to_dict("records")]
+
+
+def _quantized(df, engine: str, versions: dict[str, str], where: str) -> list[KernelSet]:
+    """The fp8, fp8-block and nvfp4 linears the collector replayed from a CUDA graph
+    (rows timed eagerly, vLLM's fp8_block, measure the host path: left to the report)."""
+    from perfmodel.specs.dtypes import CODE
+
+    rows = df[(df["table"] == "gemm_perf") & df["dtype"].isin(["fp8", "fp4"])
+              & (df["weight_dtype"] == "") & (df["timing"] == "kernel")
+              & df["dtype"].isin(list(CODE))]
+    if rows.empty:
+        return []
+    versions["gemm_quantized"] = v = rows["engine_version"].iloc[0]
+    return [linear_set(_records(rows), rows["measured_s"].to_numpy(),
+                       f"{where}/gemm/{engine}/{v}")]
+
+
+def _newest_per_format(rows):
+    """Each weight format's rows of the newest engine version that measured it: a later
+    collection may re-time only some formats (TensorRT-LLM 1.3.0rc23's MoE table holds
+    its bf16 / fp8 non-gated rows, rc20 the rest)."""
+    from perfmodel.kernels.aiconfigurator import version_key
+
+    keep = np.zeros(len(rows), dtype=bool)
+    key = rows["dtype"] + "/" + rows["weight_format"] + "/" + rows["weight_dtype"]
+    for _, part in rows.groupby(key):
+        top = max(set(part["engine_version"]), key=version_key)
+        keep[rows.index.get_indexer(part.index[part["engine_version"] == top])] = True
+    return rows[keep]

@@ -144,3 +144,71 @@ def collective_set(devices: np.ndarray, nbytes: np.ndarray, algorithm: np.ndarra
     return KernelSet("collective", cols, np.asarray(seconds, dtype=float),
                      fold_of(cols["devices"], decade, cols["algorithm"]),
                      price_all_reduce, source)
+
+
+def price_moe(c: dict[str, np.ndarray], hw: Hardware) -> np.ndarray:
+    """The collector's fused MoE layer (``compare.forms.moe_layer``: both grouped GEMMs,
+    the gated activation, the activations' quantization), every kernel device-timed."""
+    from perfmodel.compare.forms import moe_layer
+
+    args = {k: c[k] for k in MOE_INPUTS}
+    for name in ("stored", "dtype"):
+        args[name] = args[name].astype(np.int64)
+    parts = moe_layer(**args)
+    return sum(op_time(op, hw, "kernel").time_s for op, _ in parts)
+
+
+MOE_INPUTS = ("tokens", "topk", "hidden", "width", "pairs", "groups", "wb", "stored", "dtype",
+              "mode")
+
+
+def moe_set(rows: list[dict], seconds: np.ndarray, source: str = "") -> KernelSet:
+    """Fused MoE layer rows (corpus rows of op ``moe``): folds by expert shape (hidden,
+    width, experts, top-k), so a held-out fold holds MoE models the fit never saw."""
+    from perfmodel.compare.forms import moe_inputs, moe_layer
+    from perfmodel.compare.rows import _column, _dtypes
+    from perfmodel.cost.moe import format_class
+
+    line = list(range(2, len(rows) + 2))
+    dtype = _dtypes(rows, "moe rows", line)
+    cols = moe_inputs(rows, lambda key: _column(rows, key, "moe rows", line), dtype,
+                      "moe rows", line)
+    up = moe_layer(**cols)[0][0]
+    cols = {k: np.asarray(v, dtype=float) for k, v in cols.items()}
+    cols["format"] = np.broadcast_to(format_class(up), len(rows)).astype(float)
+    experts = np.array([float(r["experts"]) for r in rows])
+    topk = np.array([float(r["topk"]) for r in rows])
+    return KernelSet("moe", cols, np.asarray(seconds, dtype=float),
+                     fold_of(cols["hidden"], cols["width"], experts, topk), price_moe, source)
+
+
+def price_linear(c: dict[str, np.ndarray], hw: Hardware) -> np.ndarray:
+    """A quantized linear as the collector timed it (``compare.forms.linear``: the GEMM
+    and its activations' quantization), device-timed."""
+    from perfmodel.compare.forms import linear
+
+    args = {k: c[k] for k in LINEAR_INPUTS}
+    for name in ("stored", "dtype"):
+        args[name] = args[name].astype(np.int64)
+    return sum(op_time(op, hw, "kernel").time_s for op, _ in linear(**args))
+
+
+LINEAR_INPUTS = ("m", "n", "k", "wb", "stored", "dtype", "mode")
+
+
+def linear_set(rows: list[dict], seconds: np.ndarray, source: str = "") -> KernelSet:
+    """Quantized dense GEMM rows (fp8, fp8 blocks, nvfp4), folds by weight (n, k), the
+    format class of each in column ``format`` (``cost.moe.format_class``)."""
+    from perfmodel.compare.forms import gemm_inputs, linear
+    from perfmodel.compare.rows import _column, _dtypes
+    from perfmodel.cost.moe import format_class
+
+    line = list(range(2, len(rows) + 2))
+    dtype = _dtypes(rows, "gemm rows", line)
+    cols = gemm_inputs(rows, lambda key: _column(rows, key, "gemm rows", line), dtype,
+                       "gemm rows", line)
+    main = linear(**cols)[0][0]
+    cols = {k: np.asarray(v, dtype=float) for k, v in cols.items()}
+    cols["format"] = np.broadcast_to(format_class(main), len(rows)).astype(float)
+    return KernelSet("gemm_quantized", cols, np.asarray(seconds, dtype=float),
+                     fold_of(cols["n"], cols["k"]), price_linear, source)

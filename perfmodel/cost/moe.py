@@ -1,0 +1,177 @@
+"""A fused MoE layer's expert GEMMs: the constants that set them apart from a dense GEMM.
+
+Every engine runs a MoE layer's experts as two grouped GEMMs over the tokens routed to
+each expert (``Gemm`` with ``experts`` set: ``groups`` experts of ``m`` rows each), with the
+gated activation between them (``cost.layers``, ``compare.forms``):
+
+- vLLM's and SGLang's Triton ``fused_moe`` (vllm ``model_executor/layers/fused_moe/
+  fused_moe.py``): ``moe_align_block_size`` sorts the (token, expert) pairs by expert and
+  pads each expert's rows to ``BLOCK_SIZE_M``, then one program per BLOCK_SIZE_M x
+  BLOCK_SIZE_N output tile of each expert gathers its rows and streams that expert's
+  weights; the tiles and waves are ``cost.tiling``'s. With fp8 weights in 128 x 128 blocks
+  (``use_fp8_w8a8`` with ``group_k``) each BLOCK_K step multiplies the tensor-core partial
+  sum by the activation's per-token-group scale and the weight block's scale before it
+  accumulates; int4 / mxfp4 (Marlin, ``fused_moe`` w4a16) dequantize the weights in the
+  kernel;
+- TensorRT-LLM's CUTLASS MoE (``cutlass_kernels/moe_gemm``), FlashInfer's CUTLASS and
+  trtllm-gen MoE, DeepGEMM's grouped fp8 GEMM (m-grouped contiguous layout, 128-row
+  alignment per expert; DeepGEMM promotes its fp8 partial sums to fp32 on the CUDA cores
+  every 128 k): the same structure with their own tiles.
+
+A grouped expert GEMM reaches a smaller share of the tensor cores and of the memory than a
+dense GEMM of the same size (rows gathered by index, per-expert tile tails, few programs per
+expert at decode, the scale epilogue of block-scaled formats), and the layer around it runs
+kernels a dense GEMM does not (top-k routing, the alignment sort, the weighted
+un-permutation sum). Which kernel runs is the engine's choice per weight format (vLLM's
+``select_*_moe_backend``, SGLang's ``--moe-runner-backend``, TensorRT-LLM's MoE backend per
+quantization: e.g. vLLM on Hopper runs bf16 and fp8-block on Triton, per-tensor fp8 on
+FlashInfer's CUTLASS, int4 / mxfp4 on Marlin), so a device's file carries, per engine and per
+format class (``FORMATS``), from the measured MoE layers (``validate/corpus/fit.py``, stage
+``moe``), ``efficiency.moe_kernels.<class>``:
+
+- ``gemm_fraction``: the expert GEMMs' best-shape share of the dtype's peak;
+- ``memory_fraction``: their weight streaming share of HBM peak;
+- ``latency_s``: the fixed cost of each expert GEMM with its share of the routing, sorting
+  and un-permutation kernels;
+- ``expert_latency_s``: the cost each expert it runs adds (its tiles' pipeline fill and
+  tail, its rows' index loads), the term that grows with the experts a step touches;
+- ``programs_per_unit``: the programs per compute unit it needs to stream at its memory
+  fraction (``stream_fill``): few experts at decode leave most units idle;
+- ``depth_s``: the time per k element of one program's serial loop over k (one weight
+  tile load after another, each waiting on memory latency): at decode a program has one
+  or two M rows of work per weight tile, so its k loop, not the bandwidth, sets a floor
+  of k x depth_s (vLLM H100 Triton bf16, 8 experts of 2048 x 384 at one token: 27.5 us;
+  16 of 6144 x 80: 55 us).
+
+A class the file lacks prices as a dense GEMM of the device (``gemm_fraction``,
+``kernel_latency_s``).
+
+Dense GEMMs of a quantized class run a kernel of their own too (fp8 per-tensor: CUTLASS
+``cutlass_scaled_mm`` / TensorRT-LLM's fp8 GEMM; fp8 128 x 128 blocks: DeepGEMM or
+CUTLASS's blockwise-scaled GEMM, whose fp8 partial sums are promoted and rescaled on the
+CUDA cores every 128 k; nvfp4: CUTLASS / cuDNN block-scaled fp4 MMA with 16-element
+scale reads), so ``efficiency.gemm_kernels.<class>`` (classes fp8, fp8_block, fp4) gives
+their ``gemm_fraction``, ``memory_fraction`` and ``latency_s`` the same way; the 16-bit
+GEMMs keep the device's own figures.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.cost.ops import Gemm
+from perfmodel.cost.tiling import gemm_plan
+from perfmodel.specs.dtypes import BYTES, CODE
+from perfmodel.specs.dtypes import MOE_FORMATS as FORMATS
+from perfmodel.specs.hardware import Hardware
+
+FIELDS = ("gemm_fraction", "memory_fraction", "latency_s", "expert_latency_s",
+          "programs_per_unit", "depth_s")
+DENSE_FIELDS = FIELDS[:3]
+# the output tile of one fused-MoE program at decode sizes: BLOCK_SIZE_M 16 (vLLM
+# fused_moe get_default_config for M <= E; the m16n8k16 MMA), BLOCK_SIZE_N 64 (its tuned
+# configs for small M, e.g. configs/E=*,N=*,device_name=NVIDIA_H100_80GB_HBM3.json)
+PROGRAM_ROWS, PROGRAM_COLUMNS = 16, 64
+
+
+def is_expert(op: Gemm) -> np.ndarray:
+    """Where ``op`` is a fused MoE layer's expert GEMM."""
+    return np.asarray(op.experts, dtype=bool)
+
+
+def block_scaled(op: Gemm) -> np.ndarray:
+    """Where ``op``'s stored weights carry block scales (bytes per weight above the stored
+    dtype's own: ``specs.dtypes.weight_bytes`` of a format with groups)."""
+    stored = np.where(np.asarray(op.weight_dtype) >= 0, op.weight_dtype, op.dtype)
+    return np.asarray(op.weight_bytes) > BYTES[np.asarray(stored, dtype=int)] * (1 + 1e-9)
+
+
+def format_class(op: Gemm) -> np.ndarray:
+    """Each instance's index in ``FORMATS``: the compute dtype, the stored weights'
+    width and whether they carry block scales."""
+    dtype = np.broadcast_to(np.asarray(op.dtype, dtype=int), op.shape)
+    stored = np.broadcast_to(np.asarray(op.weight_dtype, dtype=int), op.shape)
+    narrow = stored >= 0
+    four = narrow & (BYTES[np.where(narrow, stored, 0)] < 1)
+    fp8 = dtype == CODE["fp8"]
+    out = np.where(fp8, np.where(four, 5, np.where(block_scaled(op), 2, 1)), 0)
+    out = np.where(dtype == CODE["fp4"], 3, out)
+    sixteen = BYTES[dtype] >= 2
+    return np.where(sixteen & four, 4, np.where(sixteen & narrow, 6, out))
+
+
+def _table(hw: Hardware, op: Gemm, field: int, dense: np.ndarray | float
+           ) -> np.ndarray | float:
+    """``FIELDS[field]`` per instance: an expert GEMM's from ``moe_kernels``, a dense
+    quantized GEMM's from ``gemm_kernels`` (its first three fields), ``dense`` for any
+    other GEMM or a class the file lacks."""
+    eff = hw.efficiency
+    moe_rows = eff.moe_kernels if np.any(op.experts) else {}
+    dense_rows = eff.gemm_kernels if field < len(DENSE_FIELDS) else {}
+    if not moe_rows and not dense_rows:
+        return dense
+    cls = format_class(op)
+    expert = is_expert(op)
+    out = np.broadcast_to(np.asarray(dense, dtype=float), op.shape).copy()
+    for i, name in enumerate(FORMATS):
+        if name in moe_rows:
+            out = np.where(expert & (cls == i), moe_rows[name][field], out)
+        if name in dense_rows:
+            out = np.where(~expert & (cls == i), dense_rows[name][field], out)
+    return out
+
+
+def plan(op: Gemm, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
+    """(achievable compute fraction, split-K factor) of a GEMM (``tiling.gemm_plan``); an
+    expert GEMM never splits k (Triton's fused_moe grid is M blocks x N blocks of each
+    expert; CUTLASS's grouped GEMM one tile per program) and runs at its kernel's share
+    (``compute_factor``) where the file has a fused-MoE table; without one, a dense plan."""
+    frac, split = gemm_plan(op.m, op.n, op.k, op.groups, hw)
+    if not np.any(op.experts) or not hw.efficiency.moe_kernels:
+        return frac * compute_factor(op, hw), split     # no fused-MoE table: a dense GEMM
+    whole, _ = gemm_plan(op.m, op.n, op.k, op.groups, hw, may_split=False)
+    expert = is_expert(op)
+    return (np.where(expert, whole, frac) * compute_factor(op, hw),
+            np.where(expert, 1.0, split))
+
+
+def compute_factor(op: Gemm, hw: Hardware) -> np.ndarray | float:
+    """The factor on a GEMM's achievable compute fraction: 1, or for an expert GEMM its
+    kernel's best-shape share over the dense one."""
+    eff = hw.efficiency
+    return _table(hw, op, 0, eff.gemm_fraction) / eff.gemm_fraction
+
+
+def memory_fraction(op: Gemm, hw: Hardware, dense: np.ndarray | float) -> np.ndarray | float:
+    """An expert GEMM's streaming fraction (its kernel's, times ``stream_fill``), else
+    ``dense``."""
+    own = _table(hw, op, 1, dense)
+    if not hw.efficiency.moe_kernels or not np.any(op.experts):
+        return own
+    fill = stream_fill(op, hw, _table(hw, op, 4, 0.0))
+    return np.where(is_expert(op), own * fill, own)
+
+
+def stream_fill(op: Gemm, hw: Hardware, per_unit: np.ndarray | float) -> np.ndarray:
+    """The share of the streaming rate a grouped GEMM of few programs reaches: its
+    programs (one per PROGRAM_ROWS x PROGRAM_COLUMNS output tile of each expert) over the
+    ``per_unit`` programs per compute unit that keep enough loads in flight to saturate
+    the memory (Little's law), at most 1. At decode under expert parallelism a device runs
+    one or two experts, a few dozen programs: 132 SMs cannot all stream (vLLM H100 fused
+    MoE, E 256, 6144 x 2048 experts: one expert streams at 1.2 TB/s, eight at 2.7 TB/s)."""
+    m = np.asarray(op.m, dtype=float)
+    rows = np.where(m <= PROGRAM_ROWS, PROGRAM_ROWS, 4 * PROGRAM_ROWS)
+    programs = np.ceil(np.asarray(op.groups)) * np.ceil(m / rows) \
+        * np.ceil(np.asarray(op.n) / PROGRAM_COLUMNS)
+    need = np.maximum(np.asarray(per_unit, dtype=float) * hw.compute_units, 1e-9)
+    return np.minimum(1.0, programs / need)
+
+
+def fixed_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
+    """One GEMM kernel's fixed cost: its kernel's for an expert GEMM (plus its cost per
+    expert it runs), else ``gemm``'s."""
+    if not np.any(op.experts):
+        return _table(hw, op, 2, hw.efficiency.latency_for("gemm"))
+    per, depth = _table(hw, op, 3, 0.0), _table(hw, op, 5, 0.0)
+    return (_table(hw, op, 2, hw.efficiency.latency_for("gemm"))
+            + per * np.asarray(op.groups) + depth * np.asarray(op.k))
