@@ -82,15 +82,15 @@ def test_a_variant_inherits_its_bases_engines(tmp_path):
 
 @pytest.mark.parametrize(("blocks", "match"), [
     ({"engines": {"sglangg": SGLANG}}, r"engines\.sglangg: expected an engine: .*'sglang'"),
-    ({"engines": {"sglang": {"effciency": {}}}}, r"engines\.sglang\.effciency: unknown field"),
+    ({"engines": {"sglang": {"effciency": {}}}}, r"engines\.sglang: 1 unknown field; did you mean 'efficiency'"),
     ({"engines": {"sglang": {"efficiency": {"gemm_fraction": 2}}}},
      r"engines\.sglang\.efficiency\.gemm_fraction: expected a finite value of at most 1"),
     ({"engines": {"trtllm": {"efficiency": {"gemm_fractoin": 0.5}}}},
-     r"engines\.trtllm\.efficiency\.gemm_fractoin: unknown field"),
+     r"engines\.trtllm\.efficiency: 1 unknown field; did you mean 'gemm_fraction'"),
     ({"engines": {"sglang": {"calibration": {"engine": "vllm"}}}},
      r"engines\.sglang\.calibration\.engine: expected sglang"),
     ({"engines": {}}, r"engines: expected at least one engine block"),
-    ({"calibration": {"sorce": "x"}}, r"calibration\.sorce: unknown field.*'source'"),
+    ({"calibration": {"sorce": "x"}}, r"calibration: 1 unknown field.*'source'"),
     ({"calibration": {"engine": "tgi"}}, r"calibration\.engine: expected one of vllm"),
     ({"calibration": {"engine_version": 0.24}}, r"calibration\.engine_version: expected text"),
     ({"calibration": {"rows": {"gemms": 3}}}, r"calibration\.rows\.gemms: expected an error"),
