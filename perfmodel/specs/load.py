@@ -261,9 +261,15 @@ def _resolve(name_or_path: object, directory: Path, kind: str) -> Path:
     if "/" in text or "\\" in text or _probe(path, "exists") \
             or re.fullmatch(r"\.[A-Za-z]+", path.suffix):
         return path
+    raise unknown_name(text, directory, kind)
+
+
+def unknown_name(text: str, directory: Path, kind: str) -> SpecError:
+    """"--model: unknown model 'x'; did you mean 'y'? (shipped: ...)": a name that is not
+    shipped (the text is the user's argument, not a file's)."""
     names = shipped(directory)
-    raise SpecError(f"--{kind}: unknown {kind} {text!r}{did_you_mean(text, names)} "
-                    f"(shipped: {', '.join(names)}; or give a path to a file)")
+    return SpecError(f"--{kind}: unknown {kind} {text!r}{did_you_mean(text, names)} "
+                     f"(shipped: {', '.join(names)}; or give a path to a file)")
 
 
 def unique_names(names: list[str]) -> list[str]:
