@@ -82,7 +82,8 @@ def test_a_variant_inherits_its_bases_engines(tmp_path):
 
 @pytest.mark.parametrize(("blocks", "match"), [
     ({"engines": {"sglangg": SGLANG}}, r"engines\.sglangg: expected an engine: .*'sglang'"),
-    ({"engines": {"sglang": {"effciency": {}}}}, r"engines\.sglang: 1 unknown field; did you mean 'efficiency'"),
+    ({"engines": {"sglang": {"effciency": {}}}},
+     r"engines\.sglang: 1 unknown field; did you mean 'efficiency'"),
     ({"engines": {"sglang": {"efficiency": {"gemm_fraction": 2}}}},
      r"engines\.sglang\.efficiency\.gemm_fraction: expected a finite value of at most 1"),
     ({"engines": {"trtllm": {"efficiency": {"gemm_fractoin": 0.5}}}},

@@ -117,7 +117,8 @@ def test_bad_hardware_is_one_line_naming_file_and_field(tmp_path, text, message)
 
 
 BAD_MODEL = [
-    (MODEL_YAML.replace("n_layers: 40", "n_layer: 40"), "(top level): 1 unknown field; did you mean 'n_layers'?"),
+    (MODEL_YAML.replace("n_layers: 40", "n_layer: 40"),
+     "(top level): 1 unknown field; did you mean 'n_layers'?"),
     (MODEL_YAML.replace("n_layers: 40\n", ""), "n_layers: missing"),
     (MODEL_YAML.replace("n_layers: 40", "n_layers: 0"), "n_layers: expected an integer >= 1"),
     (MODEL_YAML.replace("n_layers: 40", "n_layers: forty"), "n_layers: expected an integer"),

@@ -198,8 +198,8 @@ def test_unknown_yaml_keys_suggest_the_closest(tmp_path):
     _raises(lambda: load_model(path), "(top level): 1 unknown field; did you mean 'n_heads'?")
     path.write_text(MODEL_YAML + "moe:\n  n_expert: 8\n  top_k: 2\n"
                     "  expert_intermediate_size: 1024\n")
-    _raises(lambda: load_model(path), "moe.n_experts: missing required field (a field given is close "
-            "to this name: a misspelling?)")
+    _raises(lambda: load_model(path), "moe.n_experts: missing required field (a field given "
+            "is close to this name: a misspelling?)")
     path.write_text(HW_YAML.replace("  l2_bytes:", "  l2_byte:"))
     _raises(lambda: pm.load_hardware(path), "on_chip.l2_bytes: missing required field (a field "
             "given is close to this name: a misspelling?)")

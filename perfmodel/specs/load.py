@@ -255,7 +255,7 @@ def _resolve(name_or_path: object, directory: Path, kind: str) -> Path:
                       else "a shipped hardware name or a path")
     text = str(name_or_path)
     candidate = directory / f"{text}.yaml"
-    if "/" not in text and "\\" not in text and candidate.is_file():
+    if "/" not in text and "\\" not in text and _probe(candidate, "is_file"):
         return candidate
     # a path: a separator, an existing file or folder, or a file-like suffix (".txt")
     if "/" in text or "\\" in text or _probe(path, "exists") \

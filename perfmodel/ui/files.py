@@ -18,6 +18,7 @@ MODELS = ("--model", "--draft", "--kv-models")
 DEVICES = ("--hardware",)
 PATHS = ("--trace", "--lengths-from", "--prices", "--engine-profile")
 MAX_WORKERS = 1      # one process per simulation: a request cannot fork a pool
+MAX_NUMBER = 10**18  # no setting of the page needs more; an int64 overflows past 9.2e18
 
 
 def setting(flag: str, value: str, uploads: Any) -> tuple[str, str]:
@@ -28,6 +29,11 @@ def setting(flag: str, value: str, uploads: Any) -> tuple[str, str]:
     if flag == "--cluster":
         raise SpecError("--cluster: the page simulates in its own process; run its command "
                         "line to use a Dask cluster")
+    if re.fullmatch(r"\s*[-+]?\d{19,}\s*", value) or (
+            re.fullmatch(r"\s*[-+]?\d+(\.\d*)?[eE]\+?\d+\s*", value)
+            and _over(value, MAX_NUMBER)):
+        raise SpecError(f"{flag}: {value.strip()[:30]} is too large for the page (expected at "
+                        f"most 10^18)")
     if flag == "--workers" and _over(value, MAX_WORKERS):
         raise SpecError(f"--workers: at most {MAX_WORKERS} on the page (a simulation runs in "
                         "one process); run its command line for more")
@@ -57,7 +63,7 @@ def _spec(flag: str, value: str, directory: Path, kind: str, uploads: Any
     if value.startswith("upload:"):
         return uploads.resolve(value)
     bare = "/" not in value and "\\" not in value
-    if bare and (directory / f"{value}.yaml").is_file():
+    if bare and _shipped(directory, value):
         return value, value
     under = _under_root(value, uploads.root)
     if under is not None:
@@ -68,6 +74,13 @@ def _spec(flag: str, value: str, directory: Path, kind: str, uploads: Any
         raise unknown_name(value, directory, kind)
     raise SpecError(f"{flag}: {value!r} is not a shipped {kind}, an upload or a file under "
                     f"--root{_root_hint(uploads.root)}")
+
+
+def _shipped(directory: Path, name: str) -> bool:
+    try:
+        return (directory / f"{name}.yaml").is_file()
+    except OSError:        # a name too long for the file system
+        return False
 
 
 def _path(flag: str, value: str, uploads: Any) -> tuple[str, str]:
@@ -116,7 +129,7 @@ def check_base(data: dict, name: str) -> None:
     if base is None:
         return
     if not (isinstance(base, str) and "/" not in base and "\\" not in base
-            and (load.HARDWARE_DIR / f"{base}.yaml").is_file()):
+            and _shipped(load.HARDWARE_DIR, base)):
         names = load.shipped(load.HARDWARE_DIR)
         raise SpecError(f"{name}: base: an uploaded hardware YAML's base must be a shipped "
                         f"device ({', '.join(names)})")
