@@ -427,3 +427,31 @@ def test_the_ui_command_prints_the_token_url_and_its_api_needs_it():
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_connections_and_uploads_are_bounded(monkeypatch):
+    from perfmodel.ui import options
+    from perfmodel.ui import server as module
+
+    monkeypatch.setattr(module, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(options, "MAX_UPLOADS", 2)
+    srv, _ = start(timeout_s=5.0)
+    port = srv.server_address[1]
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    try:
+        for s in held:
+            s.sendall(b"GET / HTTP/1.1\r\n")          # half a request: a thread each
+        time.sleep(0.3)
+        assert raw(srv, head(srv, "GET", "/api/choices")).startswith(b"HTTP/1.1 503")
+        for s in held:
+            s.close()
+        time.sleep(0.3)
+        refs = [json.loads(request(srv, "POST", f"/api/upload?kind=trace&name=t{i}.csv",
+                                   b"arrival_s,input_tokens,output_tokens\n0,10,2\n")[2])
+                ["ref"] for i in range(3)]
+        assert len(srv.uploads._files) == 2            # the oldest went
+        status, _, text = request(srv, "POST", "/api/simulate", {**BASE, "trace": refs[0]})
+        assert status == 400 and "no such upload" in text
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -21,6 +21,7 @@ from perfmodel.specs.errors import SpecError
 from perfmodel.ui import files
 
 MAX_UPLOAD_BYTES = 4 * 1024 * 1024
+MAX_UPLOADS = 64          # kept at once (256 MB at most); a newer one replaces the oldest
 UPLOADED = "uploaded"     # the folder an upload is kept in: a Hugging Face config's model name
 
 
@@ -61,6 +62,10 @@ class Uploads:
             raise SpecError(f"{name}: {len(data):,} bytes, expected a file under "
                             f"{MAX_UPLOAD_BYTES // 1024 // 1024} MB")
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", Path(name).name)[:80].lstrip(".") or "upload"
+        with self._lock:
+            oldest = list(self._files)[:max(0, len(self._files) + 1 - MAX_UPLOADS)]
+        for key in oldest:
+            self.drop(key)
         with self._lock:
             if self._dir is None:
                 self._dir = tempfile.TemporaryDirectory(prefix="perfmodel-ui-")
