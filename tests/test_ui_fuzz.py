@@ -15,6 +15,7 @@ import time
 import pytest
 
 from perfmodel.ui.server import start
+from tests.test_ui_security import plant
 
 SEED = 33
 REQUESTS = 400        # at most this many requests...
@@ -39,9 +40,10 @@ KEYS = ["model", "hardware", "draft", "trace", "lengths-from", "prices", "engine
 
 
 def values(root, outside):
-    return ["/etc/passwd", "/proc/self/environ", "/proc/self/cmdline", str(outside / "s.csv"),
-            str(outside / "s.yaml"), "../outside/s.yaml", "s.yaml", "s.csv", "link.yaml",
-            str(root / "s.yaml"), "upload:UPLOAD", "upload:nope", "llama-3-8b", "h100-sxm",
+    return ["/etc/passwd", "/proc/self/environ", "/proc/self/cmdline",
+            str(outside / "secret.csv"), str(outside / "secret.yaml"),
+            "../outside/secret.yaml", "secret.yaml", "secret.csv", "link.yaml",
+            str(root / "secret.yaml"), "upload:UPLOAD", "upload:nope", "llama-3-8b", "h100-sxm",
             "qwen3-8b", "a100-80gb-sxm", "vllm", "fp8", "", None, True, False, 0, 1, 2, 8,
             -1, 10**30, 1e308, "nan", "1e9", "x" * 300, "\x00", "local", "tcp://1.2.3.4:1",
             ["a"], {"b": 1}, 3, 40, "0.5", str(outside), "/tmp", "~", "$HOME/s.yaml"]
@@ -62,7 +64,7 @@ def bodies(rng, vals):
                        b"[" * 5000 + b"]" * 5000, f"{SECRET}: 1\n".encode(),
                        b"arrival_s,input_tokens,output_tokens\n0,10,2\n",
                        json.dumps({"model_type": "llama", SECRET: 1}).encode(),
-                       b"version: 1\nbase: ../../outside/s.yaml\n"])
+                       b"version: 1\nbase: ../../outside/secret.yaml\n"])
 
 
 def headers(rng, srv, port, path):
@@ -113,14 +115,7 @@ def listing(*folders):
 
 @pytest.fixture
 def planted(tmp_path):
-    root, outside = tmp_path / "root", tmp_path / "outside"
-    root.mkdir()
-    outside.mkdir()
-    for folder in (root, outside):
-        (folder / "s.yaml").write_text(f"{SECRET}: 1\nkey: {SECRET}\n")
-        (folder / "s.csv").write_text(f"{SECRET},{SECRET}\n1,2\n")
-    (root / "link.yaml").symlink_to(outside / "s.yaml")
-    return root, outside
+    return plant(tmp_path, SECRET)
 
 
 def test_seeded_fuzz_of_the_http_api(planted):

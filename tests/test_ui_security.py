@@ -27,19 +27,21 @@ API = [("GET", "/api/choices"), ("GET", "/api/job/abc"), ("POST", "/api/estimate
        ("POST", "/api/upload?kind=model&name=a.json"), ("POST", "/api/job/abc/cancel")]
 
 
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    """A root the page may read (a secret in a file that is not a spec) and a folder
-    outside it holding the same secret."""
-    top = tmp_path_factory.mktemp("sec")
+def plant(top: Path, secret: str) -> tuple[Path, Path]:
+    """A root the page may read (a secret in files that are not specs, and a link out of
+    it) and a folder outside it holding the same secret."""
     root, outside = top / "root", top / "outside"
-    root.mkdir()
-    outside.mkdir()
     for folder in (root, outside):
-        (folder / "secret.yaml").write_text(f"{SECRET}: 1\npassword: {SECRET}\n")
-        (folder / "secret.csv").write_text(f"{SECRET},x\n1,2\n")
+        folder.mkdir()
+        (folder / "secret.yaml").write_text(f"{secret}: 1\npassword: {secret}\n")
+        (folder / "secret.csv").write_text(f"{secret},x\n1,2\n")
     (root / "link.yaml").symlink_to(outside / "secret.yaml")
     return root, outside
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    return plant(tmp_path_factory.mktemp("sec"), SECRET)
 
 
 @pytest.fixture(scope="module")
