@@ -32,6 +32,14 @@ NO_TOKEN = ("no token: open the address perfmodel ui printed at start-up (it end
             "?token=...), or send the header 'Authorization: token ...'")
 
 
+class Refused(Exception):
+    """A request answered at once with ``status`` and a one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def loopback(host: str) -> bool:
     """Whether ``host`` (a listening address or a Host header's name) is this machine only."""
     name = host.strip("[]").lower()
@@ -52,9 +60,7 @@ def _name(host_header: str) -> str:
 
 
 def check(handler: Any, api: bool) -> None:
-    """Raise ``server.Refused`` (403) for a request this server must not answer."""
-    from perfmodel.ui.server import Refused
-
+    """Raise ``Refused`` (403) for a request this server must not answer."""
     server, headers = handler.server, handler.headers
     host = headers.get("Host")
     if host is None or not (server.allow_remote or loopback(_name(host))):
@@ -111,9 +117,7 @@ def login_headers(server: Any) -> tuple[tuple[str, str], ...]:
 
 
 def content_type(handler: Any, expected: str) -> None:
-    """Raise ``server.Refused`` (415) unless the body is sent as ``expected``."""
-    from perfmodel.ui.server import Refused
-
+    """Raise ``Refused`` (415) unless the body is sent as ``expected``."""
     given = (handler.headers.get("Content-Type") or "").split(";")[0].strip().lower()
     if given != expected:
         raise Refused(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Type: expected "

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from perfmodel.specs.errors import SpecError
 from perfmodel.ui import api, files, guard, jobs
+from perfmodel.ui.guard import Refused
 from perfmodel.ui.options import MAX_UPLOAD_BYTES, Uploads
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -103,14 +104,6 @@ def start(host: str = "127.0.0.1", port: int = 0, **options: Any
     thread = threading.Thread(target=server.serve_forever, name="perfmodel-ui", daemon=True)
     thread.start()
     return server, thread
-
-
-class Refused(Exception):
-    """A request answered at once with ``status`` and a one-line message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Handler(BaseHTTPRequestHandler):
