@@ -177,11 +177,11 @@ def test_connections_and_uploads_are_bounded(monkeypatch):
     from perfmodel.ui import options
     from perfmodel.ui import server as module
 
-    monkeypatch.setattr(module, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(module, "MAX_CONNECTIONS", 3)
     monkeypatch.setattr(options, "MAX_UPLOADS", 2)
     srv, _ = start(timeout_s=5.0)
     port = srv.server_address[1]
-    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
     try:
         for s in held:
             s.sendall(b"GET / HTTP/1.1\r\n")          # half a request: a thread each
@@ -189,7 +189,7 @@ def test_connections_and_uploads_are_bounded(monkeypatch):
         assert raw(srv, head(srv, "GET", "/api/choices")).startswith(b"HTTP/1.1 503")
         for s in held:
             s.close()
-        time.sleep(0.3)
+        _until(lambda: _answers(srv), 30)    # their threads see the close and free a slot
         refs = [json.loads(request(srv, "POST", f"/api/upload?kind=trace&name=t{i}.csv",
                                    b"arrival_s,input_tokens,output_tokens\n0,10,2\n")[2])
                 ["ref"] for i in range(3)]
@@ -199,3 +199,10 @@ def test_connections_and_uploads_are_bounded(monkeypatch):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def _answers(srv) -> bool:
+    try:
+        return request(srv, "GET", "/api/choices")[0] == 200
+    except OSError:
+        return False
