@@ -88,7 +88,7 @@ def test_the_local_cluster_listens_on_loopback_without_a_dashboard(monkeypatch):
     dashboard (``dashboard_address=":0"`` had bound every interface; issue 33, finding 5)."""
     import types
 
-    from perfmodel.serving import cluster
+    from perfmodel.serving.fleet import cluster
 
     seen = {}
 

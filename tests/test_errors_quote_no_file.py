@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.app import app
-from perfmodel.serving.dollars import read_prices
 from perfmodel.serving.host_time import load_profile
+from perfmodel.serving.planner.prices import read_prices
 from perfmodel.serving.trace import read_trace
 from perfmodel.specs import load
 from perfmodel.specs.errors import SpecError
