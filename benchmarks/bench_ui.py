@@ -26,8 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"model": "llama-3-8b", "hardware": "h100-sxm"}
 
 
-def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+def post(url: str, body: dict, token: str) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"token {token}"})
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
 
@@ -41,11 +43,11 @@ def start_up() -> tuple[float, float]:
                              "--port", "0"], stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stderr.readline()
-        url = re.search(r"http://\S+/", line).group(0)
+        url, token = re.search(r"(http://\S+/)\?token=(\S+)", line).groups()
         with urllib.request.urlopen(url, timeout=30) as r:
             r.read()
         page = time.perf_counter() - t0
-        post(url + "api/estimate", SETTINGS)
+        post(url + "api/estimate", SETTINGS, token)
         return page, time.perf_counter() - t0
     finally:
         proc.terminate()
@@ -58,11 +60,12 @@ def server_updates(n: int) -> list[float]:
 
     server, _ = start()
     try:
-        post(server.url + "api/estimate", SETTINGS)
+        post(server.base + "api/estimate", SETTINGS, server.token)
         times = []
         for i in range(n):
             t0 = time.perf_counter()
-            post(server.url + "api/estimate", {**SETTINGS, "batch": 1 + i % 64})
+            post(server.base + "api/estimate", {**SETTINGS, "batch": 1 + i % 64},
+                 server.token)
             times.append(time.perf_counter() - t0)
         return times
     finally:

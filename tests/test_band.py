@@ -187,7 +187,7 @@ def test_leave_one_device_out_band(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("block", "match"), [
     ("uncertainty:\n  source: x\n  error_q10: {gemm: -0.1}\n  error_q90: {gemm: 0.1}\n"
-     "  extra: 1\n", r"uncertainty\.extra: unknown field"),
+     "  extra: 1\n", r"uncertainty: 1 unknown field \(expected source"),
     ("uncertainty:\n  source: x\n  error_q10: {gemm: -0.1, gpu: -0.1}\n"
      "  error_q90: {gemm: 0.1}\n", r"uncertainty\.error_q10\.gpu: unknown error class"),
     ("uncertainty:\n  source: x\n  error_q10: {gemm: 0.2}\n  error_q90: {gemm: 0.1}\n",

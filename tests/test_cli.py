@@ -125,7 +125,7 @@ def _unknown_key(tmp_path):
     ([*BASE, "--format", "xml"], "--format"),
     ([*BASE, "--decode-samples", "9"], "No such option: --decode-samples"),
     ("BAD_YAML", "not valid YAML"),
-    ("UNKNOWN_KEY", "vendr: unknown field"),
+    ("UNKNOWN_KEY", "(top level): 1 unknown field; did you mean 'vendor'?"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
     if args == "BAD_YAML":

@@ -28,7 +28,7 @@ def test_a_dask_cluster_gives_the_single_process_arrays(processes):
     plan = Parallelism(dp=4)
     alone = simulate(MODEL, HW, reqs, plan, router="round-robin")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=processes,
-                                  dashboard_address=":0") as local:
+                                  dashboard_address=None) as local:
         apart = simulate(MODEL, HW, reqs, plan, router="round-robin",
                          cluster=local.scheduler_address)
     for name in ("arrival_s", "scheduled_s", "first_token_s", "finish_s", "token_s",
@@ -50,7 +50,7 @@ def test_dp_attention_replicas_run_apart_the_same():
     results = [simulate(model, HW, reqs, plan, workers=2)]
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=":0") as local:
+                                  dashboard_address=None) as local:
         results.append(simulate(model, HW, reqs, plan, cluster=local.scheduler_address))
     for res in results:
         np.testing.assert_array_equal(res.first_token_s, alone.first_token_s)
@@ -81,3 +81,24 @@ def test_a_malformed_cluster_is_refused():
     reqs = traffic.generate(4, rate=1, input_len=10, output_len=2)
     with pytest.raises(SpecError, match="--cluster: expected 'local' or a Dask"):
         simulate(MODEL, HW, reqs, Parallelism(dp=2), cluster="my-laptop")
+
+
+def test_the_local_cluster_listens_on_loopback_without_a_dashboard(monkeypatch):
+    """``--cluster local`` starts Dask with its scheduler and workers on 127.0.0.1 and no
+    dashboard (``dashboard_address=":0"`` had bound every interface; issue 33, finding 5)."""
+    import types
+
+    from perfmodel.serving.fleet import cluster
+
+    seen = {}
+
+    class LocalCluster:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+    fake = types.SimpleNamespace(LocalCluster=LocalCluster, Client=lambda c: ("client", c))
+    monkeypatch.setitem(sys.modules, "distributed", fake)
+    monkeypatch.setattr(cluster, "_LOCAL", {})
+    assert cluster._local(3)[0] == "client"
+    assert seen["host"] == "127.0.0.1" and seen["dashboard_address"] is None
+    assert seen["n_workers"] == 3

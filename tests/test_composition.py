@@ -105,7 +105,7 @@ def test_block_is_read_and_checked(tmp_path: Path) -> None:
                          ('composition:\n  graph_overlap: 0.3\n  graph_overlap_max: 0.2\n'
                           '  source: "x"\n', "graph_overlap_max"),
                          ('composition:\n  graph_overlap: 0.1\n  source: "x"\n  ovrlap: 1\n',
-                          "ovrlap")):
+                          "composition: 1 unknown field")):   # the file's key is not quoted
         with pytest.raises(SpecError, match=field):
             pm.load_hardware(_yaml(tmp_path, block))
 

@@ -45,7 +45,7 @@ def test_a_local_base_and_a_replaced_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "match"), [
     ("base: h100-sxm\nmemory:\n  bandwidth_bytes_per_s: 1 TB/s\n", r"memory\.source: .*own"),
     ("base: 3\n", r"base: expected the name or path"),
-    ("base: no-such-gpu\n", r"unknown hardware 'no-such-gpu'"),
+    ("base: no-such-gpu\n", r"base: not a shipped hardware name"),
     ("base: child.yaml\n", r"names this file itself"),
     ("base: h100-sxm\nmemory:\n  bandwidth_bytes_per_s: -1 TB/s\n  source: x\n",
      r"bandwidth_bytes_per_s"),

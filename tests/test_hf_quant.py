@@ -198,7 +198,7 @@ BAD_YAML = [
      "quantization.weights_dtype: expected one of fp8, int8, int4, fp4"),
     ("  group_size: 128\n", "  group_size: 0\n", "quantization.group_size: expected an "
      "integer >= 1"),
-    ("  method: awq\n", "  methd: awq\n", "quantization.methd: unknown field; did you mean "
+    ("  method: awq\n", "  methd: awq\n", "quantization: 1 unknown field; did you mean "
      "'method'?"),
 ]
 

@@ -39,9 +39,15 @@ def server():
 
 
 def call(srv, path: str, body=None, raw: bytes | None = None):
+    """The page's request: the token in its header, JSON as application/json, an upload
+    as application/octet-stream."""
     data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(srv.url + path.lstrip("/"), data=data,
-                                 method="GET" if data is None else "POST")
+    kind = "application/octet-stream" if path.startswith("/api/upload") else \
+        "application/json"
+    req = urllib.request.Request(srv.base + path.lstrip("/"), data=data,
+                                 method="GET" if data is None else "POST",
+                                 headers={"Authorization": f"token {srv.token}",
+                                          **({"Content-Type": kind} if data else {})})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -164,7 +170,7 @@ def wait(srv, job_id: str, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         _, view = call(srv, f"/api/job/{job_id}")
-        if view["state"] != "running" or time.monotonic() > deadline:
+        if view["state"] not in ("queued", "running") or time.monotonic() > deadline:
             return view
         time.sleep(0.05)
 

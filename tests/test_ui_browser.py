@@ -182,3 +182,21 @@ def test_a_device_with_a_band_shows_the_clis_band(page, tmp_path):
         assert (low, high) == (expected[f"{key}_low"], expected[f"{key}_high"])
     assert "80% band" in page.text("#operators")
     assert page.text('.err[data-for="hardware-file"]') == ""
+
+
+def test_the_token_lives_in_an_httponly_cookie_and_a_page_without_it_is_refused(page):
+    """The start-up URL's token became a cookie the page's script cannot read, and left
+    the address bar; the same page from a server whose token it lacks gets 403s, said."""
+    assert page.js("return location.search") == ""
+    assert "perfmodel-ui" not in page.js("return document.cookie")
+    other, _ = start()
+    try:
+        page.get(other.base)
+        status = page.wait("document.getElementById('status').textContent.startsWith("
+                           "'error:') && document.getElementById('status').textContent", 30)
+        assert status.startswith("error: no token: open the address perfmodel ui printed")
+    finally:
+        other.shutdown()
+        other.server_close()
+        page.get(page.home)
+        page.wait(SETTLED.format(v=0), 30)

@@ -54,12 +54,14 @@ def _parse_trace(path: Path) -> Requests:
 
 
 def _columns(path: Path, header: list[str]) -> dict[str, int]:
-    """Column name -> position; a missing, unknown or repeated column is an error."""
+    """Column name -> position; a missing, unknown or repeated column is an error. An
+    unknown column is named by its position, never quoted (a file that is not a trace would
+    have its first line echoed)."""
     known = COLUMNS + PREFIX_COLUMNS + SESSION_COLUMNS
     for i, name in enumerate(header):
         if name not in known:
-            raise SpecError(f"{path}: unknown column {name!r}{did_you_mean(name, known)} "
-                            f"({_EXPECTED})")
+            raise SpecError(f"{path}: header column {i + 1} of {len(header)} is not a trace "
+                            f"column{did_you_mean(name, known)} ({_EXPECTED})")
         if name in header[:i]:
             raise SpecError(f"{path}: column {name!r} given twice ({_EXPECTED})")
     for name in COLUMNS:
@@ -119,8 +121,8 @@ class _Table:
             raise SpecError(f"{where}: expected at most input_tokens ({inputs}), got {tokens}")
         first, first_line = self.prefix_seen.setdefault(prefix_id, (tokens, line))
         if tokens != first:
-            raise SpecError(f"{where}: prefix_id {prefix_id!r} has {first} tokens at row "
-                            f"{first_line}, expected the same, got {tokens}")
+            raise SpecError(f"{where}: this prefix_id has {first} tokens at row {first_line}, "
+                            f"expected the same, got {tokens}")
         return tokens
 
     def requests(self) -> Requests:
@@ -143,7 +145,7 @@ def _number(text: str, where: str, expected: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        got = repr(text) if text else "an empty field"
+        got = "text that is not a number" if text else "an empty field"
         raise SpecError(f"{where}: expected {expected}, got {got}") from None
     if not math.isfinite(value):
         raise SpecError(f"{where}: expected {expected}, got {text}")

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from perfmodel.specs import units
-from perfmodel.specs.errors import SpecError, did_you_mean, read_user_file
+from perfmodel.specs.errors import SafeMessage, SpecError, did_you_mean, quoted, read_user_file
 
 # no device has more: a figure above these is a typo (5e9 for 5e-9), not hardware
 _LIMITS = {"bytes": 2.0**50, "bytes_per_s": 1e15, "flops_per_s": 1e19, "s": 1.0}
@@ -55,11 +55,12 @@ class Fields:
         return self.data[key]
 
     def _misspelt(self, key: str) -> str:
-        """The hint " (is 'n_expert' a misspelling?)" when an unread given key is close."""
+        """The hint " (a field given is close to this name: a misspelling?)" when an unread
+        given key is close (the key itself is not quoted: it is the file's text)."""
         known = set(self.allowed or ()) | self.used
         close = difflib.get_close_matches(key, [str(k) for k in self.data if k not in known],
                                           n=1)
-        return f" (is {close[0]!r} a misspelling?)" if close else ""
+        return " (a field given is close to this name: a misspelling?)" if close else ""
 
     def sub(self, key: str, required: bool = True) -> Fields | None:
         """The mapping under ``key`` (None when optional and absent); its own unknown keys
@@ -75,15 +76,16 @@ class Fields:
         if value is None and default is None:
             return value
         if not isinstance(value, str):
-            raise self.error(key, f"expected text, got {value!r}")
+            raise self.error(key, f"expected text, got {quoted(value)}")
         if choices and value not in choices:
-            raise self.error(key, f"expected one of {', '.join(choices)}, got {value!r}")
+            raise self.error(key, f"expected one of {', '.join(choices)}, got {quoted(value)}"
+                             f"{did_you_mean(value, choices)}")
         return value
 
     def flag(self, key: str, default: Any = ...) -> bool:
         value = self.raw(key, default)
         if not isinstance(value, bool):
-            raise self.error(key, f"expected true or false, got {value!r}")
+            raise self.error(key, f"expected true or false, got {quoted(value)}")
         return value
 
     def integer(self, key: str, default: Any = ..., minimum: int = 1,
@@ -94,7 +96,8 @@ class Fields:
         if value is None:
             return value
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"expected an integer, got {value!r}{_integer_hint(value)}")
+            raise self.error(key, f"expected an integer, got {quoted(value)}"
+                             f"{_integer_hint(value)}")
         if value < minimum:
             raise self.error(key, f"expected an integer >= {minimum}, got {value}")
         if maximum is not None and value > maximum:
@@ -110,20 +113,25 @@ class Fields:
             raise self.error(key, str(exc)) from None
         limit = _LIMITS.get(kind, math.inf) if maximum is None else maximum
         if not math.isfinite(out) or out > limit:
-            raise self.error(key, f"expected a finite value of at most {limit:g}, got {value!r}")
+            raise self.error(key, f"expected a finite value of at most {limit:g}, got "
+                             f"{quoted(value)}")
         if positive and out <= 0:
-            raise self.error(key, f"expected a positive value, got {value!r}")
+            raise self.error(key, f"expected a positive value, got {quoted(value)}")
         if not positive and out < 0:
-            raise self.error(key, f"expected a non-negative value, got {value!r}")
+            raise self.error(key, f"expected a non-negative value, got {quoted(value)}")
         return out
 
     def finish(self) -> None:
+        """Refuse keys nobody read, naming the block, the count and the expected names (an
+        unknown key is the file's text, never quoted: only "did you mean" our own name)."""
         unknown = sorted(set(self.data) - self.used, key=str)
         if unknown:
-            known = self.allowed if self.allowed is not None else self.used
-            hint = did_you_mean(unknown[0], known) or "; check the spelling"
-            raise self.error(str(unknown[0]), f"unknown field{hint} (see the README beside "
-                             "the shipped files)")
+            known = sorted(self.allowed if self.allowed is not None else self.used)
+            hint = next(filter(None, (did_you_mean(k, known) for k in unknown)), "")
+            count = f"{len(unknown)} unknown field{'s' if len(unknown) > 1 else ''}"
+            expected = f"expected {', '.join(known)}" if known else "expected none"
+            raise self.error("", f"{count}{hint} ({expected}; see the README beside the "
+                             "shipped files)")
 
 
 def _integer_hint(value: Any) -> str:
@@ -150,14 +158,16 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"field {key!r} given twice (line {key_node.start_mark.line + 1})",
-                    key_node.start_mark)
+                raise _DuplicateYamlKey(None, None, "a field given twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
 
-class DuplicateKeyError(ValueError):
+class _DuplicateYamlKey(yaml.constructor.ConstructorError, SafeMessage):
+    """A YAML mapping names one key twice (the key is not quoted: it is the file's text)."""
+
+
+class DuplicateKeyError(SafeMessage):
     """A JSON object names one key twice (``json`` itself would keep the last silently)."""
 
 
@@ -166,7 +176,7 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
     out: dict = {}
     for key, value in pairs:
         if key in out:
-            raise DuplicateKeyError(f"field {key!r} given twice")
+            raise DuplicateKeyError("a field given twice")
         out[key] = value
     return out
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from perfmodel.specs import hf_families as families
 from perfmodel.specs import hf_hybrids as hybrids
-from perfmodel.specs.errors import SpecError
+from perfmodel.specs.errors import SpecError, did_you_mean, quoted
 from perfmodel.specs.fields import Fields
 from perfmodel.specs.model import Model
 from perfmodel.specs.quantization import quantization_from_hf
@@ -69,7 +69,8 @@ def model_from_hf_config(data: dict, file: str, name: str | None = None) -> Mode
     top = Fields(data, file)
     kind = top.text("model_type")
     if kind not in FAMILIES:
-        raise top.error("model_type", f"unsupported {kind!r}, expected one of "
+        raise top.error("model_type", f"unsupported {quoted(kind)}"
+                        f"{did_you_mean(kind, FAMILIES)}, expected one of "
                         f"{', '.join(FAMILIES)}")
     if kind in _SPELLING:
         top = Fields(_SPELLING[kind](data), file)
@@ -78,7 +79,7 @@ def model_from_hf_config(data: dict, file: str, name: str | None = None) -> Mode
     n_heads = hf.integer("num_attention_heads")
     act = hf.text("hidden_activation", None) or hf.text("hidden_act", "silu")
     if act not in _ACT:
-        raise hf.error("hidden_act", f"unsupported activation {act!r}, expected one of "
+        raise hf.error("hidden_act", f"unsupported activation {quoted(act)}, expected one of "
                        f"{', '.join(_ACT)}")
     gemma = kind.startswith("gemma")
     out: dict[str, Any] = {

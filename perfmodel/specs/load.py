@@ -15,7 +15,7 @@ from perfmodel.specs import engines
 from perfmodel.specs.composition import read_composition
 from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.efficiency_block import read_efficiency
-from perfmodel.specs.errors import SpecError, did_you_mean
+from perfmodel.specs.errors import SpecError, did_you_mean, quoted
 from perfmodel.specs.fields import Fields, read_mapping
 from perfmodel.specs.hardware import Efficiency, Hardware, Interconnect
 from perfmodel.specs.model import Model
@@ -132,16 +132,25 @@ def _with_base(data: dict, path: Path) -> dict:
     base = data["base"]
     if not isinstance(base, str) or not base:
         raise SpecError(f"{path}: base: expected the name or path of a hardware YAML, "
-                        f"got {base!r}")
+                        f"got {quoted(base)}")
     local = path.parent / base
-    base_path = local if local.suffix in YAML_SUFFIXES and local.is_file() else \
-        _resolve(base, HARDWARE_DIR, "hardware")
+    try:
+        base_path = local if local.suffix in YAML_SUFFIXES and local.is_file() else \
+            _resolve(base, HARDWARE_DIR, "hardware")
+    except SpecError:    # the unknown name is the file's text: not quoted
+        names = shipped(HARDWARE_DIR)
+        raise SpecError(f"{path}: base: not a shipped hardware name{did_you_mean(base, names)}"
+                        f" (shipped: {', '.join(names)}; or a hardware YAML's path)") from None
     if base_path.resolve() == path.resolve():
-        raise SpecError(f"{path}: base: {base!r} names this file itself")
-    merged = read_mapping(base_path, HARDWARE_EXPECTED)
+        raise SpecError(f"{path}: base: names this file itself")
+    try:
+        merged = read_mapping(base_path, HARDWARE_EXPECTED)
+    except SpecError:    # its message would quote the path this file gave
+        raise SpecError(f"{path}: base: the file it names is not a readable hardware YAML"
+                        ) from None
     if "base" in merged:
-        raise SpecError(f"{path}: base: {base_path} has a base of its own; expected a file "
-                        f"without one")
+        raise SpecError(f"{path}: base: the file it names has a base of its own; expected a "
+                        f"file without one")
     for key, value in data.items():
         if key in ("engines", "calibration") and isinstance(value, dict):
             # an engine's block replaces the base's of that engine; a calibration, the base's
@@ -283,15 +292,21 @@ def _resolve(name_or_path: object, directory: Path, kind: str) -> Path:
                       else "a shipped hardware name or a path")
     text = str(name_or_path)
     candidate = directory / f"{text}.yaml"
-    if "/" not in text and "\\" not in text and candidate.is_file():
+    if "/" not in text and "\\" not in text and _probe(candidate, "is_file"):
         return candidate
     # a path: a separator, an existing file or folder, or a file-like suffix (".txt")
     if "/" in text or "\\" in text or _probe(path, "exists") \
             or re.fullmatch(r"\.[A-Za-z]+", path.suffix):
         return path
+    raise unknown_name(text, directory, kind)
+
+
+def unknown_name(text: str, directory: Path, kind: str) -> SpecError:
+    """"--model: unknown model 'x'; did you mean 'y'? (shipped: ...)": a name that is not
+    shipped (the text is the user's argument, not a file's)."""
     names = shipped(directory)
-    raise SpecError(f"--{kind}: unknown {kind} {text!r}{did_you_mean(text, names)} "
-                    f"(shipped: {', '.join(names)}; or give a path to a file)")
+    return SpecError(f"--{kind}: unknown {kind} {text!r}{did_you_mean(text, names)} "
+                     f"(shipped: {', '.join(names)}; or give a path to a file)")
 
 
 def unique_names(names: list[str]) -> list[str]:

@@ -79,11 +79,11 @@ def read_uncertainty(f: Any) -> Uncertainty | None:
     error is one SpecError line naming the field."""
     if f is None:
         return None
-    for key in f.data:
-        if key not in UNCERTAINTY_KEYS:
-            hint = did_you_mean(str(key), UNCERTAINTY_KEYS) or \
-                f"; expected {', '.join(UNCERTAINTY_KEYS)}"
-            raise f.error(str(key), "unknown field" + hint)
+    unknown = [str(key) for key in f.data if key not in UNCERTAINTY_KEYS]
+    if unknown:    # named by count, never quoted (a key is the file's text)
+        hint = next(filter(None, (did_you_mean(k, UNCERTAINTY_KEYS) for k in unknown)), "")
+        raise f.error("", f"{len(unknown)} unknown field{'s' if len(unknown) > 1 else ''}"
+                      f"{hint} (expected {', '.join(UNCERTAINTY_KEYS)})")
     source = f.text("source")
     if not source.strip():
         raise f.error("source", "expected text saying whose residuals the band comes from")

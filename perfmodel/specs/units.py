@@ -12,6 +12,8 @@ import math
 import re
 from decimal import Decimal
 
+from perfmodel.specs.errors import quoted
+
 K, M, G, T, P = 1e3, 1e6, 1e9, 1e12, 1e15
 KiB, MiB, GiB, TiB = 2.0**10, 2.0**20, 2.0**30, 2.0**40
 
@@ -44,20 +46,20 @@ def parse_quantity(value: object, kind: str) -> float:
     A bare number is taken to be in the base unit already.
     """
     if isinstance(value, bool):
-        raise UnitError(f"expected a {kind} quantity, got {value!r}")
+        raise UnitError(f"expected a {kind} quantity, got {quoted(value)}")
     if isinstance(value, (int, float)):
         out = float(value)
     elif isinstance(value, str):
         match = _regex(_NUM).match(value)
         if not match:
-            raise UnitError(f"expected a {kind} quantity like '80 GB', got {value!r}")
+            raise UnitError(f"expected a {kind} quantity like '80 GB', got {quoted(value)}")
         unit = match["unit"]
         # Decimal keeps '66.9 TFLOP/s' exactly 66.9e12 rather than 66.90000000000001e12
         out = float(Decimal(match["num"]) * Decimal(repr(_unit_scale(unit, kind, value))))
     else:
-        raise UnitError(f"expected a {kind} quantity, got {type(value).__name__} {value!r}")
+        raise UnitError(f"expected a {kind} quantity, got {quoted(value)}")
     if not math.isfinite(out):
-        raise UnitError(f"expected a finite {kind} quantity, got {value!r}")
+        raise UnitError(f"expected a finite {kind} quantity, got {quoted(value)}")
     return out
 
 
@@ -67,11 +69,11 @@ def _unit_scale(unit: str, kind: str, raw: str) -> float:
     if kind == "s":
         if unit in _TIME:
             return _TIME[unit]
-        raise UnitError(f"expected a time unit (s, ms, us, ns), got {raw!r}")
+        raise UnitError(f"expected a time unit (s, ms, us, ns), got {quoted(raw)}")
     pattern = _KINDS.get(kind)
     match = _regex(pattern).match(unit) if pattern else None
     if not match:
-        raise UnitError(f"unit {unit!r} is not a {kind} unit in {raw!r}")
+        raise UnitError(f"expected a {kind} unit, got {quoted(raw)}")
     return _PREFIX[match["p"]]
 
 

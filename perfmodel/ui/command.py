@@ -5,6 +5,7 @@ runs, so ``perfmodel --help`` stays fast). No ``from __future__ import annotatio
 reads the Annotated option types.
 """
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,11 +15,17 @@ Opt = typer.Option
 
 def ui_cmd(
     host: Annotated[str, Opt(help=(
-        "address to listen on; 127.0.0.1 (the default) answers this machine only, "
-        "0.0.0.0 every network it is on"))] = "127.0.0.1",
+        "address to listen on; 127.0.0.1 (the default) answers this machine only; any "
+        "other needs --allow-remote"))] = "127.0.0.1",
     port: Annotated[int, Opt(min=0, max=65535, help="port (0: any free one)")] = 8765,
     browser: Annotated[bool, Opt(help="open the page in the default browser")] = True,
     log: Annotated[bool, Opt(help="print each request on stderr")] = False,
+    root: Annotated[Path | None, Opt(help=(
+        "a folder whose files the page may name as models, devices and traces (default: "
+        "none; the page names shipped specs and uploads only)"))] = None,
+    allow_remote: Annotated[bool, Opt(help=(
+        "answer other machines too (with --host 0.0.0.0 or an address of this one): any "
+        "Host name is accepted, and every API call still needs the token"))] = False,
 ) -> None:
     """Explore a deployment in the browser: estimate, roofline, batch curves, simulation
     and plan, each with the command line that reproduces it. Offline; Ctrl-C stops it."""
@@ -26,15 +33,22 @@ def ui_cmd(
     import webbrowser
 
     from perfmodel.cli.errors import fail
+    from perfmodel.specs.errors import SpecError
+    from perfmodel.ui.guard import loopback
     from perfmodel.ui.server import Server
 
+    if not (loopback(host) or allow_remote):
+        fail(f"--host: {host} is not a loopback address: the page would answer every "
+             "network it is on; give --allow-remote as well (the token is still needed)")
     try:
-        server = Server(host, port, quiet=not log)
+        server = Server(host, port, quiet=not log, root=root, allow_remote=allow_remote)
+    except SpecError as exc:
+        fail(str(exc))
     except OSError as exc:
         fail(f"--port: cannot listen on {host}:{port} ({exc.strerror or exc}), expected a "
              "free port (--port 0 picks one)")
-    scope = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else \
-        f"every client that can reach {host}: the page has no login"
+    scope = "this machine only" if loopback(host) else \
+        f"every client that can reach {host}, with the token"
     typer.echo(f"perfmodel ui: serving {server.url} ({scope}); Ctrl-C stops it", err=True)
     if browser:
         webbrowser.open(server.url)

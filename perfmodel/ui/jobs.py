@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -24,18 +26,25 @@ from perfmodel.ui.options import Uploads, arguments, line, parse
 
 CDF_POINTS = 200          # points per latency CDF sent to the page
 SERIES_POINTS = 400       # points per time series
-KEEP_JOBS = 32
+MAX_RUNNING = 2 * (os.cpu_count() or 1)    # jobs at work at once: two per core
+MAX_WAITING = 16          # queued behind them; a job past that is answered 429
+KEEP_DONE = 32            # finished jobs kept for the page to read (a live one is never dropped)
+LIVE = ("queued", "running")
 
 
 class Cancelled(Exception):
     """The page cancelled the job."""
 
 
+class Busy(Exception):
+    """Every job slot and queue place is taken: the request is answered 429."""
+
+
 class Job:
     def __init__(self, kind: str) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.kind = kind
-        self.state = "running"            # running | done | error | cancelled
+        self.state = "queued"             # queued | running | done | error | cancelled
         self.done = 0
         self.total = 0
         self.started = time.monotonic()
@@ -43,53 +52,86 @@ class Job:
         self.error: str | None = None
         self.cancel = threading.Event()
         self.proc: subprocess.Popen | None = None
+        self.ended = False                # its process group was killed after it exited
 
     def view(self) -> dict[str, Any]:
         return {"id": self.id, "kind": self.kind, "state": self.state, "done": self.done,
                 "total": self.total, "elapsed_s": time.monotonic() - self.started,
                 "result": self.result, "error": self.error}
 
+    def kill(self) -> None:
+        """End the job's child process and every process it started (its own group)."""
+        if self.proc is not None and not self.ended:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
 
 class Jobs:
+    """Jobs in their own threads, at most ``MAX_RUNNING`` at work and ``MAX_WAITING``
+    queued; each cancellable until it ends."""
+
     def __init__(self, uploads: Uploads) -> None:
         self.uploads = uploads
         self._jobs: dict[str, Job] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._running = 0
 
     def start(self, kind: str, work: Callable[[Job], dict]) -> Job:
         job = Job(kind)
         with self._lock:
+            live = sum(j.state in LIVE for j in self._jobs.values())
+            if live >= MAX_RUNNING + MAX_WAITING:
+                raise Busy(f"{kind}: {live} jobs running or queued, expected at most "
+                           f"{MAX_RUNNING + MAX_WAITING}; try again when one ends")
             self._jobs[job.id] = job
-            for old in list(self._jobs)[:-KEEP_JOBS]:
+            done = [k for k, j in self._jobs.items() if j.state not in LIVE]
+            for old in done[:max(0, len(done) - KEEP_DONE)]:
                 self._jobs.pop(old)
-
-        def run() -> None:
-            try:
-                job.result = work(job)
-                job.state = "cancelled" if job.cancel.is_set() else "done"
-            except Cancelled:
-                job.state = "cancelled"
-            except SpecError as exc:
-                job.error, job.state = self.uploads.shown(str(exc)), "error"
-            except Exception as exc:   # the server keeps serving whatever a job does
-                job.error = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]
-                job.state = "error"
-
-        threading.Thread(target=run, name=f"perfmodel-ui-{kind}", daemon=True).start()
+        threading.Thread(target=self._run, args=(job, work), name=f"perfmodel-ui-{kind}",
+                         daemon=True).start()
         return job
+
+    def _run(self, job: Job, work: Callable[[Job], dict]) -> None:
+        with self._lock:
+            while self._running >= MAX_RUNNING and not job.cancel.is_set():
+                self._lock.wait()
+            if job.cancel.is_set():
+                job.state = "cancelled"
+                return
+            self._running += 1
+            job.state = "running"
+        try:
+            job.result = work(job)
+            job.state = "cancelled" if job.cancel.is_set() else "done"
+        except Cancelled:
+            job.state = "cancelled"
+        except SpecError as exc:
+            job.error, job.state = self.uploads.shown(str(exc)), "error"
+        except Exception as exc:   # the server keeps serving whatever a job does
+            job.error = f"internal error: {type(exc).__name__}"
+            job.state = "error"
+            sys.stderr.write(f"perfmodel ui: job {job.id}: {type(exc).__name__}: {exc}\n")
+        finally:
+            job.kill()
+            with self._lock:
+                self._running -= 1
+                self._lock.notify_all()
 
     def get(self, job_id: str) -> Job:
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None:
-            raise SpecError(f"job {job_id}: no such job")
+            raise SpecError(f"job {job_id[:40]}: no such job")
         return job
 
     def cancel(self, job_id: str) -> Job:
         job = self.get(job_id)
         job.cancel.set()
-        if job.proc is not None and job.proc.poll() is None:
-            job.proc.terminate()
+        job.kill()
+        with self._lock:
+            self._lock.notify_all()
         return job
 
     def close(self) -> None:
@@ -97,8 +139,9 @@ class Jobs:
             jobs = list(self._jobs.values())
         for job in jobs:
             job.cancel.set()
-            if job.proc is not None and job.proc.poll() is None:
-                job.proc.kill()
+            job.kill()
+        with self._lock:
+            self._lock.notify_all()
 
 
 def simulation(settings: dict[str, Any], uploads: Uploads) -> Callable[[Job], dict]:
@@ -194,16 +237,28 @@ def planning(settings: dict[str, Any], uploads: Uploads) -> Callable[[Job], dict
         [root, *filter(None, [os.environ.get("PYTHONPATH")])]))
 
     def work(job: Job) -> dict:
-        job.proc = subprocess.Popen(
-            [sys.executable, "-m", "perfmodel.cli", "plan", *args, "--format", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        out, err = job.proc.communicate()
+        with tempfile.TemporaryDirectory(prefix="perfmodel-ui-plan-") as cwd:
+            if job.cancel.is_set():
+                raise Cancelled
+            # its own process group (killed whole on cancel) and a folder of its own,
+            # removed after: nothing it writes is left behind
+            job.proc = subprocess.Popen(
+                [sys.executable, "-m", "perfmodel.cli", "plan", *args, "--format", "json"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                text=True, env=env, cwd=cwd, start_new_session=True)
+            if job.cancel.is_set():
+                job.kill()
+            out, err = job.proc.communicate()
+            job.kill()                    # whatever it started and left running
+            job.ended = True
         if job.cancel.is_set():
             raise Cancelled
         if job.proc.returncode != 0:
-            last = [x for x in err.splitlines() if x.strip()] or ["plan failed"]
-            errors = [x for x in last if x.startswith("error: ")]
-            raise SpecError(uploads.shown((errors or last)[-1].removeprefix("error: ")))
+            errors = [x for x in err.splitlines() if x.startswith("error: ")]
+            if not errors:    # a crash's last line may quote anything: not shown
+                raise SpecError(f"plan failed (exit {job.proc.returncode}); run its command "
+                                "line to see why")
+            raise SpecError(uploads.shown(errors[-1].removeprefix("error: ")))
         return {"plan": json.loads(out), "command": line("plan", shown),
                 "warnings": [x for x in err.splitlines() if x.startswith("warning:")],
                 "dropped": dropped}

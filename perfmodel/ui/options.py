@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from perfmodel.specs.errors import SpecError
+from perfmodel.ui import files
 
 MAX_UPLOAD_BYTES = 4 * 1024 * 1024
+MAX_UPLOADS = 64          # kept at once (256 MB at most); a newer one replaces the oldest
 UPLOADED = "uploaded"     # the folder an upload is kept in: a Hugging Face config's model name
 
 
@@ -45,9 +47,11 @@ def _flags(cmd: Any) -> dict[str, Any]:
 
 
 class Uploads:
-    """Uploaded files in a private temporary folder (never elsewhere), removed by close()."""
+    """Uploaded files in a private temporary folder (never elsewhere), removed by close();
+    ``root``: the folder whose files the page may name too (``perfmodel ui --root``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root
         self._dir: tempfile.TemporaryDirectory | None = None
         self._files: dict[str, tuple[Path, str]] = {}
         self._lock = threading.Lock()
@@ -58,6 +62,10 @@ class Uploads:
             raise SpecError(f"{name}: {len(data):,} bytes, expected a file under "
                             f"{MAX_UPLOAD_BYTES // 1024 // 1024} MB")
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", Path(name).name)[:80].lstrip(".") or "upload"
+        with self._lock:
+            oldest = list(self._files)[:max(0, len(self._files) + 1 - MAX_UPLOADS)]
+        for key in oldest:
+            self.drop(key)
         with self._lock:
             if self._dir is None:
                 self._dir = tempfile.TemporaryDirectory(prefix="perfmodel-ui-")
@@ -136,7 +144,7 @@ def arguments(name: str, settings: dict[str, Any], uploads: Uploads,
         default = param.default.value if hasattr(param.default, "value") else param.default
         if not param.required and _same(value, default):
             continue
-        real, display = uploads.resolve(str(value))
+        real, display = files.setting(flag, str(value), uploads)
         parsed += [flag, real]
         shown += [flag, display]
     return parsed, shown, dropped

@@ -32,6 +32,7 @@ from perfmodel.specs.errors import SpecError
 
 INSTALL = "pip install 'perfmodel[fleet]'"
 _LOCAL: dict = {}
+LOOPBACK = "127.0.0.1"
 
 
 def check(cluster: str | None) -> None:
@@ -50,12 +51,14 @@ def check(cluster: str | None) -> None:
 
 
 def _local(workers: int) -> object:
-    """The ``LocalCluster`` of ``workers`` processes and its client, started once."""
+    """The ``LocalCluster`` of ``workers`` processes and its client, started once: its
+    scheduler and workers on loopback and no dashboard (``":0"`` had put Dask's dashboard
+    on every interface, the one port of perfmodel's not on 127.0.0.1)."""
     if workers not in _LOCAL:
         from distributed import Client, LocalCluster
 
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1,
-                               dashboard_address=":0")
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, host=LOOPBACK,
+                               dashboard_address=None)
         _LOCAL[workers] = (Client(cluster), cluster)
     return _LOCAL[workers][0]
 

@@ -7,10 +7,15 @@ const state = {pending: 0, version: 0, error: null, estimate: null, curve: null,
                sim: null, plan: null, view: "estimate", css: ""};
 window.perfmodelState = state;
 
+// The server answers only its own page: the token (kept in an HttpOnly cookie set from the
+// start-up URL's ?token=, sent with every request) on each API call, JSON as
+// application/json, an upload as application/octet-stream.
 async function api(path, body, signal) {
-  const res = await fetch(path, body === undefined ? {signal} :
-    {method: "POST", body: typeof body === "string" || body instanceof Blob ? body : JSON.stringify(body),
-     headers: {"Content-Type": "application/json"}, signal});
+  const file = body instanceof Blob;
+  const res = await fetch(path, body === undefined ? {signal, credentials: "same-origin"} :
+    {method: "POST", body: typeof body === "string" || file ? body : JSON.stringify(body),
+     headers: {"Content-Type": file ? "application/octet-stream" : "application/json"},
+     credentials: "same-origin", signal});
   const data = await res.json();
   if (!res.ok) throw Object.assign(new Error(data.error || res.statusText), {user: res.status === 400});
   return data;
@@ -185,7 +190,7 @@ function job(kind, path, body, onDone) {
       try {
         const j = await api(`/api/job/${first.id}`);
         if (j.total) { bar.max = j.total; bar.value = j.done; } else bar.removeAttribute("value");
-        if (j.state === "running") { setTimeout(poll, 150); return; }
+        if (j.state === "running" || j.state === "queued") { setTimeout(poll, 150); return; }
         if (j.state === "done") { bar.max = 1; bar.value = 1; onDone(j.result); }
         else if (j.state === "cancelled") { bar.value = 0; err.textContent = "cancelled"; }
         else showError(j.error, err);
