@@ -9,7 +9,6 @@ import numpy as np
 
 from perfmodel.specs.errors import SpecError
 
-MAX_TOKENS = 1_000_000_000     # per request: beyond any context limit, within int64 sums
 
 @dataclass(frozen=True, eq=False)
 class Requests:

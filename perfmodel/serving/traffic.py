@@ -10,10 +10,11 @@ import math
 
 import numpy as np
 
-from perfmodel.serving.requests import MAX_TOKENS, Requests
+from perfmodel.serving.requests import Requests
 from perfmodel.serving.trace import read_trace as read_trace
 from perfmodel.serving.trace import write_trace as write_trace
 from perfmodel.specs.errors import SpecError, did_you_mean
+from perfmodel.specs.workload import MAX_TOKENS
 
 ARRIVALS = ("poisson", "constant", "gamma")
 LENGTH_DISTS = ("fixed", "uniform", "lognormal", "empirical")
@@ -94,8 +95,9 @@ def _conversations(n: int, rate: float | None, arrival: str, burstiness: float, 
     growth_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[3])
     growth = _sample(n, dist_args[0] if dist_args[0] != "empirical" else "fixed",
                      turn_growth, dist_args[1], growth_rng)
-    pad = count * turns - n         # the last session is cut short to give n requests
-    full = [np.concatenate([a, a[:pad]]) for a in (inputs, growth, outputs)]
+    # the last session is cut short to give n requests: its missing turns are padded (by
+    # repeating the draws, which may be fewer than the padding: 20 requests of 50 turns)
+    full = [np.resize(a, count * turns) for a in (inputs, growth, outputs)]
     reqs = sessions.generate(starts, *full[:2], full[2], turns, think_time)
     keep = np.sort(np.argsort(reqs.session_id * turns + reqs.turn, kind="stable")[:n])
     return reqs.take(keep)

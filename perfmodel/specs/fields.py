@@ -20,6 +20,9 @@ from perfmodel.specs.errors import SpecError, did_you_mean, read_user_file
 
 # no device has more: a figure above these is a typo (5e9 for 5e-9), not hardware
 _LIMITS = {"bytes": 2.0**50, "bytes_per_s": 1e15, "flops_per_s": 1e19, "s": 1.0}
+# nor so little: a rate below these is a unit mistake (1e-30 for 1e30), and would turn every
+# time into years
+_FLOORS = {"bytes_per_s": 1e6, "flops_per_s": 1e6}
 
 
 class Fields:
@@ -94,7 +97,8 @@ class Fields:
         if value is None:
             return value
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"expected an integer, got {value!r}{_integer_hint(value)}")
+            raise self.error(key, f"expected an integer, got {value!r}"
+                             f"{_integer_hint(value, self.file.endswith('.json'))}")
         if value < minimum:
             raise self.error(key, f"expected an integer >= {minimum}, got {value}")
         if maximum is not None and value > maximum:
@@ -113,6 +117,9 @@ class Fields:
             raise self.error(key, f"expected a finite value of at most {limit:g}, got {value!r}")
         if positive and out <= 0:
             raise self.error(key, f"expected a positive value, got {value!r}")
+        if 0 < out < _FLOORS.get(kind, 0.0):
+            raise self.error(key, f"expected at least {_FLOORS[kind]:g} (or 0 where 0 means "
+                             f"none), got {value!r}")
         if not positive and out < 0:
             raise self.error(key, f"expected a non-negative value, got {value!r}")
         return out
@@ -126,15 +133,20 @@ class Fields:
                              "the shipped files)")
 
 
-def _integer_hint(value: Any) -> str:
-    """What to write instead of a float (4096.0) or of text YAML reads as such (5e9)."""
+def _integer_hint(value: Any, is_json: bool = False) -> str:
+    """What to write instead of a float (4096.0), of text YAML reads as such (5e9), or of a
+    number in quotes ("28")."""
     if isinstance(value, str):
         try:
-            value = float(value)
+            number = float(value)
         except ValueError:
             return ""
+        if not math.isfinite(number):
+            return ""
+        if is_json or not any(c in value for c in "eE") or "." in value:
+            return " (a number in quotes is text; write it without the quotes)"
         return " (YAML reads a number with an exponent and no dot as text; write the " \
-            "integer in full)" if math.isfinite(value) else ""
+            "integer in full)"
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
         return f" (write {int(value)})"
     return ""

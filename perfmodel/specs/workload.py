@@ -28,12 +28,24 @@ _INT_FIELDS = ("batch", "prompt_len", "gen_len", "kv_block_tokens")
 _BOOL_FIELDS = ("cuda_graphs", "quantize_lm_head")
 _DTYPE_FIELDS = ("weights_dtype", "act_dtype", "kv_dtype")
 _GROUP_NONE = {"weight_group_size": 0, "kv_group_size": KV_PER_VECTOR}   # None in arrays
+# Upper bounds, checked before anything is allocated or multiplied: past them a value is a
+# typo, and it would overflow int64 sums (10^30 sequences) or allocate per-token arrays of
+# petabytes (a 10^18-token prompt). Tokens: per sequence, beyond any model's context (the
+# longest published is 10M); sequences: per replica; a group: no matrix is wider.
+MAX_TOKENS = 1_000_000_000
+MAX_BATCH = 10_000_000
+MAX_GROUP = 2**24
+MAXIMUM = {"batch": MAX_BATCH, "prompt_len": MAX_TOKENS, "gen_len": MAX_TOKENS,
+           "kv_block_tokens": MAX_TOKENS, "shared_prefix": MAX_TOKENS,
+           "weight_group_size": MAX_GROUP, "kv_group_size": MAX_GROUP}
 
 
-def _positive_int(value: object, where: str) -> int:
+def _positive_int(value: object, where: str, maximum: int | None = None) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
             or value < 1:
         raise SpecError(f"{where} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise SpecError(f"{where}: expected at most {maximum:,}, got {value:,}")
     return int(value)
 
 
@@ -76,12 +88,12 @@ class Workload:
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
             object.__setattr__(self, name, _positive_int(getattr(self, name),
-                                                         f"workload: {name}"))
+                                                         f"workload: {name}", MAXIMUM[name]))
         for name in _DTYPE_FIELDS:
             dtype_code(getattr(self, name), f"workload: {name}")
         if self.weight_group_size is not None:
             object.__setattr__(self, "weight_group_size", _positive_int(
-                self.weight_group_size, "workload: weight_group_size"))
+                self.weight_group_size, "workload: weight_group_size", MAX_GROUP))
         if self.kv_group_size is not None:
             group = int(_column("kv_group_size", self.kv_group_size))
             object.__setattr__(self, "kv_group_size", None if group < 0 else group)
@@ -93,6 +105,7 @@ class Workload:
                      "outlier_fraction", "kv_scale_bytes"):
             _column(name, getattr(self, name))
         _check_prefix(np.array([self.shared_prefix]), np.array([self.prompt_len]))
+        _check_length(np.array([self.prompt_len]), np.array([self.gen_len]))
         _check_groups({k: np.array([v]) for k, v in _arrays_of(self).items()})
 
     @classmethod
@@ -248,6 +261,7 @@ class Workloads:
                           strict=True))
         _check_groups(arrays)
         _check_prefix(arrays["shared_prefix"], arrays["prompt_len"])
+        _check_length(arrays["prompt_len"], arrays["gen_len"])
         return cls(**{k: np.ascontiguousarray(v) for k, v in arrays.items()})
 
     @classmethod
@@ -358,6 +372,16 @@ def _check_prefix(prefix: np.ndarray, prompt: np.ndarray) -> None:
                         f"than prompt_len {int(prompt.reshape(-1)[i])}")
 
 
+def _check_length(prompt: np.ndarray, gen: np.ndarray) -> None:
+    """SpecError for a sequence (prompt + generated) past MAX_TOKENS."""
+    bad = prompt + gen > MAX_TOKENS
+    if bad.any():
+        i = int(np.flatnonzero(bad.reshape(-1))[0])
+        total = int(prompt.reshape(-1)[i] + gen.reshape(-1)[i])
+        raise SpecError(f"workload: prompt_len + gen_len: expected at most {MAX_TOKENS:,} "
+                        f"tokens a sequence, got {total:,}")
+
+
 _FLOAT_RANGES = {"usable_memory_fraction": (0.0, 1.0, "in (0, 1]", False),
                  "weight_scale_bytes": (0.0, 16.0, "a number of bytes in (0, 16]", False),
                  "kv_scale_bytes": (0.0, 16.0, "a number of bytes in (0, 16]", False),
@@ -392,9 +416,16 @@ def _column(name: str, value: object) -> np.ndarray:
             raise SpecError(f"{where} must be {what}, got {value!r}")
         return arr.astype(float)
     minimum = {"weight_group_size": 0, "shared_prefix": 0, "kv_group_size": -1}.get(name, 1)
+    if arr.dtype.kind == "O" and all(isinstance(v, (int, np.integer)) and not isinstance(
+            v, (bool, np.bool_)) for v in arr.reshape(-1)):    # 10**30: past int64
+        raise SpecError(f"{where}: expected at most {MAXIMUM[name]:,}, got "
+                        f"{max(arr.reshape(-1).tolist()):,}")
     if arr.dtype.kind not in "iu" or np.any(arr < minimum):
         bad = arr.reshape(-1)[0] if arr.dtype.kind not in "iu" else arr[arr < minimum][0]
         what = {0: "a non-negative integer (0: none)", 1: "a positive integer",
                 -1: "a non-negative integer (0: none) or -1 (the KV dtype's default)"}[minimum]
         raise SpecError(f"{where} must be {what}, got {bad!r}")
+    if name in MAXIMUM and np.any(arr > MAXIMUM[name]):
+        raise SpecError(f"{where}: expected at most {MAXIMUM[name]:,}, got "
+                        f"{int(arr.max()):,}")
     return arr.astype(np.int64)
