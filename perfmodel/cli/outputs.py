@@ -73,12 +73,24 @@ def out_file(path: Path, option: str = "--out", suffixes: tuple[str, ...] = ()) 
 @contextmanager
 def writing(path: Path, option: str = "--out") -> Iterator[Path]:
     """Make the directory ``path`` and turn an OS error while writing the outputs in it (no
-    permission, disk full) into one ``error:`` line."""
+    permission, disk full) into one ``error:`` line. On any exception (Ctrl-C too) the
+    folders made here are removed again where they are still empty."""
+    made = [p for p in (*reversed(path.parents), path) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         yield path
     except OSError as exc:
+        _remove_empty(made)
         fail(f"{option}: cannot write {exc.filename or path}: {exc.strerror or exc}")
+    except BaseException:
+        _remove_empty(made)
+        raise
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for p in reversed(folders):
+        with suppress(OSError):
+            p.rmdir()          # refuses a folder that is not empty
 
 
 def save(fig: Any, path: Path, dpi: int) -> int:

@@ -13,6 +13,7 @@ import numpy as np
 
 from perfmodel.cost.instantiate import remote_share
 from perfmodel.cost.memory import kv_vector_elems
+from perfmodel.cost.params import param_counts
 from perfmodel.cost.routing import token_reach
 from perfmodel.schedules.speculative import Speculation
 from perfmodel.specs.dtypes import BYTES, CODE, DTYPES, KV_PER_VECTOR, KV_SCALED, compute_codes
@@ -181,6 +182,8 @@ def check_speculation(model: Model, plan: Parallelism, spec: Speculation) -> Non
         raise SpecError(f"speculation: MTP drafting needs a model with MTP modules; "
                         f"{model.name} has none (mtp: n_modules)")
     draft = spec.draft_model
+    if spec.draft == "model":
+        _check_draft_size(model, draft)
     if spec.draft == "model" and draft.vocab_size != model.vocab_size:
         raise SpecError(f"speculation: draft {draft.name} has a vocabulary of "
                         f"{draft.vocab_size} tokens, {model.name} {model.vocab_size}; a draft "
@@ -189,6 +192,26 @@ def check_speculation(model: Model, plan: Parallelism, spec: Speculation) -> Non
         raise SpecError(f"speculation: pipeline parallelism (pp={plan.pp}) with speculative "
                         f"decoding is not modelled (vLLM does not run the two together: "
                         f"vllm-project/vllm issues 14117, 49355); use pp=1")
+
+
+def _check_draft_size(model: Model, draft: Model) -> None:
+    """SpecError for a draft model no smaller than its target (by active parameters): each
+    round would cost more than the target's own steps, whatever the acceptance."""
+    mine, theirs = (param_counts(m).active(m) for m in (draft, model))
+    if mine >= theirs:
+        raise SpecError(f"speculation: draft {draft.name} ({mine / 1e9:.3g} B active "
+                        f"parameters) is not smaller than the target {model.name} "
+                        f"({theirs / 1e9:.3g} B); expected a smaller draft model")
+
+
+def check_levers(model: Model, w: Workloads) -> None:
+    """SpecError for a lever the model has nothing to apply to: expert skew on a model
+    without routed experts (it was priced as if absent)."""
+    skewed = np.asarray(w.expert_skew) > 0
+    if model.moe is None and skewed.any():
+        value = float(np.asarray(w.expert_skew).reshape(-1)[np.flatnonzero(skewed)[0]])
+        raise SpecError(f"workload: expert_skew {value:g}: {model.name} has no routed "
+                        f"experts; drop it (or set 0)")
 
 
 def speculation_assumptions(w: Workloads, spec: Speculation) -> list[Assumption]:

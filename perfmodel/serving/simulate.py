@@ -24,9 +24,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from perfmodel.schedules.assumptions import check_plan
 from perfmodel.serving import fleet, host_time, pipeline, sessions
 from perfmodel.serving.arrivals import Arrivals
-from perfmodel.serving.config import EngineConfig
+from perfmodel.serving.config import EngineConfig, context_limit
 from perfmodel.serving.dry_run import Dry, Guess, dry_run
 from perfmodel.serving.engine import StepPricer, kv_pool
 from perfmodel.serving.requests import Requests
@@ -82,7 +83,8 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
     pipeline.check(plan, engine)
-    limit = engine.max_model_len or model.max_position_embeddings
+    check_plan(hw, model, plan)
+    limit = context_limit(model, engine)
     longest = int((requests.input_tokens + requests.output_tokens).max())
     if longest > limit:
         raise SpecError(f"simulate: a request of {longest} tokens (input + output) is longer "
@@ -163,8 +165,21 @@ def _apart(fn: Callable, shared: tuple, jobs: list, workers: int, cluster: str |
         return [fn(job, shared, progress, keep=True) for job in jobs]
     import multiprocessing as mp
 
-    with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-        return pool.starmap(fn, [(job, shared) for job in jobs], chunksize=1)
+    # the workers leave Ctrl-C to this process (a SIGINT reaches the whole process group:
+    # each worker printed its own traceback); the wait here takes it within 0.2 s, and
+    # leaving the block terminates the workers
+    with mp.get_context("fork").Pool(min(workers, len(jobs)), initializer=_ignore_sigint
+                                      ) as pool:
+        result = pool.starmap_async(fn, [(job, shared) for job in jobs], chunksize=1)
+        while not result.ready():
+            result.wait(0.2)
+        return result.get()
+
+
+def _ignore_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _light(run: _Run) -> _Run:

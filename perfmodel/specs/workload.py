@@ -35,6 +35,7 @@ _GROUP_NONE = {"weight_group_size": 0, "kv_group_size": KV_PER_VECTOR}   # None 
 MAX_TOKENS = 1_000_000_000
 MAX_BATCH = 10_000_000
 MAX_GROUP = 2**24
+MAX_DEVICES = 1_000_000        # a plan's devices (tp x pp x dp, or ep): 10x the largest fleets
 MAXIMUM = {"batch": MAX_BATCH, "prompt_len": MAX_TOKENS, "gen_len": MAX_TOKENS,
            "kv_block_tokens": MAX_TOKENS, "shared_prefix": MAX_TOKENS,
            "weight_group_size": MAX_GROUP, "kv_group_size": MAX_GROUP}
@@ -174,6 +175,9 @@ class Parallelism:
         if not self.attention_dp and self.ep not in (1, self.tp):
             raise SpecError(f"parallelism: ep={self.ep} must equal tp={self.tp} (experts "
                             f"sharded inside the tensor-parallel group), or set attention_dp")
+        if self.devices > MAX_DEVICES:
+            raise SpecError(f"parallelism: {self.describe()} uses {self.devices:,} devices; "
+                            f"expected at most {MAX_DEVICES:,}")
         r = self.expert_replicas
         if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, np.integer)) or r < 0:
             raise SpecError(f"parallelism: expert_replicas must be a non-negative integer, "
