@@ -164,6 +164,8 @@ def test_assumptions_are_per_configuration_in_a_vectorised_call():
                            pm.Workloads.of(act_dtype=["bf16", "fp8"], weights_dtype="fp8",
                                            gen_len=[1, 8]))
     first, second = est.warnings()
-    assert "gen_len 1" in first and "fp8 rate" not in first
-    assert "lists no fp8 rate" in second and "gen_len" not in second
+    # W8A16: the matmuls run at bf16, but that the A100 has no fp8 rate is said (issue 33)
+    assert "gen_len 1" in first and "fp8 matmuls" not in first
+    assert "fp8 weights priced as a weight-only kernel runs them" in first
+    assert "lists no fp8 rate: fp8 matmuls" in second and "gen_len" not in second
     assert est.item(1).assumed and tables.flat_record(est.item(1))["warnings"] == second

@@ -15,6 +15,17 @@ from typing import Any
 from perfmodel.cli.errors import fail
 
 
+def out_path(text: str) -> Path:
+    """Every ``--out`` option's parser: the text as a Path, an empty one refused (it became
+    '.', the current folder, which the user did not name)."""
+    if not str(text).strip():
+        import typer
+
+        raise typer.BadParameter("expected a folder name, got an empty one (it would write "
+                                 "into the current folder; give --out . for that)")
+    return Path(text)
+
+
 def out_dir(path: Path, option: str = "--out", shown: Path | None = None) -> Path:
     """Fail early (one line, before any work) unless ``path`` is, or can be made as, a
     folder this process can write in: a file in the way, a read-only parent or a place

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from perfmodel.cli.common import ModelOpt, fail, out_dir, save, writing
+from perfmodel.cli.common import ModelOpt, fail, out_dir, out_path, save, writing
 from perfmodel.cli.devices import EngineOpt, devices
 from perfmodel.cli.host import HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
 from perfmodel.cli.plan_text import explain, text
@@ -81,7 +81,7 @@ def plan_cmd(
         "requests measured per checking simulation (warm-up and drain added)"))] = 1000,
     seed: Annotated[int, Opt(min=0)] = 0,
     fmt: Annotated[Format, Opt("--format", "-f")] = Format.text,
-    out: Annotated[Path | None, Opt(help=(
+    out: Annotated[Path | None, Opt(parser=out_path, metavar="<path>", help=(
         "folder for plan.csv (every candidate), pareto.png and plan.json"))] = None,
     dpi: Annotated[int, Opt(min=1, max=1200)] = 120,
     progress: Annotated[bool | None, Opt(help=(

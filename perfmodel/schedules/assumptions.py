@@ -119,6 +119,23 @@ def _rates(hw: Hardware, w: Workloads) -> list[Assumption]:
             if used != name:
                 out.append((codes == code, f"{hw.name} lists no {name} rate: {name} {what} "
                                            f"are priced at its {used} rate"))
+    return out + _weight_only_rates(hw, w)
+
+
+def _weight_only_rates(hw: Hardware, w: Workloads) -> list[Assumption]:
+    """Weights narrower than the activations, in a dtype the device has no rate for (fp8
+    weights on a TPU v4 or an A100): the matmuls run at the activations' rate whatever the
+    device, but that the device cannot compute in the weights' dtype is said."""
+    out = []
+    only = BYTES[w.weights_dtype] < BYTES[w.act_dtype]
+    for code in np.flatnonzero(np.bincount(np.ravel(w.weights_dtype[only]))).tolist():
+        name = DTYPES[code]
+        used = hw.rate_dtype(name)
+        if used != name:
+            out.append((only & (w.weights_dtype == code),
+                        f"{hw.name} lists no {name} rate: {name} weights priced as a "
+                        f"weight-only kernel runs them, dequantized and multiplied at the "
+                        f"activations' rate"))
     return out
 
 
