@@ -99,5 +99,5 @@ def compare_cmd(
     from perfmodel.kernels.report import compare_corpus
 
     summary = _run(lambda: compare_corpus(corpus, out, device, engine, sample, seed, figures,
-                                          typer.echo))
+                                          typer.echo), out)
     typer.echo(f"{summary['scored']} rows scored; wrote {out / 'summary.md'}")
