@@ -51,7 +51,8 @@ def build(only: str | None = None) -> typer.Typer:
     cli = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True,
                       pretty_exceptions_enable=False, rich_markup_mode=None,
                       help="Predict LLM inference speed on an accelerator, and say why.",
-                      context_settings={"max_content_width": 120})
+                      context_settings={"max_content_width": 120,
+                                        "help_option_names": ["-h", "--help"]})
     cli.callback()(_root)           # "perfmodel COMMAND" even with one command registered
     for name, (module, function) in CORE.items():
         if only is None or name == only:

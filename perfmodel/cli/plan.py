@@ -15,7 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from perfmodel.cli.common import ModelOpt, fail, out_dir, out_path, save, writing
+from perfmodel.cli.atomic import staged
+from perfmodel.cli.common import ModelOpt, fail, out_dir, out_path, save
 from perfmodel.cli.devices import EngineOpt, devices
 from perfmodel.cli.host import HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
 from perfmodel.cli.plan_text import explain, text
@@ -272,7 +273,7 @@ def _write(out: Path, result: Any, report: dict, dpi: int) -> None:
     won = result.winner["index"]
     mark = int(live[:won].sum()) if live[won] else None
     cost = "usd_per_hour" if "usd_per_hour" in cols else "gpus"
-    with writing(out) as folder:
+    with staged(out) as folder:     # Ctrl-C leaves no partial file
         (folder / "plan.csv").write_text(columns_csv(cols))
         (folder / "plan.json").write_text(json.dumps(report, indent=2))
         if t.rate:
