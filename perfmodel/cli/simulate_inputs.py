@@ -21,8 +21,10 @@ def inputs(p: dict[str, Any]) -> tuple:
     """(model, device, workload, plan, engine config, [(rate, requests, label)]) of
     ``simulate``'s parsed options ``p`` (keyword names as the command's parameters): what
     the command simulates, and what the browser page simulates for the same options."""
+    from perfmodel.serving import traffic
     from perfmodel.specs import load
 
+    traffic.check_lengths(p["input_len"], p["output_len"])   # named as the options
     m, hw = load.model(p["model"]), device(p["hardware"], p["engine_name"])
     wl = workload(m, 1, p["input_len"], p["output_len"], p["weights_dtype"], p["act_dtype"],
                   p["kv_dtype"], quantize_lm_head=p["quantize_lm_head"])

@@ -106,6 +106,12 @@ def _conversations(n: int, rate: float | None, arrival: str, burstiness: float, 
     return reqs.take(keep)
 
 
+def check_lengths(input_len: object, output_len: object) -> None:
+    """SpecError for a mean length that is not a whole number in [1, MAX_TOKENS]."""
+    _check_int(input_len, "--input-len", 1, MAX_TOKENS)
+    _check_int(output_len, "--output-len", 1, MAX_TOKENS)
+
+
 def _check_span(times: np.ndarray, n: int, rate: float) -> None:
     """SpecError for generated arrivals past MAX_ARRIVAL_S, as a trace's are (--rate 1e-300
     printed a 300-digit duration)."""
@@ -176,8 +182,7 @@ def _lengths(n: int, dist: str, input_len: int, output_len: int, spread: float,
         pick = input_rng.integers(0, len(lengths_from), size=n)
         return (lengths_from.input_tokens[pick].astype(np.int64),
                 lengths_from.output_tokens[pick].astype(np.int64))
-    _check_int(input_len, "--input-len", 1, MAX_TOKENS)
-    _check_int(output_len, "--output-len", 1, MAX_TOKENS)
+    check_lengths(input_len, output_len)
     _check_spread(dist, spread)
     return (_sample(n, dist, input_len, spread, input_rng),
             _sample(n, dist, output_len, spread, output_rng))
