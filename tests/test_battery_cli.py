@@ -45,7 +45,8 @@ def test_simulate_refuses_expert_parallelism_on_a_dense_model(plan):
 
 @pytest.mark.parametrize(("args", "line"), [
     (["--rate", "5", "--engine", "sglang", "--schedule-conservativeness", "nan"],
-     "error: --schedule-conservativeness: expected a finite number > 0, got nan"),
+     "error: --schedule-conservativeness: expected a finite number > 0, got nan; "
+     "--mem-fraction-static: a share in (0, 1] (0: SGLang's rule), got 0.0"),
     (["--rate", "1e-300"], "error: --rate: 1e-300 req/s spreads 4 requests over 4e+300 s; "
      "expected arrivals within 1e+09 s (about 32 years): a higher rate"),
     (["--rate", "5", "--max-model-len", "1000000000"],
