@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 import perfmodel as pm
 from perfmodel.cli.app import ABORTED, app, load_plugins
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import kv_pool
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.pricing import kv_pool
 from perfmodel.serving.requests import check_memory
 
 runner = CliRunner()

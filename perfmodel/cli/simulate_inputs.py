@@ -37,7 +37,7 @@ def inputs(p: dict[str, Any]) -> tuple:
                        p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
                        p["seed"], (p["turns"], p["think_time"], p["turn_growth"]),
                        3 if p.get("band", True) else 1)
-    from perfmodel.serving.config import context_limit
+    from perfmodel.serving.engines.vllm import context_limit
 
     streams = _within_limit(streams, context_limit(m, engine), p["trace"] is None)
     _warn_idle(streams, layout)
