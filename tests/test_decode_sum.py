@@ -119,3 +119,39 @@ def test_perturbed_attention_constants_keep_the_sum_exact(model, fraction, laten
                  composition=Composition(overlap, "test"))      # a composed graph step
     _check(pm.model(model), hw, Workload(batch=batch, prompt_len=prompt, gen_len=gen,
                                          cuda_graphs=graphs), Parallelism())
+
+
+def test_sum_stays_exact_across_the_point_where_the_split_settles():
+    """Past ``split_settles`` key tiles the split no longer changes, so the sum stops
+    sampling tile multiples there: on a device of 8 units the split settles at 56 tiles
+    (7,168 keys of 128); a range across it still equals every step priced alone."""
+    h100 = pm.hardware("h100-sxm")
+    hw = replace(h100, compute_units=8)
+    from perfmodel.cost.attention import split_settles
+
+    assert split_settles(hw) == 56
+    _check(pm.model("llama-3-8b"), hw, Workload(batch=1, prompt_len=6900, gen_len=600),
+           Parallelism())
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "deepseek-v2-lite"])
+def test_a_bandwidth_ramp_keeps_the_sum_exact(model):
+    """A calibrated size ramp (``memory_half_bytes``) leaves memory time linear in the
+    bytes ((b + half) / bw), so the sum samples, not every context, and stays exact."""
+    h100 = pm.hardware("h100-sxm")
+    hw = replace(h100, efficiency=replace(h100.efficiency, memory_half_bytes=2e6))
+    _check(pm.model(model), hw, Workload(batch=2, prompt_len=1, gen_len=300), Parallelism())
+
+
+def test_a_billion_token_generation_is_priced_at_a_bounded_number_of_points():
+    """``estimate --gen 1000000000`` hung: the sum sampled every 128-key tile multiple (15.6
+    million points). It samples up to where the split settles: a few thousand points."""
+    from perfmodel.schedules.decode import _samples
+    from perfmodel.specs.workload import Workloads
+
+    m, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
+    w = Workloads.of(gen_len=10**9 - 512)
+    c0 = w.prompt_len + 1
+    _, ctx = _samples(m, hw, Parallelism(), w, c0, c0 + w.gen_len - 2, np.array([True]))
+    assert 2 < len(ctx) < 40_000
+    assert ctx.max() == 10**9 - 1

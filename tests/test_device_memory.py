@@ -16,9 +16,11 @@ from perfmodel.specs.load import HARDWARE_DIR, load_hardware
 
 MiB = 2**20
 LLAMA_7B_WEIGHTS = 6_738_415_616 * 2                         # bf16
-# llama-2-7b, prompt 512 + 128 generated: KV of 640 tokens (40 whole blocks of 16) plus the
-# prompt's activations and one row of fp32 logits
-LLAMA_7B_PER_SEQ = 640 * 32 * 2 * 32 * 128 * 2 + (2 * 4096 + 3 * 11008) * 2 * 512 + 32000 * 4
+# llama-2-7b, prompt 512 + 128 generated: KV of 640 tokens (40 whole blocks of 16) and one
+# row of fp32 logits per sequence, beside one full step's activations (8,192 tokens, the
+# chunked-prefill budget) once
+LLAMA_7B_PER_SEQ = 640 * 32 * 2 * 32 * 128 * 2 + 32000 * 4
+LLAMA_7B_STEP = (2 * 4096 + 3 * 11008) * 2 * 8192
 
 
 def one(model, hw, **workload):
@@ -52,14 +54,15 @@ def test_a100_usable_by_hand():
 
 def test_max_batch_by_hand_on_a100():
     est = one(pm.model("llama-2-7b"), pm.hardware("a100-80gb-sxm"), prompt_len=512, gen_len=128)
-    # (75,387,371,520 - 13,476,831,232) / 377,877,504 = 163.8
-    assert LLAMA_7B_PER_SEQ == 377_877_504
+    # (75,387,371,520 - 13,476,831,232 - 675,282,944) / 335,672,320 = 182.4
+    assert LLAMA_7B_PER_SEQ == 335_672_320 and LLAMA_7B_STEP == 675_282_944
     assert est.usable_bytes == pytest.approx(75_387_371_520, rel=1e-15)
-    assert est.max_batch == 163 and est.fits
+    assert est.max_batch == 182 and est.fits
 
 
 def test_max_batch_by_hand_on_a_toy_device():
-    # 20 GB, 1 GB reserved, 90%: usable 17e9; (17e9 - 13,476,831,232) / 377,877,504 = 9.3
+    # 20 GB, 1 GB reserved, 90%: usable 17e9; 9 sequences' prompts (4,608 tokens) fill no
+    # step, so each brings its activations: (17e9 - 13,476,831,232) / 377,877,504 = 9.3
     hw = replace(pm.hardware("a100-80gb-sxm"), memory_bytes=20e9, runtime_reserved_bytes=1e9)
     est = one(pm.model("llama-2-7b"), hw, prompt_len=512, gen_len=128, batch=10)
     assert est.usable_bytes == pytest.approx(17e9)

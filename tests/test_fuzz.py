@@ -57,6 +57,8 @@ def _random_model(rng: random.Random) -> dict:
            "vocab_size": rng.choice([7, 1000, 32000, 256000]),
            "intermediate_size": rng.choice([128, 1000, 11008, 28672]),
            "gated_mlp": rng.random() < 0.7, "max_position_embeddings": rng.choice([0, 2048])}
+    if not out["max_position_embeddings"]:   # no limit is the field left out (0 is refused)
+        del out["max_position_embeddings"]
     if rng.random() < 0.25:
         out["attention"] = {"sliding_window": rng.choice([1, 16, 4096]),
                             "layer_pattern": rng.choice([["local"], ["local", "global"]])}

@@ -122,8 +122,8 @@ def test_imbalance_in_the_table_and_columns(dsv3):
     assert "+32 redundant experts" in line and f"{est.expert_imbalance:.3f}x" in line
     one = pm.estimate(hw, model, _workload(expert_skew=1.2))
     assert one.expert_imbalance == 1.0 and "busiest expert" not in dict(rows(one))["hardware"]
-    dense = pm.estimate(hw, pm.model("llama-3-8b"), pm.Workload(expert_skew=1.2))
-    assert dense.to_dict()["expert_imbalance"] == 1.0
+    with pytest.raises(pm.SpecError, match="llama-3-8b has no routed experts"):  # issue 33
+        pm.estimate(hw, pm.model("llama-3-8b"), pm.Workload(expert_skew=1.2))
 
 
 def test_parallelism_checks_replicas():

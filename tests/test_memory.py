@@ -60,11 +60,14 @@ def test_max_batch_by_hand():
                  gen_len=128)
     weights = 6_738_415_616 * 2
     kv_seq = 640 * 32 * 2 * 32 * 128 * 2                 # 40 whole blocks of 16
-    ws_seq = (2 * 4096 + 3 * 11008) * 2 * 512 + 32000 * 4
+    # activations: a step of at most 8,192 tokens (chunked prefill, vLLM's default budget),
+    # whatever the batch, and each sequence's fp32 logits
+    ws_token, logits = (2 * 4096 + 3 * 11008) * 2, 32000 * 4
     assert est.weights_bytes == weights
     assert est.kv_cache_bytes_per_sequence == kv_seq
     usable = 0.9 * 81920 * 2**20 - 1833 * 2**20
-    assert est.max_batch == (usable - weights) // (kv_seq + ws_seq) == 163
+    assert est.max_batch == (usable - weights - ws_token * 8192) // (kv_seq + logits) == 182
+    assert est.workspace_bytes == ws_token * 512 + logits           # batch 1: 512 tokens
     assert est.fits
 
 

@@ -61,9 +61,10 @@ def test_shared_blocks_raise_the_batch_ceiling_by_hand(pair):
     logits = VOCAB * 4
     usable = hw.memory_bytes * 0.9 - hw.runtime_reserved_bytes
     weights = float(est.memory.weights_bytes[0])
-    cold = np.floor((usable - weights) / (per_seq + ws_token * P + logits))
-    warm = np.floor((usable - weights - shared) / (per_seq - shared + ws_token * (P - S)
-                                                   + logits))
+    step = ws_token * 8192      # one full step's activations (chunked prefill's budget)
+    cold = np.floor((usable - weights - step) / (per_seq + logits))
+    warm = np.floor((usable - weights - shared - step) / (per_seq - shared + logits))
+    assert cold * P >= 8192 and warm * (P - S) >= 8192     # both batches fill a step
     assert est.memory.max_batch.tolist() == [cold, warm]
     assert est.memory.kv_cache_bytes.tolist() == [B * per_seq, B * (per_seq - shared) + shared]
     assert warm > 20 * cold

@@ -21,6 +21,7 @@ import pytest
 
 import perfmodel as pm
 from perfmodel.compare import rows as compare_rows
+from perfmodel.cost import memory
 from perfmodel.cost.attention import SHORT_Q
 from perfmodel.cost.params import param_counts
 from perfmodel.cost.roofline import op_time
@@ -178,8 +179,12 @@ SNAPSHOT = _load("estimates.json.gz")
 
 
 @pytest.mark.parametrize("chunk", range(8))
-def test_estimates_match_the_old_core(chunk: int) -> None:
-    """Every number of every configuration (an eighth of them per test)."""
+def test_estimates_match_the_old_core(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every number of every configuration (an eighth of them per test). One deliberate
+    change since is left out: a step's activations are bounded by the chunked-prefill
+    budget (``cost.memory.STEP_TOKENS``, issue 33; tested in test_memory), where the old
+    core counted every prompt of the batch at once."""
+    monkeypatch.setattr(memory, "STEP_TOKENS", math.inf)
     problems = []
     for i, entry in enumerate(SNAPSHOT):
         if i % 8 != chunk:

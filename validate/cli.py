@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from perfmodel.cli.common import command_line, fail, out_dir, out_file, writing
-from perfmodel.cli.devices import EngineOpt
+from perfmodel.cli.devices import EngineOpt, engine_option
 from perfmodel.cli.devices import device as load_device
 
 
@@ -74,7 +74,8 @@ def calibrate(
                        "systems/data folder; no torch needed")] = None,
     hardware: Annotated[str | None, typer.Option(
         "--hardware", "-H", help="with --from: the shipped device to fit")] = None,
-    engine: Annotated[str, typer.Option(help="with --from: vllm, sglang or trtllm")] = "vllm",
+    engine: Annotated[str, typer.Option(callback=engine_option,
+                                        help="with --from: vllm, sglang or trtllm")] = "vllm",
     all_devices: Annotated[bool, typer.Option(
         "--all", help="with --from: every shipped device the tables cover, every engine")
     ] = False,

@@ -35,6 +35,13 @@ CORE = {"estimate": ("perfmodel.cli.estimate", "estimate"),
 # command group -> (module, Typer): its subcommands (``perfmodel kernels import ...``)
 GROUPS = {"kernels": ("perfmodel.cli.kernels", "app")}
 _plugins_loaded = False
+# Ctrl-C: ``error: aborted`` and the shell's code for a SIGINT (128 + 2), whichever command
+ABORTED = 130
+
+
+class _Interrupted(Exception):
+    """A KeyboardInterrupt inside a command, carried past typer (which would turn it into a
+    silent exit 130) to ``_exit_code``."""
 
 
 def build(only: str | None = None) -> typer.Typer:
@@ -45,7 +52,8 @@ def build(only: str | None = None) -> typer.Typer:
     cli = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True,
                       pretty_exceptions_enable=False, rich_markup_mode=None,
                       help="Predict LLM inference speed on an accelerator, and say why.",
-                      context_settings={"max_content_width": 120})
+                      context_settings={"max_content_width": 120,
+                                        "help_option_names": ["-h", "--help"]})
     cli.callback()(_root)           # "perfmodel COMMAND" even with one command registered
     for name, (module, function) in CORE.items():
         if only is None or name == only:
@@ -135,9 +143,9 @@ def _exit_code(call: Callable[[], Any]) -> int:
     except SpecError as exc:   # a spec error raised outside a command's own handler
         typer.echo(f"error: {exc}", err=True)
         code = 2
-    except (typer.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt, _Interrupted):
         typer.echo("error: aborted", err=True)
-        code = 1
+        code = ABORTED
     except BrokenPipeError:   # output piped into a reader that closed early (| head)
         sys.stderr = open(os.devnull, "w")
         code = 0
@@ -159,14 +167,23 @@ class OneLineErrors(TyperGroup):
             return call()
         sys.exit(_exit_code(call))
 
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted() from None
+
 
 def main() -> None:
     """Console entry point. A core command runs alone, without looking up plugins or
     building the other commands (fast start)."""
     first = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
-    if first in CORE or first in GROUPS:
-        run(build(only=first))
-    run(load_plugins())
+    try:            # Ctrl-C while the command set is built (its modules imported)
+        cli = build(only=first) if first in CORE or first in GROUPS else load_plugins()
+    except KeyboardInterrupt:
+        typer.echo("error: aborted", err=True)
+        sys.exit(ABORTED)
+    run(cli)
 
 
 if __name__ == "__main__":

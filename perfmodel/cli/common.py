@@ -14,12 +14,12 @@ from typing import Annotated, Any
 import typer
 
 from perfmodel.cli.errors import fail, raising
-from perfmodel.cli.outputs import out_dir, out_file, save, writing
+from perfmodel.cli.outputs import out_dir, out_file, out_path, save, writing
 from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.formats import format_names, weight_format
 
 # re-exported: their homes are cli.errors and cli.outputs
-__all__ = ["fail", "out_dir", "out_file", "raising", "save", "writing"]
+__all__ = ["fail", "out_dir", "out_file", "out_path", "raising", "save", "writing"]
 
 
 def command_line(command: str, **options: Any) -> str:

@@ -9,7 +9,7 @@ typer reads the Annotated option types at registration time. Bad input prints on
 from collections.abc import Iterable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -37,6 +37,7 @@ from perfmodel.cli.common import (
     numbers,
     out_dir,
     out_file,
+    out_path,
     plan,
     save,
     speculation,
@@ -72,7 +73,8 @@ Dpi = Annotated[int, typer.Option(min=1, max=MAX_DPI,
 def roofline_cmd(
     model: Annotated[str, typer.Option("--model", "-m", help="model name or file")],
     hardware: Devices,
-    out: Annotated[Path, typer.Option(help="figure file, .png or .svg")],
+    out: Annotated[Path, typer.Option(parser=out_path, metavar="<path>",
+                                      help="figure file, .png or .svg")],
     engine: EngineOpt = "vllm",
     batch: Annotated[str, typer.Option(help="batch sizes, comma list")] = "1,128",
     phase: Annotated[PhaseChoice, typer.Option(help="which steps to plot")] = PhaseChoice.both,
@@ -97,6 +99,7 @@ def roofline_cmd(
         par = plan(tp)
         points = [p for hw in hws for wl in wls
                   for p in plots.roofline_points(m, hw, wl, phases, par)]
+        _warn_assumed(m, hws, wls, par)
     except SpecError as exc:
         fail(str(exc))
     fig = plots.roofline_figure(points, hws, plots.roofline_title(m, wls[0], phases, par))
@@ -106,10 +109,25 @@ def roofline_cmd(
                f"points, {len(hws)} device(s), batch {','.join(map(str, batches))})")
 
 
+def _warn_assumed(model: Any, hws: list, wls: list, par: Any) -> None:
+    """What the plotted points assume (``schedules.assumptions``: a dtype the device has
+    no rate for, ...), one ``warning:`` line each on stderr; the engine's is said already."""
+    from perfmodel.schedules.assumptions import assumptions
+    from perfmodel.specs.workload import Workloads
+
+    said = {hw.engine_warning for hw in hws}
+    for hw in hws:
+        for _, line in assumptions(hw, model, Workloads.from_list(wls), par):
+            if line not in said:
+                said.add(line)
+                typer.echo(f"warning: {line}", err=True)
+
+
 def sweep_cmd(
     model: Models,
     hardware: Devices,
-    out: Annotated[Path, typer.Option(help="output directory (CSV and figures)")],
+    out: Annotated[Path, typer.Option(parser=out_path, metavar="<path>",
+                                      help="output directory (CSV and figures)")],
     engine: EngineOpt = "vllm",
     batch: Annotated[str, typer.Option(help="batch sizes, comma list")] =
         "1,2,4,8,16,32,64,128,256",

@@ -38,4 +38,8 @@ def host_profile(engine: str, version: str | None, mode: str | None, profile: Pa
         return host_time.HostTime()
     if profile is not None:
         return host_time.load_profile(profile)
-    return host_time.resolve(engine, version, mode, frontend)
+    out = host_time.resolve(engine, version, mode, frontend)
+    warning = host_time.past_profile(engine, version)
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
+    return out

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from perfmodel.cli.common import fail
+from perfmodel.cli.common import fail, out_dir, out_path, writing
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="The kernel corpus: import measured kernels, compare the model.")
@@ -19,18 +19,24 @@ importer = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_m
                        help="Import measurement tables into a corpus folder.")
 app.add_typer(importer, name="import")
 
-Out = Annotated[Path, typer.Option("--out", help="corpus folder to write")]
+Out = Annotated[Path, typer.Option("--out", parser=out_path, metavar="<path>",
+                                  help="corpus folder to write")]
 Devices = Annotated[list[str] | None, typer.Option(
     "--device", help="only this device (our hardware name, e.g. h100-sxm); repeatable")]
 Engines = Annotated[list[str] | None, typer.Option(
     "--engine", help="only this engine (vllm, sglang, trtllm, nccl); repeatable")]
 
 
-def _run(call):
+def _run(call, out: Path):
+    """``call()``, its SpecError one line; ``out`` checked writable first (before any work:
+    /proc/x was a FileNotFoundError traceback), and written through ``writing``."""
     from perfmodel.specs.errors import SpecError
 
+    out_dir(out)
+
     try:
-        return call()
+        with writing(out):
+            return call()
     except SpecError as exc:
         fail(str(exc))
 
@@ -45,7 +51,7 @@ def import_aiconfigurator_cmd(
     Apache-2.0) into corpus files, one per device x engine, and a manifest."""
     from perfmodel.kernels.importer import import_aiconfigurator
 
-    manifest = _run(lambda: import_aiconfigurator(out, device, engine, data, typer.echo))
+    manifest = _run(lambda: import_aiconfigurator(out, device, engine, data, typer.echo), out)
     rows = sum(f["rows"] for f in manifest["files"].values())
     left = sum(manifest["skipped"].values())
     typer.echo(f"{rows} rows in {len(manifest['files'])} files under {out} "
@@ -69,7 +75,8 @@ def import_csv_cmd(
 
     if timing and timing not in TIMINGS:
         fail(f"--timing: expected one of {', '.join(TIMINGS)}, got {timing!r}")
-    manifest = _run(lambda: import_csv(files, out, engine, engine_version, timing, typer.echo))
+    manifest = _run(lambda: import_csv(files, out, engine, engine_version, timing, typer.echo),
+                    out)
     rows = sum(f["rows"] for f in manifest["files"].values())
     typer.echo(f"{rows} rows in {len(manifest['files'])} files under {out}")
 
@@ -81,7 +88,8 @@ def compare_cmd(
         sample: Annotated[int, typer.Option(
             "--sample", min=0, help="rows scored per device x engine x class (0: all)")] = 3000,
         seed: Annotated[int, typer.Option("--seed")] = 0,
-        out: Annotated[Path, typer.Option("--out", help="report folder")] = Path(
+        out: Annotated[Path, typer.Option("--out", parser=out_path, metavar="<path>",
+                                          help="report folder")] = Path(
             "reports/kernels"),
         figures: Annotated[bool, typer.Option(
             "--figures/--no-figures", help="predicted-vs-measured PNG per device")] = True,
@@ -91,5 +99,5 @@ def compare_cmd(
     from perfmodel.kernels.report import compare_corpus
 
     summary = _run(lambda: compare_corpus(corpus, out, device, engine, sample, seed, figures,
-                                          typer.echo))
+                                          typer.echo), out)
     typer.echo(f"{summary['scored']} rows scored; wrote {out / 'summary.md'}")

@@ -15,6 +15,17 @@ from typing import Any
 from perfmodel.cli.errors import fail
 
 
+def out_path(text: str) -> Path:
+    """Every ``--out`` option's parser: the text as a Path, an empty one refused (it became
+    '.', the current folder, which the user did not name)."""
+    if not str(text).strip():
+        import typer
+
+        raise typer.BadParameter("expected a folder name, got an empty one (it would write "
+                                 "into the current folder; give --out . for that)")
+    return Path(text)
+
+
 def out_dir(path: Path, option: str = "--out", shown: Path | None = None) -> Path:
     """Fail early (one line, before any work) unless ``path`` is, or can be made as, a
     folder this process can write in: a file in the way, a read-only parent or a place
@@ -73,12 +84,24 @@ def out_file(path: Path, option: str = "--out", suffixes: tuple[str, ...] = ()) 
 @contextmanager
 def writing(path: Path, option: str = "--out") -> Iterator[Path]:
     """Make the directory ``path`` and turn an OS error while writing the outputs in it (no
-    permission, disk full) into one ``error:`` line."""
+    permission, disk full) into one ``error:`` line. On any exception (Ctrl-C too) the
+    folders made here are removed again where they are still empty."""
+    made = [p for p in (*reversed(path.parents), path) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         yield path
     except OSError as exc:
+        _remove_empty(made)
         fail(f"{option}: cannot write {exc.filename or path}: {exc.strerror or exc}")
+    except BaseException:
+        _remove_empty(made)
+        raise
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for p in reversed(folders):
+        with suppress(OSError):
+            p.rmdir()          # refuses a folder that is not empty
 
 
 def save(fig: Any, path: Path, dpi: int) -> int:

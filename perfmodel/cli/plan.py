@@ -15,7 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from perfmodel.cli.common import ModelOpt, WeightsFormatOpt, fail, out_dir, save, writing
+from perfmodel.cli.atomic import staged
+from perfmodel.cli.common import ModelOpt, WeightsFormatOpt, fail, out_dir, out_path, save
 from perfmodel.cli.devices import EngineOpt, devices
 from perfmodel.cli.host import HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
 from perfmodel.cli.plan_text import explain, text
@@ -81,7 +82,7 @@ def plan_cmd(
         "requests measured per checking simulation (warm-up and drain added)"))] = 1000,
     seed: Annotated[int, Opt(min=0)] = 0,
     fmt: Annotated[Format, Opt("--format", "-f")] = Format.text,
-    out: Annotated[Path | None, Opt(help=(
+    out: Annotated[Path | None, Opt(parser=out_path, metavar="<path>", help=(
         "folder for plan.csv (every candidate), pareto.png and plan.json"))] = None,
     dpi: Annotated[int, Opt(min=1, max=1200)] = 120,
     progress: Annotated[bool | None, Opt(help=(
@@ -277,7 +278,7 @@ def _write(out: Path, result: Any, report: dict, dpi: int) -> None:
     won = result.winner["index"]
     mark = int(live[:won].sum()) if live[won] else None
     cost = "usd_per_hour" if "usd_per_hour" in cols else "gpus"
-    with writing(out) as folder:
+    with staged(out) as folder:     # Ctrl-C leaves no partial file
         (folder / "plan.csv").write_text(columns_csv(cols))
         (folder / "plan.json").write_text(json.dumps(report, indent=2))
         if t.rate:

@@ -46,6 +46,7 @@ from perfmodel.cli.common import (
     load_models,
     names,
     out_dir,
+    out_path,
     plan,
     save,
     speculation,
@@ -59,7 +60,8 @@ from perfmodel.cli.figures import Dpi, FigFormat, Fmt, Models
 def report_cmd(
     model: Models,
     hardware: Annotated[str, typer.Option("--hardware", "-H", help="hardware name or file")],
-    out: Annotated[Path, typer.Option(help="output directory (report.md, report.html, ...)")],
+    out: Annotated[Path, typer.Option(parser=out_path, metavar="<path>",
+                                      help="output directory (report.md, report.html, ...)")],
     engine: EngineOpt = "vllm",
     batch: Batch = 1,
     prompt: Prompt = 512, gen: Gen = 128, weights_dtype: WeightsOpt = None,

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from perfmodel.cli.common import fail, writing
+from perfmodel.cli.common import fail, out_path, writing
 
 PROFILE = "engine-profile.yaml"
 
@@ -27,6 +27,7 @@ def calibrate_serving_cmd(
         min=1, help="runs sorted by offered rate: every K-th (from the lowest) fits, the "
                     "rest are predicted")] = 3,
     out: Annotated[Path | None, typer.Option(
+        parser=out_path, metavar="<path>",
         help=f"folder for {PROFILE}, calibration.md and calibration.json")] = None,
     progress: Annotated[bool, typer.Option(help="name each replay on stderr")] = True,
 ) -> None:

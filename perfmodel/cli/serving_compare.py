@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from perfmodel.cli.atomic import staged
-from perfmodel.cli.common import fail, out_dir
+from perfmodel.cli.common import fail, out_dir, out_path
 from perfmodel.cli.devices import engine_option
 
 
@@ -60,6 +60,7 @@ def compare_serving_cmd(
         help="only the runs whose id contains this text")] = None,
     fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
     out: Annotated[Path | None, typer.Option(
+        parser=out_path, metavar="<path>",
         help="folder for report.md, runs.json and runs.csv")] = None,
     progress: Annotated[bool, typer.Option(help="name each run on stderr as it starts")
                         ] = True,

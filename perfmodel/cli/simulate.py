@@ -26,6 +26,7 @@ from perfmodel.cli.common import (
     WeightsOpt,
     fail,
     out_dir,
+    out_path,
     save,
 )
 from perfmodel.cli.devices import EngineOpt
@@ -160,7 +161,7 @@ def simulate_cmd(
     slo_ttft: Annotated[float | None, Opt(help="TTFT SLO, seconds (goodput)")] = None,
     slo_tpot: Annotated[float | None, Opt(help="TPOT SLO, seconds (goodput)")] = None,
     fmt: Annotated[Format, Opt("--format", "-f")] = Format.table,
-    out: Annotated[str | None, Opt(help=(
+    out: Annotated[Path | None, Opt(parser=out_path, metavar="<path>", help=(
         "folder for requests.csv, steps.csv, summary.json and the figures"))] = None,
     progress: Annotated[bool, Opt(help="a progress bar on stderr")] = True,
     dpi: Annotated[int, Opt(min=1, max=1200)] = 120,
@@ -175,9 +176,6 @@ def simulate_cmd(
     from perfmodel.specs.errors import SpecError
 
     check_slos(slo_ttft, slo_tpot)
-    if out is not None and not out.strip():
-        fail("--out: expected a folder name, got an empty one (it would write into the "
-             "current folder; give --out . for that)")
     folder = None if out is None else out_dir(Path(out))
     if trace is not None:
         given = [name for name in _GENERATED

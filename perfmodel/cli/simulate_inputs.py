@@ -21,8 +21,10 @@ def inputs(p: dict[str, Any]) -> tuple:
     """(model, device, workload, plan, engine config, [(rate, requests, label)]) of
     ``simulate``'s parsed options ``p`` (keyword names as the command's parameters): what
     the command simulates, and what the browser page simulates for the same options."""
+    from perfmodel.serving import traffic
     from perfmodel.specs import load
 
+    traffic.check_lengths(p["input_len"], p["output_len"])   # named as the options
     m, hw = load.model(p["model"]), device(p["hardware"], p["engine_name"])
     dtype, group, fmt = weights_format(p.get("weights_format_name"), p["weights_dtype"], None)
     wl = workload(m, 1, p["input_len"], p["output_len"], dtype, p["act_dtype"],
@@ -34,9 +36,11 @@ def inputs(p: dict[str, Any]) -> tuple:
     streams = _traffic(p["trace"], p["rate"], p["concurrency"], p["num_requests"],
                        p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
                        p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
-                       p["seed"], (p["turns"], p["think_time"], p["turn_growth"]))
-    streams = _within_limit(streams, engine.max_model_len or m.max_position_embeddings,
-                            p["trace"] is None)
+                       p["seed"], (p["turns"], p["think_time"], p["turn_growth"]),
+                       3 if p.get("band", True) else 1)
+    from perfmodel.serving.engines.vllm import context_limit
+
+    streams = _within_limit(streams, context_limit(m, engine), p["trace"] is None)
     _warn_idle(streams, layout)
     _warn_turns(streams, layout, p["router"])
     if layout.pp > 1 and engine.host.overlap and engine.name == "vllm":
@@ -123,9 +127,12 @@ def _engine(name: str, values: dict) -> Any:
 def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
              input_len: int, output_len: int, arrival: str, burstiness: float,
              length_dist: str, spread: float, lengths_from: Path | None,
-             shared_prefix: int, seed: int, talk: tuple = (1, None, None)) -> list:
-    """[(offered rate or None, Requests, label)]: one stream, or one per --rate."""
+             shared_prefix: int, seed: int, talk: tuple = (1, None, None),
+             copies: int = 1) -> list:
+    """[(offered rate or None, Requests, label)]: one stream, or one per --rate; each
+    simulated ``copies`` times (the band's edges), which must fit in memory."""
     from perfmodel.serving import traffic
+    from perfmodel.serving.requests import check_memory
 
     sources = sum(x is not None and x != 0 for x in (trace, rate, concurrency or None))
     if sources != 1:
@@ -145,14 +152,18 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
                   spread=spread, lengths_from=lengths, shared_prefix=shared_prefix, seed=seed)
     if talk != (1, None, None):
         common.update(turns=talk[0], think_time=talk[1] or 0.0, turn_growth=talk[2])
+    rates = [] if concurrency else numbers("--rate", rate, float, minimum=0.0)
+    check_memory(n, output_len, copies * max(len(rates), 1))
     if concurrency:
         return [(None, traffic.generate(n, concurrency=concurrency, **common),
                  f"{concurrency} users")]
-    rates = numbers("--rate", rate, float, minimum=0.0)
     if any(r <= 0 for r in rates):
         fail(f"--rate: expected request rates > 0, got {rate}")
     if any(math.isinf(r) for r in rates):
         typer.echo(f"warning: --rate inf: all {n:,} requests arrive at t=0 (vLLM's "
                    "--request-rate inf)", err=True)
+    if math.isinf(burstiness) and arrival == "gamma":
+        typer.echo("warning: --burstiness inf: every gap exactly 1/rate (gamma's limit: "
+                   "--arrival constant)", err=True)
     return [(r, traffic.generate(n, rate=r, arrival=arrival, burstiness=burstiness, **common),
              f"{r:g} req/s") for r in rates]

@@ -30,6 +30,7 @@ from perfmodel.specs.dtypes import BYTES, CODE
 from perfmodel.specs.errors import SpecError, read_user_file
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import KINDS, POINTWISE, POINTWISE_CODE, ROW_KINDS
+from perfmodel.specs.workload import MAX_TOKENS
 
 SCHEMA = ("device", "source", "model", "tp", "op", "dtype", "m", "n", "k", "batch", "q_len",
           "kv_len", "n_heads", "n_kv_heads", "head_dim", "measured_s", "measured_std_s")
@@ -228,6 +229,36 @@ def row_timing(row: dict, timing: str) -> str:
     return own if own in TIMINGS else "kernel"
 
 
+# whole-number columns: a shape past MAX_TOKENS (or a tp of 0) is a typo, and compared it
+# gave errors of 4.8e18%; a time past an hour, or not a positive finite number, is no kernel's
+COUNT_COLUMNS = ("tp", "m", "n", "k", "batch", "q_len", "kv_len", "n_heads", "n_kv_heads",
+                 "head_dim")
+MAX_MEASURED_S = 3600.0
+
+
+def check_values(df: object, where: str) -> None:
+    """SpecError for the first bad value of a measurement table (a pandas frame of text):
+    a count column (blank where it does not apply) that is not a whole number in [1,
+    MAX_TOKENS], or a ``measured_s`` that is not a number of seconds in (0, 3600]. Called
+    where a table enters (compare, ``kernels import csv``), so a NaN row is never stored."""
+    import pandas as pd
+
+    checks = [(c, f"a whole number in [1, {MAX_TOKENS:,}] or blank",
+               lambda v: (v >= 1) & (v <= MAX_TOKENS) & (v == v.round()))
+              for c in COUNT_COLUMNS if c in df.columns]
+    checks.append(("measured_s", f"a time in seconds in (0, {MAX_MEASURED_S:g}]",
+                   lambda v: (v > 0) & (v <= MAX_MEASURED_S)))
+    for column, what, ok in checks:
+        text = df[column].astype(str).str.strip()
+        given = text != "" if column != "measured_s" else pd.Series(True, index=df.index)
+        values = pd.to_numeric(text.where(given, None), errors="coerce")
+        bad = given & ~ok(values).fillna(False).astype(bool)
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise SpecError(f"{where}: row {i + 2}: column {column}: expected {what}, got "
+                            f"{text.iloc[i]!r}")
+
+
 def read_measurements(path: str | Path, devices: Iterable[str] | None = None) -> list[dict]:
     """Rows of a measurement CSV as dicts of text (blank cells are ''), checked for the
     columns every row needs; ``devices`` keeps only rows whose ``device`` is listed.
@@ -257,6 +288,7 @@ def read_measurements(path: str | Path, devices: Iterable[str] | None = None) ->
                         f"({', '.join(present)}); choose one with --device-filter")
     if df.empty:
         raise SpecError(f"{path}: no measurement rows")
+    check_values(df, str(path))
     return df.to_dict("records")
 
 

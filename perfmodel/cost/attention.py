@@ -47,6 +47,7 @@ from perfmodel.cost.tiling import (
     decode_programs,
     kv_splits,
     prefill_tile_fraction,
+    splits_settle,
 )
 from perfmodel.cost.timebase import (
     OpTimes,
@@ -81,6 +82,12 @@ def split_tile(hw: Hardware, pool: np.ndarray, head_dim: np.ndarray) -> np.ndarr
         return np.zeros(np.broadcast_shapes(np.shape(pool), np.shape(head_dim)))
     return np.where(np.asarray(pool) < SPLIT_FULL * hw.compute_units,
                     decode_kv_tile(head_dim), 0)
+
+
+def split_settles(hw: Hardware) -> int:
+    """Key tiles (of ``split_tile``) past which the split no longer changes on ``hw``
+    (``tiling.splits_settle``): a decode sum samples the multiples up to here only."""
+    return splits_settle(hw.compute_units)
 
 
 def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray

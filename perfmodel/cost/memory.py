@@ -2,7 +2,8 @@
 
     usable = max(capacity * usable_fraction - runtime_reserved, 0)
     KV pool = usable - weights - workspace
-    max batch = floor((usable - weights) / (KV per sequence + workspace per sequence))
+    workspace = per-token activations x min(batch x new tokens, STEP_TOKENS) + logits x batch
+    max batch = the largest batch whose KV and workspace fit in usable - weights
 
 capacity is the total the driver reports (hardware YAML ``memory.capacity_bytes``);
 usable_fraction is the engine's budget share (vLLM's ``gpu_memory_utilization``: the
@@ -257,6 +258,44 @@ def logits_bytes_per_sequence(model: Model, tp: int) -> float:
 
 
 MAX_BATCH = 2.0**40   # a ceiling past any real batch, so that it stays an integer
+# Tokens one engine step holds: vLLM's --max-num-batched-tokens default (8192 for the
+# OpenAI server, vllm/config/scheduler.py; chunked prefill on, as in V1). A batch's prompts
+# are prefilled in chunks of at most this many tokens, so a step's activations never
+# exceed this many tokens' worth, whatever the batch (the simulator's engines take their
+# own budget, ``serving.engines.vllm``, whose default this is).
+STEP_TOKENS = 8192
+
+
+def activation_terms(model: Model, tp: int, w: Workloads) -> tuple[np.ndarray, np.ndarray,
+                                                                     float]:
+    """(activation bytes per token, new tokens per sequence, logits bytes per sequence) of
+    the prefill of ``w``'s prompts (a prefix hit prefills only what follows the prefix)."""
+    shared = shared_prefix_bytes(model, tp, kv_bytes_of(model, w), w)
+    hit = w.prefix_hit_rate
+    new_tokens = w.prompt_len - hit * np.where((hit > 0) & (shared > 0), w.shared_prefix, 0)
+    return (workspace_bytes_per_token(model, tp, BYTES[w.act_dtype]), new_tokens,
+            logits_bytes_per_sequence(model, tp))
+
+
+def step_workspace(per_token: np.ndarray, new_tokens: np.ndarray, logits: float,
+                   sequences: np.ndarray) -> np.ndarray:
+    """Peak activations of a step of ``sequences`` prompts of ``new_tokens`` each: at most
+    ``STEP_TOKENS`` tokens of them (chunked prefill), and each sequence's logits."""
+    return per_token * np.minimum(sequences * new_tokens, STEP_TOKENS) + logits * sequences
+
+
+def fitting_batch(room: np.ndarray, per_sequence: np.ndarray, per_token: np.ndarray,
+                  new_tokens: np.ndarray, logits: float, pp: int = 1) -> np.ndarray:
+    """The largest batch b with b x per_sequence + step_workspace(b / pp) <= room (a stage
+    holds one micro-batch of b / pp sequences' activations). The workspace grows with b
+    until the step is full (b / pp x new_tokens = STEP_TOKENS), then only by the logits:
+    the ceiling of each regime, the second where it is reached."""
+    share = 1.0 / pp
+    seq = per_sequence + share * logits
+    full = room - per_token * STEP_TOKENS                 # room beside a full step
+    past = full / seq >= STEP_TOKENS / np.maximum(share * new_tokens, 1e-300)
+    return np.where(past, batch_ceiling(full, seq),
+                    batch_ceiling(room, seq + share * per_token * new_tokens))
 
 
 def batch_ceiling(room: np.ndarray, per_sequence: np.ndarray) -> np.ndarray:
@@ -288,15 +327,14 @@ def memory_estimate(model: Model, hw: Hardware, plan: Parallelism,
     per_seq = kv_bytes_per_sequence(model, tp, kvb, w.final_len, w.kv_block_tokens)
     shared, hit = shared_prefix_bytes(model, tp, kvb, w), w.prefix_hit_rate
     shared = np.where(hit > 0, shared, 0.0)
-    new_tokens = w.prompt_len - hit * np.where(shared > 0, w.shared_prefix, 0)
-    ws_seq = workspace_bytes_per_token(model, tp, ab) * new_tokens \
-        + logits_bytes_per_sequence(model, tp)
+    per_token, new_tokens, logits = activation_terms(model, tp, w)
     batch, hits = np.ceil(w.batch / ways), np.ceil(w.prefix_hits / ways)    # one device's
     # a stage holds one micro-batch's activations at a time (``schedules.pipeline``)
     in_flight = np.ceil(batch / np.minimum(pp, batch))
     room = usable - weights - share * shared
     private = share * (per_seq - hit * shared)  # a hit's own blocks; a miss holds them all
-    max_batch = batch_ceiling(room, private + ws_seq / pp).min(axis=0) * ways
+    max_batch = fitting_batch(room, private, per_token, new_tokens, logits, pp
+                              ).min(axis=0) * ways
     kv = per_seq * batch + np.where(hits > 0, shared * (1 - hits), 0.0)
     fullest = np.argmax(weights + share * kv, axis=0)
     pick = np.arange(len(w))
@@ -305,7 +343,8 @@ def memory_estimate(model: Model, hw: Hardware, plan: Parallelism,
         weights_bytes=weights[fullest, pick],
         kv_cache_bytes_per_token=kv_bytes_per_token(model, tp, kvb) * share[fullest, 0],
         kv_cache_bytes_per_sequence=per_seq * share[fullest, 0],
-        kv_cache_bytes=kv * share[fullest, 0], workspace_bytes=ws_seq * in_flight,
+        kv_cache_bytes=kv * share[fullest, 0],
+        workspace_bytes=step_workspace(per_token, new_tokens, logits, in_flight),
         max_batch=max_batch, fits=w.batch <= max_batch)
 
 

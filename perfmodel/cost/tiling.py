@@ -173,6 +173,15 @@ def _kv_splits(programs: int, tiles: int, units: int) -> tuple[float]:
     return (float(min(n for n in counts if fill[n] >= _SPLIT_NEAR_BEST * best)),)
 
 
+def splits_settle(units: int) -> int:
+    """Key tiles from which ``kv_splits`` no longer depends on the tiles: at tiles >= most x
+    (most - 1), most = min(128, units), ceil(tiles / n) falls with every n up to most
+    (tiles / (n - 1) - tiles / n >= 1), so every count is a candidate and the choice rests on
+    the programs alone."""
+    most = max(1, min(_SPLIT_MAX, units))
+    return max(most * (most - 1), 1)
+
+
 def kv_splits(programs: np.ndarray, tiles: np.ndarray, units: int) -> np.ndarray:
     """How many programs share one (sequence, KV head)'s keys: FlashAttention-2's rule
     (``num_splits_heuristic``). None when the programs already fill 80% of the units;

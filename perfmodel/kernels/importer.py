@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from perfmodel.compare.rows import check_values
 from perfmodel.kernels import aiconfigurator as aic
 from perfmodel.kernels.corpus import COLUMNS, file_name, write_frame, write_manifest
 from perfmodel.specs.errors import SpecError, read_user_file
@@ -98,6 +99,7 @@ def import_csv(paths: Iterable[str | Path], out: str | Path, engine: str = "",
             if column not in df.columns:
                 raise SpecError(f"{path}: column {column}: missing (expected the shared "
                                 "measurement schema)")
+        check_values(df, str(path))
         df["device"] = df["device"].map(lambda d: CSV_DEVICES.get(d, d))
         if engine or "engine" not in df.columns:
             df["engine"] = engine or "unknown"

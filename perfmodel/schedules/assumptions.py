@@ -13,6 +13,7 @@ import numpy as np
 
 from perfmodel.cost.instantiate import remote_share
 from perfmodel.cost.memory import kv_vector_elems
+from perfmodel.cost.params import param_counts
 from perfmodel.cost.routing import token_reach
 from perfmodel.schedules.speculative import Speculation
 from perfmodel.schedules.weight_paths import path_assumptions
@@ -119,6 +120,23 @@ def _rates(hw: Hardware, w: Workloads) -> list[Assumption]:
             if used != name:
                 out.append((codes == code, f"{hw.name} lists no {name} rate: {name} {what} "
                                            f"are priced at its {used} rate"))
+    return out + _weight_only_rates(hw, w)
+
+
+def _weight_only_rates(hw: Hardware, w: Workloads) -> list[Assumption]:
+    """Weights narrower than the activations, in a dtype the device has no rate for (fp8
+    weights on a TPU v4 or an A100): the matmuls run at the activations' rate whatever the
+    device, but that the device cannot compute in the weights' dtype is said."""
+    out = []
+    only = BYTES[w.weights_dtype] < BYTES[w.act_dtype]
+    for code in np.flatnonzero(np.bincount(np.ravel(w.weights_dtype[only]))).tolist():
+        name = DTYPES[code]
+        used = hw.rate_dtype(name)
+        if used != name:
+            out.append((only & (w.weights_dtype == code),
+                        f"{hw.name} lists no {name} rate: {name} weights priced as a "
+                        f"weight-only kernel runs them, dequantized and multiplied at the "
+                        f"activations' rate"))
     return out
 
 
@@ -182,6 +200,8 @@ def check_speculation(model: Model, plan: Parallelism, spec: Speculation) -> Non
         raise SpecError(f"speculation: MTP drafting needs a model with MTP modules; "
                         f"{model.name} has none (mtp: n_modules)")
     draft = spec.draft_model
+    if spec.draft == "model":
+        _check_draft_size(model, draft)
     if spec.draft == "model" and draft.vocab_size != model.vocab_size:
         raise SpecError(f"speculation: draft {draft.name} has a vocabulary of "
                         f"{draft.vocab_size} tokens, {model.name} {model.vocab_size}; a draft "
@@ -190,6 +210,26 @@ def check_speculation(model: Model, plan: Parallelism, spec: Speculation) -> Non
         raise SpecError(f"speculation: pipeline parallelism (pp={plan.pp}) with speculative "
                         f"decoding is not modelled (vLLM does not run the two together: "
                         f"vllm-project/vllm issues 14117, 49355); use pp=1")
+
+
+def _check_draft_size(model: Model, draft: Model) -> None:
+    """SpecError for a draft model no smaller than its target (by active parameters): each
+    round would cost more than the target's own steps, whatever the acceptance."""
+    mine, theirs = (param_counts(m).active(m) for m in (draft, model))
+    if mine >= theirs:
+        raise SpecError(f"speculation: draft {draft.name} ({mine / 1e9:.3g} B active "
+                        f"parameters) is not smaller than the target {model.name} "
+                        f"({theirs / 1e9:.3g} B); expected a smaller draft model")
+
+
+def check_levers(model: Model, w: Workloads) -> None:
+    """SpecError for a lever the model has nothing to apply to: expert skew on a model
+    without routed experts (it was priced as if absent)."""
+    skewed = np.asarray(w.expert_skew) > 0
+    if model.moe is None and skewed.any():
+        value = float(np.asarray(w.expert_skew).reshape(-1)[np.flatnonzero(skewed)[0]])
+        raise SpecError(f"workload: expert_skew {value:g}: {model.name} has no routed "
+                        f"experts; drop it (or set 0)")
 
 
 def speculation_assumptions(w: Workloads, spec: Speculation) -> list[Assumption]:

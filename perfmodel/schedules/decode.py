@@ -11,8 +11,12 @@ points the sum over integer contexts is exact from the end points,
 sum_{c=a}^{b} f(c) = (b - a + 1) (f(a) + f(b)) / 2, which is a weighted sum over the points
 (``_weights``). So decode is priced at the structural points (``_samples``), the bends are
 found on the lines between them (``_bends``), and, where one falls inside a segment, priced
-again with them. Where the time is not piecewise linear (a calibrated bandwidth ramp,
-``memory_half_bytes``, or an MLA form that changes inside the range) every context is priced.
+again with them. The split can change only up to ``split_settles`` key tiles (past it the
+split rests on the program count alone), so a generation of 10^9 tokens is priced at a few
+thousand points, not 10^9. A calibrated bandwidth ramp (``memory_half_bytes``) keeps the
+time linear: b / (bw x b / (b + half)) = (b + half) / bw. Only MLA's expanded form, whose
+up-projection GEMMs have m = context rows (tile waves), is priced at every context it runs
+at; it runs at a few contexts at most (``_expanded``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import itertools
 
 import numpy as np
 
-from perfmodel.cost.attention import packed_programs, split_tile
+from perfmodel.cost.attention import packed_programs, split_settles, split_tile
 from perfmodel.cost.layers import AttentionSpec, mla_absorbed, step_template
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.step import Dtypes, Step, StepCost, composed_seconds, price_step
@@ -39,34 +43,51 @@ def _ranges(owner: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
     return np.repeat(owner, n), starts + np.arange(n.sum())
 
 
-def _every_context(model: Model, hw: Hardware, c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
-    """Configurations whose decode time is not piecewise linear in the context."""
-    if hw.efficiency.memory_half_bytes:
-        return np.ones(len(c0), dtype=bool)
-    if model.mla is not None:
-        one = np.ones(len(c0), dtype=int)
-        return mla_absorbed(model, one, c0) != mla_absorbed(model, one, c1)
-    return np.zeros(len(c0), dtype=bool)
+def _expanded(model: Model, c0: np.ndarray, c1: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(e0, e1, r0, r1): the contexts of each range [c0, c1] where MLA runs its expanded
+    form (priced one by one; none: e1 < e0) and the rest (sampled). The two forms' FLOPs
+    are both linear in the context, so the form changes at most once in a range: found by
+    bisection on ``mla_absorbed`` itself (a prefix or a suffix of the range is expanded)."""
+    none = c0 - 1
+    if model.mla is None:
+        return c0, none, c0, c1
+    one = np.ones(len(c0), dtype=np.int64)
+    first, last = (mla_absorbed(model, one, c) for c in (c0, c1))
+    lo, hi = c0.copy(), c1.copy()         # lo has c0's form, hi the other (where they differ)
+    while np.any((first != last) & (hi - lo > 1)):
+        mid = (lo + hi) // 2
+        same = mla_absorbed(model, one, mid) == first
+        lo, hi = np.where(same, mid, lo), np.where(same, hi, mid)
+    switch = np.where(first != last, hi, c1 + 1)      # the first context of the other form
+    # first absorbed: [c0, switch - 1] sampled, [switch, c1] expanded; else the other way
+    e0, e1 = np.where(first, switch, c0), np.where(first, c1, switch - 1)
+    r0, r1 = np.where(first, c0, switch), np.where(first, switch - 1, c1)
+    return e0, e1, r0, r1
 
 
 def _samples(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, c0: np.ndarray,
              c1: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sorted distinct (configuration, context) points: both ends, every context where the
     time is not piecewise linear, the two sides of each key-tile boundary where a split may
-    change, and of each window's and chunk's end."""
-    full = live & _every_context(model, hw, c0, c1)
-    rest = np.flatnonzero(live & ~full)
-    every_cfg, every_ctx = _ranges(np.flatnonzero(full), c0[full], c1[full])
+    change (up to where it settles), and of each window's and chunk's end."""
+    e0, e1, r0, r1 = _expanded(model, c0, c1)
+    full = live & (e1 >= e0)
+    every_cfg, every_ctx = _ranges(np.flatnonzero(full), e0[full], e1[full])
+    rest = np.flatnonzero(live & (r1 >= r0))
+    c0, c1 = r0, r1
     cfg, ctx = [rest, rest, every_cfg], [c0[rest], c1[rest], every_ctx]
     specs = [s for s in step_template(model, plan.tp, plan.ep, plan.attention_dp)
              if isinstance(s, AttentionSpec)]
+    settle = split_settles(hw)
     for s in specs:       # the key split changes only past a multiple of split_tile
         tile = split_tile(hw, w.batch[rest] * packed_programs(1, s.heads, s.kv_heads),
                           s.qk_dim).astype(np.int64)
         split = tile > 0
         own, lo, hi, tile = rest[split], c0[rest][split], c1[rest][split], tile[split]
-        who, m = _ranges(own, -(-lo // tile), (hi - 1) // tile)
-        step = np.repeat(tile, np.maximum((hi - 1) // tile - -(-lo // tile) + 1, 0))
+        top = np.minimum((hi - 1) // tile, settle)
+        who, m = _ranges(own, -(-lo // tile), top)
+        step = np.repeat(tile, np.maximum(top - -(-lo // tile) + 1, 0))
         cfg += [who, who]
         ctx += [m * step, m * step + 1]
     for window in {s.window for s in specs if s.window}:

@@ -20,7 +20,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from perfmodel.cost.memory import MemoryEstimate, batch_ceiling, memory_estimate
+from perfmodel.cost.memory import (
+    MemoryEstimate,
+    activation_terms,
+    fitting_batch,
+    memory_estimate,
+)
 from perfmodel.cost.params import param_counts
 from perfmodel.schedules.speculative import Speculation
 from perfmodel.specs.dtypes import BYTES
@@ -54,11 +59,11 @@ def with_draft(mem: MemoryEstimate, model: Model, hw: Hardware, plan: Parallelis
     """``mem`` (the target's) with the draft's weights and cache added (module docstring)."""
     weights, kv_seq = draft_bytes(model, hw, plan, w, spec)
     batch = np.ceil(w.batch / plan.attention_ways)
-    ws_seq = mem.workspace_bytes / np.maximum(batch, 1)
     total_weights = mem.weights_bytes + weights
     per_seq = mem.kv_cache_bytes_per_sequence + kv_seq
     room = mem.usable_bytes - total_weights
-    max_batch = batch_ceiling(room, per_seq + ws_seq) * plan.attention_ways
+    max_batch = fitting_batch(room, per_seq, *activation_terms(model, plan.tp, w),
+                              plan.pp) * plan.attention_ways
     return replace(mem, weights_bytes=total_weights, kv_cache_bytes_per_sequence=per_seq,
                    kv_cache_bytes=mem.kv_cache_bytes + kv_seq * batch,
                    max_batch=max_batch, fits=w.batch <= max_batch)

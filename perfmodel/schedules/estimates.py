@@ -21,7 +21,13 @@ from perfmodel.cost.memory import MemoryEstimate, memory_estimate
 from perfmodel.cost.ops import ByteCounts
 from perfmodel.cost.params import param_counts
 from perfmodel.cost.timebase import BOUNDS, COMPUTE
-from perfmodel.schedules.assumptions import Assumption, assumptions, check_plan, joined
+from perfmodel.schedules.assumptions import (
+    Assumption,
+    assumptions,
+    check_levers,
+    check_plan,
+    joined,
+)
 from perfmodel.schedules.bands import FIGURES, Edges, request_bands
 from perfmodel.schedules.diffusion import (
     DENOISE,
@@ -300,6 +306,7 @@ def estimate_many(hardware: Hardware, model: Model, workloads: Workloads,
     check_arguments(hardware, model, workloads, plan)
     plan.require_modelled()
     check_plan(hardware, model, plan)
+    check_levers(model, workloads)
     counts = param_counts(model)
     found = tuple(assumptions(hardware, model, workloads, plan))
     schedule = static_request if plan.pp == 1 else pipelined_request

@@ -142,6 +142,18 @@ def default_mode(engine: str, version: str | None = None) -> str:
     return table["versions"][-1]["mode"]
 
 
+def past_profile(engine: str, version: str | None) -> str | None:
+    """The warning for a ``version`` newer than ``engine``'s profile was measured on (its
+    ``default_version``): its host time is that version's, an assumption; None otherwise."""
+    if version is None:
+        return None
+    newest = _table(engine)["default_version"]
+    if _version(version, "--engine-version") <= _version(newest, f"{engine}.yaml"):
+        return None
+    return (f"--engine-version {version}: newer than {engine}'s profile ({newest}, the "
+            f"newest measured): priced with {newest}'s host time")
+
+
 def resolve(engine: str = "vllm", version: str | None = None, mode: str | None = None,
             frontend: str = "http") -> HostTime:
     """The shipped profile of ``engine`` at ``version`` (default: the profile's

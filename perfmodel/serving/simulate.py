@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from perfmodel.schedules.assumptions import check_plan
 from perfmodel.serving import host_time, pipeline, sessions
 from perfmodel.serving.engine_loop import Progress
-from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.engines.vllm import EngineConfig, context_limit
 from perfmodel.serving.fleet import routers
 from perfmodel.serving.fleet.replicas import merge, run_replicas
 from perfmodel.serving.pricing import kv_pool
@@ -41,7 +42,8 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
     pipeline.check(plan, engine)
-    limit = engine.max_model_len or model.max_position_embeddings
+    check_plan(hw, model, plan)
+    limit = context_limit(model, engine)
     longest = int((requests.input_tokens + requests.output_tokens).max())
     if longest > limit:
         raise SpecError(f"simulate: a request of {longest} tokens (input + output) is longer "

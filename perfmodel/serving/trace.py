@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.serving.requests import MAX_TOKENS, Requests
+from perfmodel.serving.requests import Requests
 from perfmodel.specs.errors import SpecError, did_you_mean, read_user_file
+from perfmodel.specs.workload import MAX_TOKENS
 
 COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 PREFIX_COLUMNS = ("prefix_id", "prefix_tokens")

@@ -10,10 +10,12 @@ import math
 
 import numpy as np
 
-from perfmodel.serving.requests import MAX_TOKENS, Requests
+from perfmodel.serving.requests import Requests
+from perfmodel.serving.trace import MAX_ARRIVAL_S
 from perfmodel.serving.trace import read_trace as read_trace
 from perfmodel.serving.trace import write_trace as write_trace
 from perfmodel.specs.errors import SpecError, did_you_mean
+from perfmodel.specs.workload import MAX_TOKENS
 
 ARRIVALS = ("poisson", "constant", "gamma")
 LENGTH_DISTS = ("fixed", "uniform", "lognormal", "empirical")
@@ -73,6 +75,7 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
         times = np.zeros(n)
     else:
         times = _arrival_times(n, rate, arrival, burstiness, arrival_rng)
+        _check_span(times, n, rate)
     prefix_id = np.full(n, 0 if shared_prefix else -1, np.int64)
     return Requests(times, inputs + shared_prefix, outputs, prefix_id,
                     np.full(n, shared_prefix, np.int64), concurrency)
@@ -91,14 +94,31 @@ def _conversations(n: int, rate: float | None, arrival: str, burstiness: float, 
                         "--shared-prefix (a turn's prefix is the conversation so far)")
     count = -(-n // turns)
     starts = _arrival_times(count, rate / turns, arrival, burstiness, arrival_rng)
+    _check_span(starts, n, rate)
     growth_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[3])
     growth = _sample(n, dist_args[0] if dist_args[0] != "empirical" else "fixed",
                      turn_growth, dist_args[1], growth_rng)
-    pad = count * turns - n         # the last session is cut short to give n requests
-    full = [np.concatenate([a, a[:pad]]) for a in (inputs, growth, outputs)]
+    # the last session is cut short to give n requests: its missing turns are padded (by
+    # repeating the draws, which may be fewer than the padding: 20 requests of 50 turns)
+    full = [np.resize(a, count * turns) for a in (inputs, growth, outputs)]
     reqs = sessions.generate(starts, *full[:2], full[2], turns, think_time)
     keep = np.sort(np.argsort(reqs.session_id * turns + reqs.turn, kind="stable")[:n])
     return reqs.take(keep)
+
+
+def check_lengths(input_len: object, output_len: object) -> None:
+    """SpecError for a mean length that is not a whole number in [1, MAX_TOKENS]."""
+    _check_int(input_len, "--input-len", 1, MAX_TOKENS)
+    _check_int(output_len, "--output-len", 1, MAX_TOKENS)
+
+
+def _check_span(times: np.ndarray, n: int, rate: float) -> None:
+    """SpecError for generated arrivals past MAX_ARRIVAL_S, as a trace's are (--rate 1e-300
+    printed a 300-digit duration)."""
+    if len(times) and times[-1] > MAX_ARRIVAL_S:
+        raise SpecError(f"--rate: {rate:g} req/s spreads {n:,} requests over "
+                        f"{times[-1]:.3g} s; expected arrivals within {MAX_ARRIVAL_S:g} s "
+                        f"(about 32 years): a higher rate")
 
 
 def _check_int(value: object, flag: str, minimum: int, maximum: int | None = None) -> None:
@@ -162,8 +182,7 @@ def _lengths(n: int, dist: str, input_len: int, output_len: int, spread: float,
         pick = input_rng.integers(0, len(lengths_from), size=n)
         return (lengths_from.input_tokens[pick].astype(np.int64),
                 lengths_from.output_tokens[pick].astype(np.int64))
-    _check_int(input_len, "--input-len", 1, MAX_TOKENS)
-    _check_int(output_len, "--output-len", 1, MAX_TOKENS)
+    check_lengths(input_len, output_len)
     _check_spread(dist, spread)
     return (_sample(n, dist, input_len, spread, input_rng),
             _sample(n, dist, output_len, spread, output_rng))

@@ -16,9 +16,11 @@ class SpecError(ValueError):
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """'; did you mean 'x'?' for the closest of ``choices`` to ``word`` (difflib), or ""."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    """'; did you mean 'x'?' for the closest of ``choices`` to ``word`` (difflib, ignoring
+    case: 'H100' finds 'h100-sxm'), or ""."""
+    by_lower = {str(c).lower(): str(c) for c in choices}
+    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
 
 
 def quoted(value: object) -> str:
@@ -43,10 +45,16 @@ def read_user_file(path: Path, what: str, parse: Callable[[Path], T],
         if path.is_dir():
             raise SpecError(f"{path}: is a directory, expected {expected}")
         if not path.is_file():
+            if path.exists():     # a FIFO would block the read; a device never ends
+                raise SpecError(f"{path}: not a regular file (a pipe, socket or device), "
+                                f"expected {expected}")
             raise SpecError(f"{path}: no such file")
         return parse(path)
     except SpecError:
         raise
+    except RecursionError:    # 100k nested brackets: the parser's recursion, not a mistake's
+        raise SpecError(f"{path}: not {what}: nested too deeply, expected {expected}") \
+            from None
     except PermissionError:
         raise SpecError(f"{path}: cannot read: permission denied") from None
     except OSError as exc:

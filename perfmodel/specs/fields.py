@@ -20,6 +20,9 @@ from perfmodel.specs.errors import SafeMessage, SpecError, did_you_mean, quoted,
 
 # no device has more: a figure above these is a typo (5e9 for 5e-9), not hardware
 _LIMITS = {"bytes": 2.0**50, "bytes_per_s": 1e15, "flops_per_s": 1e19, "s": 1.0}
+# nor so little: a rate below these is a unit mistake (1e-30 for 1e30), and would turn every
+# time into years
+_FLOORS = {"bytes_per_s": 1e6, "flops_per_s": 1e6}
 
 
 class Fields:
@@ -97,7 +100,7 @@ class Fields:
             return value
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(key, f"expected an integer, got {quoted(value)}"
-                             f"{_integer_hint(value)}")
+                             f"{_integer_hint(value, self.file.endswith('.json'))}")
         if value < minimum:
             raise self.error(key, f"expected an integer >= {minimum}, got {value}")
         if maximum is not None and value > maximum:
@@ -117,6 +120,9 @@ class Fields:
                              f"{quoted(value)}")
         if positive and out <= 0:
             raise self.error(key, f"expected a positive value, got {quoted(value)}")
+        if 0 < out < _FLOORS.get(kind, 0.0):
+            raise self.error(key, f"expected at least {_FLOORS[kind]:g} (or 0 where 0 means "
+                             f"none), got {quoted(value)}")
         if not positive and out < 0:
             raise self.error(key, f"expected a non-negative value, got {quoted(value)}")
         return out
@@ -134,15 +140,20 @@ class Fields:
                              "shipped files)")
 
 
-def _integer_hint(value: Any) -> str:
-    """What to write instead of a float (4096.0) or of text YAML reads as such (5e9)."""
+def _integer_hint(value: Any, is_json: bool = False) -> str:
+    """What to write instead of a float (4096.0), of text YAML reads as such (5e9), or of a
+    number in quotes ("28")."""
     if isinstance(value, str):
         try:
-            value = float(value)
+            number = float(value)
         except ValueError:
             return ""
+        if not math.isfinite(number):
+            return ""
+        if is_json or not any(c in value for c in "eE") or "." in value:
+            return " (a number in quotes is text; write it without the quotes)"
         return " (YAML reads a number with an exponent and no dot as text; write the " \
-            "integer in full)" if math.isfinite(value) else ""
+            "integer in full)"
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
         return f" (write {int(value)})"
     return ""

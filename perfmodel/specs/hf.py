@@ -92,7 +92,8 @@ def model_from_hf_config(data: dict, file: str, name: str | None = None) -> Mode
         "tie_embeddings": hf.flag("tie_word_embeddings", gemma),
         "qkv_bias": kind == "qwen2" or hf.flag("attention_bias", False),
         "linear_bias": False,
-        "max_position_embeddings": hf.integer("max_position_embeddings", 0, minimum=0),
+        # absent: None, read by the schema as 0 (unknown); written out, at least 1
+        "max_position_embeddings": hf.integer("max_position_embeddings", None),
     }
     if hf.has("head_dim"):
         out["head_dim"] = hf.integer("head_dim")

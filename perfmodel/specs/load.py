@@ -94,6 +94,9 @@ def _hardware(f: Fields, engine: str) -> Hardware:
     capacity = mem.quantity("capacity_bytes", "bytes")
     bandwidth = mem.quantity("bandwidth_bytes_per_s", "bytes_per_s")
     reserved = mem.quantity("runtime_reserved_bytes", "bytes", 0.0, positive=False)
+    if reserved >= capacity:
+        raise mem.error("runtime_reserved_bytes", f"expected less than capacity_bytes "
+                        f"({capacity:g}), got {reserved:g}: nothing would be left to use")
     _sources(mem, "memory", sources)
     mem.finish()
     chip = f.sub("on_chip")
@@ -280,9 +283,16 @@ def _check_suffix(path: Path, yaml_what: str, json_what: str) -> None:
     """The suffix picks the reader: .yaml/.yml YAML, .json JSON; any other is refused (a
     .txt read as YAML would be a guess)."""
     if path.suffix.lower() not in (*YAML_SUFFIXES, ".json") and not _probe(path, "is_dir"):
+        if _HUB_ID.fullmatch(str(path)) and not _probe(path, "exists"):
+            raise SpecError(f"{path}: looks like a Hugging Face repo id; expected a path to "
+                            f"its config.json (download it first: nothing is fetched here)")
         got = f"suffix {path.suffix!r}" if path.suffix else "no suffix"
         raise SpecError(f"{path}: {got}, expected .yaml or .yml ({yaml_what}) or .json "
                         f"({json_what})")
+
+
+# a Hugging Face repository id: owner/name, no further separator
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
 def _resolve(name_or_path: object, directory: Path, kind: str) -> Path:
@@ -291,6 +301,10 @@ def _resolve(name_or_path: object, directory: Path, kind: str) -> Path:
     path = _user_path(name_or_path, kind, "a shipped model name or a path" if kind == "model"
                       else "a shipped hardware name or a path")
     text = str(name_or_path)
+    if "," in text and not _probe(path, "exists"):
+        lists = "sweep, roofline and plan" if kind == "hardware" else "sweep and report"
+        raise SpecError(f"--{kind}: {text!r}: expected one {kind} name or path, got a "
+                        f"comma-separated list ({lists} take lists; this command takes one)")
     candidate = directory / f"{text}.yaml"
     if "/" not in text and "\\" not in text and _probe(candidate, "is_file"):
         return candidate

@@ -51,6 +51,22 @@ def size(f: Fields, key: str, default: object = ..., minimum: int = 1) -> int:
     return f.integer(key, default, minimum=minimum, maximum=MAX[key])
 
 
+def context_limit(f: Fields, key: str) -> int:
+    """The context limit: 0 (unknown) when the field is absent, else at least 1 (a limit of
+    0 tokens, written out, is a mistake: no request would fit)."""
+    return size(f, key, 0, minimum=1 if f.has(key) else 0)
+
+
+def _head_dim(f: Fields, d_model: int, n_heads: int) -> int:
+    """``head_dim``, by default d_model / n_heads; when that is not whole the file must say
+    (the message says why it is needed rather than only that it is missing)."""
+    if f.has("head_dim") or d_model % n_heads == 0:
+        return size(f, "head_dim", d_model // n_heads)
+    raise f.error("head_dim", f"needed: d_model {d_model} / n_heads {n_heads} is not whole "
+                  f"({d_model / n_heads:.4g}), so the head width cannot be derived; expected "
+                  f"head_dim given")
+
+
 def check_version(f: Fields) -> None:
     if f.integer("version") != 1:
         raise f.error("version", "expected 1 (the only schema version so far)")
@@ -67,7 +83,7 @@ def model_from_fields(f: Fields) -> Model:
         name=f.text("name"), family=f.text("family", ""), source=f.text("source", ""),
         n_layers=size(f, "n_layers"), d_model=d_model, n_heads=n_heads,
         n_kv_heads=size(f, "n_kv_heads"),
-        head_dim=size(f, "head_dim", d_model // n_heads if d_model % n_heads == 0 else ...),
+        head_dim=_head_dim(f, d_model, n_heads),
         vocab_size=size(f, "vocab_size"), intermediate_size=size(f, "intermediate_size"),
         gated_mlp=f.flag("gated_mlp", True),
         activation=f.text("activation", "silu", ("silu", "gelu", "gelu_tanh", "relu")),
@@ -76,7 +92,7 @@ def model_from_fields(f: Fields) -> Model:
         tie_embeddings=f.flag("tie_embeddings", False),
         position=f.text("position", "rope", ("rope", "learned", "alibi", "none")),
         rotary_dim=size(f, "rotary_dim", 0, minimum=0),
-        max_position_embeddings=size(f, "max_position_embeddings", 0, minimum=0),
+        max_position_embeddings=context_limit(f, "max_position_embeddings"),
         qkv_bias=f.flag("qkv_bias", False), linear_bias=f.flag("linear_bias", False),
         parallel_block=f.flag("parallel_block", False),
         sliding_window=window, layer_pattern=pattern, logit_softcap=softcap,

@@ -12,29 +12,26 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from perfmodel.specs.dtypes import (
-    BYTES,
-    CODE,
-    DTYPE_BYTES,
-    DTYPES,
-    KV_PER_VECTOR,
-    dtype_code,
-    weight_bytes,
-)
+from perfmodel.specs.dtypes import CODE, DTYPES, dtype_code, weight_bytes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.model import Model
-
-_INT_FIELDS = ("batch", "prompt_len", "gen_len", "kv_block_tokens")
-_BOOL_FIELDS = ("cuda_graphs", "quantize_lm_head")
-_DTYPE_FIELDS = ("weights_dtype", "act_dtype", "kv_dtype")
-_GROUP_NONE = {"weight_group_size": 0, "kv_group_size": KV_PER_VECTOR}   # None in arrays
-
-
-def _positive_int(value: object, where: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-            or value < 1:
-        raise SpecError(f"{where} must be a positive integer, got {value!r}")
-    return int(value)
+from perfmodel.specs.workload_checks import (  # noqa: F401  (the limits: their names here too)
+    _BOOL_FIELDS,
+    _DTYPE_FIELDS,
+    _FLOAT_RANGES,
+    _GROUP_NONE,
+    _INT_FIELDS,
+    MAX_BATCH,
+    MAX_DEVICES,
+    MAX_GROUP,
+    MAX_TOKENS,
+    MAXIMUM,
+    _check_groups,
+    _check_length,
+    _check_prefix,
+    _column,
+    _positive_int,
+)
 
 
 @dataclass(frozen=True)
@@ -76,12 +73,12 @@ class Workload:
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
             object.__setattr__(self, name, _positive_int(getattr(self, name),
-                                                         f"workload: {name}"))
+                                                         f"workload: {name}", MAXIMUM[name]))
         for name in _DTYPE_FIELDS:
             dtype_code(getattr(self, name), f"workload: {name}")
         if self.weight_group_size is not None:
             object.__setattr__(self, "weight_group_size", _positive_int(
-                self.weight_group_size, "workload: weight_group_size"))
+                self.weight_group_size, "workload: weight_group_size", MAX_GROUP))
         if self.kv_group_size is not None:
             group = int(_column("kv_group_size", self.kv_group_size))
             object.__setattr__(self, "kv_group_size", None if group < 0 else group)
@@ -93,6 +90,7 @@ class Workload:
                      "outlier_fraction", "kv_scale_bytes"):
             _column(name, getattr(self, name))
         _check_prefix(np.array([self.shared_prefix]), np.array([self.prompt_len]))
+        _check_length(np.array([self.prompt_len]), np.array([self.gen_len]))
         _check_groups({k: np.array([v]) for k, v in _arrays_of(self).items()})
 
     @classmethod
@@ -161,6 +159,9 @@ class Parallelism:
         if not self.attention_dp and self.ep not in (1, self.tp):
             raise SpecError(f"parallelism: ep={self.ep} must equal tp={self.tp} (experts "
                             f"sharded inside the tensor-parallel group), or set attention_dp")
+        if self.devices > MAX_DEVICES:
+            raise SpecError(f"parallelism: {self.describe()} uses {self.devices:,} devices; "
+                            f"expected at most {MAX_DEVICES:,}")
         r = self.expert_replicas
         if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, np.integer)) or r < 0:
             raise SpecError(f"parallelism: expert_replicas must be a non-negative integer, "
@@ -248,6 +249,7 @@ class Workloads:
                           strict=True))
         _check_groups(arrays)
         _check_prefix(arrays["shared_prefix"], arrays["prompt_len"])
+        _check_length(arrays["prompt_len"], arrays["gen_len"])
         return cls(**{k: np.ascontiguousarray(v) for k, v in arrays.items()})
 
     @classmethod
@@ -327,74 +329,3 @@ def _arrays_of(w: Workload) -> dict[str, object]:
     out |= {name: np.int8(CODE[out[name]]) for name in _DTYPE_FIELDS}
     out |= {name: none if out[name] is None else out[name] for name, none in _GROUP_NONE.items()}
     return out | {name: float(out[name]) for name in _FLOAT_RANGES}
-
-
-_QUANTIZED = (("weight_group_size", "weights_dtype", "weights", "drop the group size"),
-              ("kv_group_size", "kv_dtype", "KV caches", "drop the group size"),
-              ("outlier_fraction", "weights_dtype", "weights", "set it to 0"))
-
-
-def _check_groups(arrays: dict[str, np.ndarray]) -> None:
-    """SpecError for group scales, or 16-bit outlier channels, on weights or a KV cache that
-    are not quantized (16 or 32 bits wide): they only exist for fp8, int8, int4 and fp4."""
-    for name, dtype, what, fix in _QUANTIZED:
-        value, codes = (np.asarray(arrays[k]).reshape(-1) for k in (name, dtype))
-        value, codes = np.broadcast_arrays(value, codes)
-        bad = (value > 0) & (BYTES[codes] >= 2)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            quantized = ", ".join(d for d in DTYPES if DTYPE_BYTES[d] < 2)
-            raise SpecError(f"workload: {name} {value[i]:g} needs quantized {what} "
-                            f"({quantized}), but {dtype} is {DTYPES[int(codes[i])]}; {fix}")
-
-
-def _check_prefix(prefix: np.ndarray, prompt: np.ndarray) -> None:
-    """SpecError for a shared prefix as long as the prompt: the last prompt token is always
-    computed (its logits give the first generated token), so at most prompt_len - 1 hit."""
-    bad = prefix >= prompt
-    if bad.any():
-        i = int(np.flatnonzero(bad.reshape(-1))[0])
-        raise SpecError(f"workload: shared_prefix {int(prefix.reshape(-1)[i])} must be shorter "
-                        f"than prompt_len {int(prompt.reshape(-1)[i])}")
-
-
-_FLOAT_RANGES = {"usable_memory_fraction": (0.0, 1.0, "in (0, 1]", False),
-                 "weight_scale_bytes": (0.0, 16.0, "a number of bytes in (0, 16]", False),
-                 "kv_scale_bytes": (0.0, 16.0, "a number of bytes in (0, 16]", False),
-                 "outlier_fraction": (0.0, 0.5, "a share in [0, 0.5]", True),
-                 "prefix_hit_rate": (0.0, 1.0, "in [0, 1]", True),
-                 "expert_skew": (0.0, 10.0, "a Zipf exponent in [0, 10]", True)}
-
-
-def _column(name: str, value: object) -> np.ndarray:
-    """One field as a checked array (names the field and the first bad value)."""
-    where = f"workload: {name}"
-    if np.size(value) == 0:     # grid(batch=[]) raised an IndexError
-        raise SpecError(f"{where}: an empty list, expected at least one value")
-    if name in _DTYPE_FIELDS and isinstance(value, np.ndarray) and value.dtype.kind in "iu":
-        if value.size and (value.min() < 0 or value.max() >= len(DTYPES)):
-            raise SpecError(f"{where}: dtype codes must be in 0..{len(DTYPES) - 1}")
-        return value.astype(np.int8)
-    if name in _DTYPE_FIELDS:
-        flat = (names := np.asarray(value, dtype=object)).reshape(-1)
-        for item in dict.fromkeys(flat.tolist()):
-            dtype_code(item if isinstance(item, str) else repr(item), where)
-        return np.array([CODE[x] for x in flat.tolist()], dtype=np.int8).reshape(names.shape)
-    arr = np.asarray(value)
-    if name in _BOOL_FIELDS:
-        if arr.dtype != bool:
-            raise SpecError(f"{where} must be true or false, got {value!r}")
-        return arr
-    if name in _FLOAT_RANGES:
-        low, high, what, closed = _FLOAT_RANGES[name]
-        above = (arr >= low) if closed else (arr > low)
-        if arr.dtype.kind not in "fiu" or not np.all(above & (arr <= high)):
-            raise SpecError(f"{where} must be {what}, got {value!r}")
-        return arr.astype(float)
-    minimum = {"weight_group_size": 0, "shared_prefix": 0, "kv_group_size": -1}.get(name, 1)
-    if arr.dtype.kind not in "iu" or np.any(arr < minimum):
-        bad = arr.reshape(-1)[0] if arr.dtype.kind not in "iu" else arr[arr < minimum][0]
-        what = {0: "a non-negative integer (0: none)", 1: "a positive integer",
-                -1: "a non-negative integer (0: none) or -1 (the KV dtype's default)"}[minimum]
-        raise SpecError(f"{where} must be {what}, got {bad!r}")
-    return arr.astype(np.int64)

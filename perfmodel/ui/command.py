@@ -45,6 +45,12 @@ def ui_cmd(
     except SpecError as exc:
         fail(str(exc))
     except OSError as exc:
+        import errno
+        import socket
+
+        if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+            fail(f"--host: cannot listen on {host!r} ({exc.strerror or exc}), expected an "
+                 "address of this machine (127.0.0.1, the default)")
         fail(f"--port: cannot listen on {host}:{port} ({exc.strerror or exc}), expected a "
              "free port (--port 0 picks one)")
     scope = "this machine only" if loopback(host) else \

@@ -93,9 +93,10 @@ class SGLangConfig:
                                 f"{getattr(self, flag)}")
         if self.max_running_requests < 0 or self.context_length < 0:
             raise SpecError("--max-running-requests / --context-length: expected >= 0")
-        if not 0 <= self.mem_fraction_static <= 1 or self.schedule_conservativeness <= 0:
-            raise SpecError("--mem-fraction-static: expected a share in (0, 1] (0: SGLang's "
-                            "rule); --schedule-conservativeness: expected > 0")
+        if not (0 <= self.mem_fraction_static <= 1 and 0 < self.schedule_conservativeness < np.inf):
+            raise SpecError(f"--schedule-conservativeness: expected a finite number > 0, got "
+                            f"{self.schedule_conservativeness}; --mem-fraction-static: a share "
+                            f"in (0, 1] (0: SGLang's rule), got {self.mem_fraction_static}")
 
     # the names the simulator and the KV-pool rule read
     @property

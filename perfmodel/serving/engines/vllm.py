@@ -32,14 +32,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodel.cost.memory import usable_bytes
+from perfmodel.cost.memory import STEP_TOKENS, usable_bytes
 from perfmodel.serving.engines.state import Batch, EngineState
 from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
+from perfmodel.specs.model import Model
+from perfmodel.specs.workload import MAX_TOKENS
 
 SCHEDULERS = ("continuous", "static")
 
+
+
+def context_limit(model: Model, engine: object) -> int:
+    """The longest request (input + output) ``engine`` takes: its ``max_model_len`` (vLLM's
+    --max-model-len, SGLang's --context-length, TensorRT-LLM's --max-seq-len), else the
+    model's ``max_position_embeddings``, else ``MAX_TOKENS``. One past the model's limit is
+    refused, as the engines refuse it: vLLM's ``_get_and_verify_max_len``
+    (vllm/config/model.py) unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, SGLang's model config
+    unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1."""
+    asked, known = engine.max_model_len, model.max_position_embeddings
+    if asked > MAX_TOKENS:
+        raise SpecError(f"--max-model-len: expected at most {MAX_TOKENS:,} tokens, got "
+                        f"{asked:,}")
+    if asked and known and asked > known:
+        raise SpecError(f"--max-model-len: {asked:,} exceeds {model.name}'s context limit "
+                        f"{known:,} (max_position_embeddings), which the engine refuses "
+                        f"(vLLM unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); expected at most "
+                        f"{known:,}")
+    return asked or known or MAX_TOKENS
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -55,7 +76,7 @@ class EngineConfig:
     (``serving.host_time``; none by default: GPU steps only, as ``perfmodel estimate``)."""
 
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = STEP_TOKENS
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     chunked_prefill: bool = True

@@ -26,7 +26,9 @@ whose workers need this version of perfmodel importable.
 from __future__ import annotations
 
 import atexit
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from perfmodel.specs.errors import SpecError
 
@@ -57,8 +59,9 @@ def _local(workers: int) -> object:
     if workers not in _LOCAL:
         from distributed import Client, LocalCluster
 
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, host=LOOPBACK,
-                               dashboard_address=None)
+        with _sigint_ignored():     # inherited: Ctrl-C is this process's alone to handle
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, host=LOOPBACK,
+                                   dashboard_address=None, silence_logs=logging.ERROR)
         _LOCAL[workers] = (Client(cluster), cluster)
     return _LOCAL[workers][0]
 
@@ -82,7 +85,33 @@ def map_apart(fn: Callable, shared: tuple, parts: list, cluster: str,
 
 def _run(dask: object, fn: Callable, shared: tuple, parts: list) -> list:
     [common] = dask.scatter([shared], broadcast=True, hash=False)
-    return dask.gather(dask.map(fn, parts, shared=common, pure=False))
+    futures = dask.map(fn, parts, shared=common, pure=False)
+    try:
+        return dask.gather(futures)
+    except KeyboardInterrupt:       # Ctrl-C: the tasks cancelled, a local cluster shut down
+        _quiet()
+        dask.cancel(futures)
+        _close()
+        raise
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while the cluster's processes start (they inherit it)."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _quiet() -> None:
+    """No log lines or tracebacks from Dask's shut-down after Ctrl-C ("error: aborted" is
+    the one line)."""
+    for name in ("distributed", "asyncio", "tornado"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 @atexit.register

@@ -20,5 +20,18 @@ def run_apart(fn: Callable, shared: tuple, jobs: list, workers: int, cluster: st
         return [fn(job, shared, progress, keep=True) for job in jobs]
     import multiprocessing as mp
 
-    with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-        return pool.starmap(fn, [(job, shared) for job in jobs], chunksize=1)
+    # the workers leave Ctrl-C to this process (a SIGINT reaches the whole process group:
+    # each worker printed its own traceback); the wait here takes it within 0.2 s, and
+    # leaving the block terminates the workers
+    with mp.get_context("fork").Pool(min(workers, len(jobs)), initializer=_ignore_sigint
+                                      ) as pool:
+        result = pool.starmap_async(fn, [(job, shared) for job in jobs], chunksize=1)
+        while not result.ready():
+            result.wait(0.2)
+        return result.get()
+
+
+def _ignore_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
