@@ -59,7 +59,7 @@ def test_narrow_activations_without_a_rate_are_stated(hw, dtype, used):
 
 
 def test_hardware_without_a_bf16_rate_says_it_uses_fp16(tmp_path):
-    text = (ROOT / "hardware" / "h100-sxm.yaml").read_text()
+    text = (ROOT / "perfmodel" / "hardware" / "h100-sxm.yaml").read_text()
     lines = [x for x in text.splitlines() if not x.strip().startswith("bf16:")]
     assert len(lines) == len(text.splitlines()) - 1
     path = tmp_path / "no-bf16.yaml"

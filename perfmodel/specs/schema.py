@@ -1,5 +1,5 @@
-"""The model schema (models/README.md): a mapping, from a YAML file or a translated Hugging
-Face config, into a ``Model``. Unknown keys are errors.
+"""The model schema (perfmodel/models/README.md): a mapping, from a YAML file or a translated
+Hugging Face config, into a ``Model``. Unknown keys are errors.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def check_version(f: Fields) -> None:
 
 
 def model_from_fields(f: Fields) -> Model:
-    """Build a Model from a mapping in the models/README.md schema (YAML or translated HF)."""
+    """Build a Model from a mapping in the perfmodel/models/README.md schema (YAML or
+    translated HF)."""
     n_heads = size(f, "n_heads")
     d_model = size(f, "d_model")
     window, chunk, pattern, softcap, sinks, share, gate, nope = _attention(
@@ -166,7 +167,7 @@ def _check_shared(f: Fields, model: Model) -> None:
 
 
 def _shared(f: Fields | None) -> SharedBlock | None:
-    """The ``shared_block:`` block (models/README.md)."""
+    """The ``shared_block:`` block (perfmodel/models/README.md)."""
     if f is None:
         return None
     layers = f.raw("layers")
@@ -209,7 +210,7 @@ def _attention(f: Fields | None) -> tuple:
 
 
 def _mamba(f: Fields | None) -> Mamba | None:
-    """The ``mamba:`` block (models/README.md)."""
+    """The ``mamba:`` block (perfmodel/models/README.md)."""
     if f is None:
         return None
     dt_rank = size(f, "dt_rank", 0, minimum=0)
@@ -228,7 +229,7 @@ def _mamba(f: Fields | None) -> Mamba | None:
 
 
 def _linear(f: Fields | None) -> LinearAttention | None:
-    """The ``linear_attention:`` block (models/README.md)."""
+    """The ``linear_attention:`` block (perfmodel/models/README.md)."""
     if f is None:
         return None
     out = LinearAttention(kind=f.text("kind", choices=("gated_deltanet", "lightning")),
@@ -298,7 +299,7 @@ def _mtp(f: Fields | None) -> int:
 
 
 def _quantization(f: Fields | None) -> Quantization | None:
-    """The ``quantization:`` block (models/README.md): weights_dtype, group_size,
+    """The ``quantization:`` block (perfmodel/models/README.md): weights_dtype, group_size,
     scale_bytes per group, the linear classes left unquantized, whether the LM head is
     quantized too (``lm_head``), and a free-text method."""
     if f is None:

@@ -22,9 +22,9 @@ def choices() -> dict[str, Any]:
     from perfmodel.specs.dtypes import DTYPES, WEIGHT_FORMATS
     from perfmodel.specs.engines import ENGINES
 
-    return {"models": load.shipped(load.MODELS_DIR),
+    return {"models": load.known("model"),
             "hardware": [{"name": n, "description": load.hardware(n).description}
-                         for n in load.shipped(load.HARDWARE_DIR)],
+                         for n in load.known("hardware")],
             "dtypes": list(DTYPES), "weights_formats": list(WEIGHT_FORMATS),
             "engines": list(ENGINES)}
 
