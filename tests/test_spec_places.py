@@ -34,7 +34,9 @@ def clean_env(monkeypatch):
 def test_shipped_folders_are_the_package_data():
     import importlib.resources
 
+    # what importlib.resources answers, taken without importing it (start-up)
     assert HARDWARE_DIR == importlib.resources.files("perfmodel") / "hardware"
+    assert MODELS_DIR == importlib.resources.files("perfmodel") / "models"
     assert MODELS_DIR.parent == Path(pm.__file__).parent
     assert (HARDWARE_DIR / "h100-sxm.yaml").is_file()
     assert "llama-2-13b" in places.names("model")

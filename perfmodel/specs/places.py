@@ -18,7 +18,8 @@ the child processes a command starts (simulate's workers, the page's jobs) searc
 from __future__ import annotations
 
 import os
-from importlib.resources import files
+import sys
+from importlib.machinery import SourceFileLoader, SourcelessFileLoader
 from pathlib import Path
 
 from perfmodel.specs.errors import SpecError
@@ -30,11 +31,24 @@ SUFFIX = ".yaml"
 
 
 def package_dir(kind: str) -> Path:
-    """The shipped folder of ``kind`` ("hardware" or "model"), package data of ``perfmodel``."""
+    """The shipped folder of ``kind`` ("hardware" or "model"), package data of ``perfmodel``:
+    ``importlib.resources.files("perfmodel") / folder``.
+
+    For a package on the file system (a checkout, any pip install) that is the folder beside
+    the package's ``__init__`` (importlib.resources' file reader answers exactly this), taken
+    here without importing importlib.resources: it pulls zipfile, tempfile and random into
+    every command's start-up. Any other loader goes through importlib.resources itself."""
+    spec = sys.modules["perfmodel"].__spec__
+    if isinstance(spec.loader, (SourceFileLoader, SourcelessFileLoader)) and spec.origin:
+        return Path(spec.origin).parent / FOLDERS[kind]
+    from importlib.resources import files
+
     folder = files("perfmodel").joinpath(FOLDERS[kind])
-    # a package on the file system (a checkout, any pip install) gives a Path; a zipped one
-    # would give another Traversable, which the YAML reader cannot open by path
-    return folder if isinstance(folder, Path) else Path(str(folder))
+    # a zipped package gives a Traversable the YAML reader cannot open by path: say so
+    if not isinstance(folder, Path):
+        raise SpecError(f"perfmodel's shipped specs are not on the file system ({folder}); "
+                        f"install the package unzipped")
+    return folder
 
 
 def check_user_dir(value: str | Path, where: str) -> Path:
