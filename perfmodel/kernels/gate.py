@@ -1,5 +1,5 @@
 """The accuracy gate: median |error| per group of a committed corpus sample and of the shared
-measurement files, held against the figures the README quotes (tests/data/accuracy_gate.yaml).
+measurement files, held against the figures the docs quote (tests/data/accuracy_gate.yaml).
 
 A group is ``<device> <engine> <error class>`` of the sample (tests/data/kernel_sample/, a
 seeded, stratified draw of the kernel corpus: reports/kernels/make_sample.py), or
