@@ -2,7 +2,7 @@
 time, and what priced them (steps priced ahead per ``price_step`` call, steps priced but not
 kept).
 
-    python benchmarks/bench_serving.py [--quick] [--fleet N] [--scale N,N,...]
+    python benchmarks/bench_serving.py [--quick] [--fleet N] [--scale N,N,...] [--band]
 
 Not a test: prints the numbers docs/speed.md quotes. The headline case is the issue's: 10,000
 requests of mixed lengths (log-normal, mean 512 prompt / 256 output tokens, sigma 0.5) on
@@ -11,7 +11,9 @@ about 34 requests/s). The same 10,000 requests under SGLang's and TensorRT-LLM's
 follow. ``--fleet N``: N requests (10^6 in docs/speed.md) over 16 round-robin replicas at half
 their capacity, timed with one worker process and with every local core. ``--scale``:
 one replica at half load for each trace length, the CPU time per request (flat: a
-look-ahead's cost follows the requests in flight, not the trace's length). On a shared
+look-ahead's cost follows the requests in flight, not the trace's length). ``--band``: each
+case also with its 80% band as ``simulate`` draws it (``serving.bands.edge_summaries``: the
+edges on a twelfth of the run) and as it did before (two more whole runs). On a shared
 2-core machine wall times move by 10-30% between runs, CPU times less.
 """
 
@@ -23,6 +25,7 @@ import time
 
 import perfmodel as pm
 from perfmodel.serving import traffic
+from perfmodel.serving.bands import edge_summaries
 from perfmodel.serving.engines import engine_config
 from perfmodel.serving.simulate import simulate
 from perfmodel.specs.workload import Parallelism
@@ -41,7 +44,7 @@ CASES = (  # label, model, requests, rate, input, output, dist, engine
 
 
 def run(label: str, name: str, n: int, rate: float, inp: int, out: int, dist: str,
-        engine: dict) -> None:
+        engine: dict) -> object:
     reqs = traffic.generate(n, rate=rate, input_len=inp, output_len=out, length_dist=dist,
                             seed=0)
     model, hw = pm.model(name), pm.hardware("h100-sxm")
@@ -54,6 +57,7 @@ def run(label: str, name: str, n: int, rate: float, inp: int, out: int, dist: st
     print(f"{label:28s} {wall:6.2f} s ({cpu:6.2f} s CPU)  {n / wall:8.0f} requests/s  "
           f"{steps / wall:8.0f} steps/s  ({steps:,} steps; {priced / calls:.1f} priced per "
           f"call, {(priced - steps) / priced * 100:.0f}% discarded)", flush=True)
+    return res
 
 
 def main() -> None:
@@ -61,6 +65,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the headline case only")
     parser.add_argument("--fleet", type=int, default=0, help="requests over 16 replicas")
     parser.add_argument("--scale", default="", help="trace lengths, one replica at half load")
+    parser.add_argument("--band", action="store_true", help="also time the 80%% band")
     args = parser.parse_args()
     if args.fleet:
         fleet(args.fleet)
@@ -70,7 +75,34 @@ def main() -> None:
             scale(n)
         return
     for case in CASES[:1] if args.quick else CASES:
-        run(*case)
+        res = run(*case)
+        if args.band:
+            band(case, res)
+
+
+def band(case: tuple, res: object) -> None:
+    """The band of ``case`` (already run at the centre as ``res``): on the sample, then
+    the two whole edge runs the band took before."""
+    _, name, n, rate, inp, out, dist, engine = case
+    reqs = traffic.generate(n, rate=rate, input_len=inp, output_len=out, length_dist=dist,
+                            seed=0)
+    model, hw = pm.model(name), pm.hardware("h100-sxm")
+    flags = dict(engine)
+    cfg = engine_config(flags.pop("name", "vllm"), **flags)
+
+    def at(q: object, edge: int) -> object:
+        return simulate(model, hw, q, engine=cfg, edge=edge)
+
+    for how, fn in (("sample", lambda: edge_summaries(reqs, res, at)),
+                    ("two whole runs", lambda: (at(reqs, 0).summary(),
+                                                at(reqs, 1).summary()))):
+        start, cpu = time.perf_counter(), _cpu()
+        low, high = fn()
+        wall, cpu = time.perf_counter() - start, _cpu() - cpu
+        print(f"{'  + band, ' + how:28s} {wall:6.2f} s ({cpu:6.2f} s CPU) more; E2E median "
+              f"{low['e2e_s']['p50']:.2f}-{high['e2e_s']['p50']:.2f} s, TTFT median "
+              f"{low['ttft_s']['p50'] * 1e3:.0f}-{high['ttft_s']['p50'] * 1e3:.0f} ms",
+              flush=True)
 
 
 def fleet(n: int, replicas: int = 16) -> None:

@@ -241,7 +241,7 @@ def test_cli_table_and_json(tmp_path: Path) -> None:
 
 def test_simulation_band(tmp_path: Path) -> None:
     from perfmodel.serving.bands import banded_summary
-    from perfmodel.serving.engine import StepPricer
+    from perfmodel.serving.pricing import StepPricer
     from perfmodel.serving.simulate import simulate
     from perfmodel.serving.traffic import generate
 

@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 import perfmodel as pm
 from perfmodel.cost.attention import packed_programs, split_tile
 from perfmodel.cost.step import Dtypes, Step, StepCost, price_step
+from perfmodel.schedules.static import phase_timing
 from perfmodel.specs import Parallelism, Workload
+from perfmodel.specs.composition import MAX_OVERLAP, Composition
 
 CPU = "reports/cpu/hardware.yaml"
 FP32 = {"weights_dtype": "fp32", "act_dtype": "fp32", "kv_dtype": "fp32"}
@@ -30,8 +32,7 @@ def brute(model: pm.Model, hw: pm.Hardware, wl: Workload, plan: Parallelism) -> 
     """Every decode step (contexts S+1 ... S+G-1), each priced alone."""
     contexts = np.arange(wl.prompt_len + 1, wl.prompt_len + wl.gen_len)
     d = Dtypes.of(wl.weights_dtype, wl.act_dtype, wl.kv_dtype, wl.weight_group_size)
-    timing = np.full(len(contexts), 0 if wl.cuda_graphs else (
-        2 if hw.efficiency.launch_mode == "sync" else 1))
+    timing = np.broadcast_to(phase_timing(hw, "decode", wl.cuda_graphs), len(contexts))
     step = Step.uniform(wl.batch, 1, contexts, expert_skew=wl.expert_skew)
     return price_step(model, hw, plan, step, d.take(np.zeros(len(contexts), dtype=int)),
                       timing)
@@ -105,15 +106,16 @@ def test_split_tile_is_where_the_split_changes(h100):
        launch=st.floats(0.0, 2e-5), tile_kv=st.sampled_from([32, 64, 128, 256]),
        tile_q=st.sampled_from([64, 128]), units=st.integers(8, 200),
        batch=st.integers(1, 6), prompt=st.integers(1, 700), gen=st.integers(2, 160),
-       graphs=st.booleans())
+       graphs=st.booleans(), overlap=st.floats(0.0, MAX_OVERLAP))
 def test_perturbed_attention_constants_keep_the_sum_exact(model, fraction, latency, launch,
                                                           tile_kv, tile_q, units, batch,
-                                                          prompt, gen, graphs):
+                                                          prompt, gen, graphs, overlap):
     h100 = pm.hardware("h100-sxm")
     eff = replace(h100.efficiency, attention_fraction=fraction, launch_overhead_s=launch,
                   kernel_latency_by_kind=h100.efficiency.kernel_latency_by_kind
                   | {"attention": latency}, attention_tile_kv=tile_kv,
                   attention_tile_q=((1, tile_q),))
-    hw = replace(h100, efficiency=eff, compute_units=units)
+    hw = replace(h100, efficiency=eff, compute_units=units,
+                 composition=Composition(overlap, "test"))      # a composed graph step
     _check(pm.model(model), hw, Workload(batch=batch, prompt_len=prompt, gen_len=gen,
                                          cuda_graphs=graphs), Parallelism())

@@ -6,10 +6,12 @@ import ast
 import numpy as np
 import pytest
 
-from perfmodel.serving import host_time, planner, planner_check, traffic
-from perfmodel.serving.config import EngineConfig
+from perfmodel.serving import host_time, traffic
 from perfmodel.serving.disagg import Pool, simulate_disaggregated
-from perfmodel.serving.planner import Target
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.planner import check as planner_check
+from perfmodel.serving.planner import plans as planner
+from perfmodel.serving.planner.plans import Target
 from perfmodel.specs import load
 from perfmodel.specs.workload import Parallelism
 

@@ -5,9 +5,12 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.serving import fleet, sessions, traffic
+from perfmodel.serving import sessions, traffic
+from perfmodel.serving.engine_loop import simulate_one
+from perfmodel.serving.fleet import routers as fleet
+from perfmodel.serving.fleet.replicas import run_replicas
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.simulate import _simulate_one, run_replicas, simulate
+from perfmodel.serving.simulate import simulate
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism, Workload
 
@@ -36,16 +39,16 @@ def test_lockstep_is_exact():
                             length_dist="lognormal", seed=3)
     one = Parallelism()
     w = Workload.for_model(MODEL)
-    from perfmodel.serving.config import EngineConfig
-    from perfmodel.serving.engine import kv_pool
+    from perfmodel.serving.engines.vllm import EngineConfig
+    from perfmodel.serving.pricing import kv_pool
     engine = EngineConfig()
     blocks = kv_pool(MODEL, HW, one, w, engine).blocks
     parts, runs = run_replicas(MODEL, HW, one, w, engine, reqs, 3, blocks,
                                "least-tokens", 1, None)
     assert sorted(np.concatenate(parts).tolist()) == list(range(120))
-    from perfmodel.serving.simulate import _subset
+    from perfmodel.serving.fleet.replicas import subset
     for idx, run in zip(parts, runs, strict=True):
-        alone = _simulate_one(MODEL, HW, one, w, engine, _subset(reqs, idx, 3), blocks, None)
+        alone = simulate_one(MODEL, HW, one, w, engine, subset(reqs, idx, 3), blocks, None)
         np.testing.assert_allclose(run.first_token_s, alone.first_token_s, rtol=1e-9)
         np.testing.assert_allclose(run.finish_s, alone.finish_s, rtol=1e-9)
 
@@ -136,8 +139,8 @@ def test_dp_attention_ranks_step_in_lockstep():
     prompt) on rank 0, r1 (100 tokens) on rank 1. Every step of rank 1 starts when one of
     rank 0's does and lasts as long (the slower rank's time); r1's first token comes with
     r0's, its 100-token prefill paced by the 2,000-token one."""
-    from perfmodel.serving.config import EngineConfig
-    from perfmodel.serving.engine import kv_pool
+    from perfmodel.serving.engines.vllm import EngineConfig
+    from perfmodel.serving.pricing import kv_pool
 
     model = pm.model("qwen3-30b-a3b")
     plan = Parallelism(ep=2, attention_dp=True)

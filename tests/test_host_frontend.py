@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import perfmodel as pm
 from perfmodel.cli.app import app
 from perfmodel.serving import host_time
-from perfmodel.serving.config import EngineConfig
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.host_time import HostTime, api_server
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.simulate import simulate
@@ -141,19 +141,19 @@ def test_a_finished_request_frees_its_seat_one_schedule_late():
 def test_async_scheduling_replays_as_a_step_by_step_loop_would():
     """The priced-ahead replay under async scheduling stands where the dry run's guesses
     were wrong: the same run with the look-ahead held to one step gives the same times."""
-    from perfmodel.serving import simulate as sim_mod
+    from perfmodel.serving import engine_loop
 
     rng = np.random.default_rng(3)
     t = np.sort(rng.uniform(0, 2, 60))
     reqs = Requests.of(t.tolist(), rng.integers(50, 900, 60).tolist(),
                        rng.integers(1, 40, 60).tolist())
     full = _sim(reqs, AHEAD, max_num_seqs=8)
-    old = sim_mod.LOOKAHEAD
+    old = engine_loop.LOOKAHEAD
     try:
-        sim_mod.LOOKAHEAD = 1
+        engine_loop.LOOKAHEAD = 1
         one = _sim(reqs, AHEAD, max_num_seqs=8)
     finally:
-        sim_mod.LOOKAHEAD = old
+        engine_loop.LOOKAHEAD = old
     assert full.first_token_s == pytest.approx(one.first_token_s)
     assert full.finish_s == pytest.approx(one.finish_s)
 

@@ -14,7 +14,7 @@ from perfmodel.cli.app import app
 from perfmodel.compare import serving
 from perfmodel.compare import serving_calibrate as cal
 from perfmodel.serving import host_time
-from perfmodel.serving.config import EngineConfig
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.host_time import HostTime, resolve
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.simulate import simulate

@@ -14,9 +14,9 @@ import yaml
 import perfmodel as pm
 from perfmodel.cost.collectives import all_reduce_parts, custom_all_reduce_parts
 from perfmodel.specs.load import load_hardware
-from validate import kernel_write as kw
-from validate.kernel_fit import apply, fit_device, held_out
-from validate.kernel_sets import attention_sets, collective_set, fold_of, gemm_sets
+from validate.corpus import write as kw
+from validate.corpus.fit import apply, fit_device, held_out
+from validate.corpus.sets import attention_sets, collective_set, fold_of, gemm_sets
 
 
 def _custom(hw, latency=5e-6, fraction=0.25, max_bytes=8 * 2**20):

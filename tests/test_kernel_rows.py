@@ -1,4 +1,4 @@
-"""validate.kernel_rows: the calibration's kernel sets come from the kernel corpus's rows, the
+"""validate.corpus.rows: the calibration's kernel sets come from the kernel corpus's rows, the
 same whether read from a corpus folder (perfmodel kernels import) or built in memory from
 aiconfigurator's tables (tiny parquet tables written here)."""
 
@@ -7,7 +7,7 @@ import pytest
 
 from perfmodel.kernels.importer import import_aiconfigurator
 from perfmodel.specs import SpecError
-from validate.kernel_rows import Rows, load_sets
+from validate.corpus.rows import Rows, load_sets
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -116,8 +116,8 @@ def test_family_band_pools_the_family_leave_one_out_residuals(tmp_path) -> None:
     h200-sxm's leave-one-device-out residuals pooled; the shipped file then loads with it."""
     import perfmodel as pm
     from perfmodel.specs.load import load_hardware
-    from validate import kernel_write as kw
-    from validate.kernel_calibrate import Calibration, family_bands
+    from validate.corpus import write as kw
+    from validate.corpus.calibrate import Calibration, family_bands
 
     def cal(name, errors):
         c = Calibration(name, "vllm", [], {"source": "aiconfigurator-core 0.12.0 (x): y"},

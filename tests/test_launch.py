@@ -1,4 +1,4 @@
-"""serving.launch: every flag an emitted launch uses is in the committed flag list of its
+"""serving.planner.launch: every flag an emitted launch uses is in the committed flag list of its
 engine version; hand-derived golden command lines; quantization follows the checkpoint;
 a chat workload gets the instruct checkpoint; the flag-list script on a small source."""
 
@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from perfmodel.serving.engine_data import FLAGS, checkpoint, flag_list, unknown_flags
-from perfmodel.serving.launch import (
+from perfmodel.serving.planner.launch import (
     ENGINES,
     VERSIONS,
     Checkpoint,
@@ -20,9 +19,15 @@ from perfmodel.serving.launch import (
     LaunchError,
     Server,
     Step,
-    emitted_flags,
     launch,
     launches,
+)
+from perfmodel.serving.planner.launch_data import (
+    FLAGS,
+    checkpoint,
+    emitted_flags,
+    flag_list,
+    unknown_flags,
 )
 from perfmodel.specs import load
 
@@ -167,7 +172,7 @@ def test_chat_workload_serves_the_instruct_checkpoint():
 
 
 def test_checkpoint_table_matches_the_shipped_models():
-    table = yaml.safe_load((ROOT / "perfmodel/serving/checkpoints.yaml").read_text())
+    table = yaml.safe_load((ROOT / "perfmodel/serving/planner/checkpoints.yaml").read_text())
     shipped = {p.stem for p in (ROOT / "perfmodel" / "models").glob("*.yaml")} - {"README"}
     assert set(table) <= shipped
     for name, row in table.items():

@@ -16,6 +16,12 @@ PACKAGE = ROOT / "perfmodel"
 # subpackages in data-path order: a module may import its own subpackage and those before it
 LAYERS = ("specs", "cost", "schedules", "serving", "compare", "report", "kernels", "cli",
           "ui")
+# serving's rooms in data-path order, the same rule inside it: the core's records (requests,
+# traffic, KV pool, forks, results, host time), the engines built on them, the event loop
+# that drives an engine, the fleet of replicas, the simulator's entries, the planner
+ROOMS = ("core", "engines", "loop", "fleet", "entry", "planner")
+LOOP = ("pricing", "lookahead", "engine_loop", "pipeline")
+ENTRY = ("simulate", "disagg")
 
 
 def _module(path: Path) -> str:
@@ -45,6 +51,16 @@ def _layer(module: str) -> int | None:
     return LAYERS.index(parts[1]) if len(parts) > 2 and parts[1] in LAYERS else None
 
 
+def _room(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["perfmodel", "serving"] or len(parts) < 3:
+        return None
+    name = parts[2]
+    room = name if name in ROOMS else "loop" if name in LOOP else \
+        "entry" if name in ENTRY else "core"
+    return ROOMS.index(room)
+
+
 def test_perfmodel_never_imports_validate():
     offenders = {m: sorted(i for i in _imports(p) if i.startswith("validate"))
                  for m, p in SOURCES.items()}
@@ -60,6 +76,22 @@ def test_subpackages_import_only_their_own_layer_and_earlier_ones():
             if here is not None and there is not None and there > here:
                 bad.append(f"{module} -> {target}")
     assert not bad
+
+
+def test_serving_rooms_import_only_their_own_room_and_earlier_ones():
+    bad = [f"{module} -> {target}" for module, targets in GRAPH.items()
+           for target in targets
+           if None not in (here := _room(module), there := _room(target)) and there > here]
+    assert not bad
+
+
+def test_the_rooms_name_real_modules():
+    """A top-level serving module is core unless LOOP or ENTRY lists it: the lists name
+    modules that exist."""
+    top = {m.split(".")[2] for m in SOURCES if m.count(".") == 2 and m.startswith(
+        "perfmodel.serving.")}
+    assert set(LOOP) | set(ENTRY) <= top
+    assert {"engines", "fleet", "planner"} <= top
 
 
 def test_no_import_cycles():

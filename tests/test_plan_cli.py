@@ -199,7 +199,7 @@ def test_a_three_device_plan_answers_in_under_ten_seconds():
 
 
 def test_pessimistic_plans_to_the_band_or_says_it_had_none():
-    from perfmodel.serving import planner
+    from perfmodel.serving.planner import plans as planner
 
     target = planner.Target(2, 1.0, 0.05, 1000, 100, rate=5.0)
     _, notes = planner.candidates(load.model("llama-3-8b"), [load.hardware("h100-sxm")],

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel.serving import planner
-from perfmodel.serving.dollars import priced, read_prices
-from perfmodel.serving.planner import Target
+from perfmodel.serving.planner import plans as planner
+from perfmodel.serving.planner.plans import Target
+from perfmodel.serving.planner.prices import priced, read_prices
 from perfmodel.specs import load
 from perfmodel.specs.errors import SpecError
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.app import app
-from perfmodel.serving import planner_search
+from perfmodel.serving.planner import search as planner_search
 from perfmodel.specs import load
 
 A100 = load.hardware("a100-80gb-sxm")        # 8 x 80 GB a node, no fp8 rate: bf16 only

@@ -1,12 +1,13 @@
 """The plan prints each engine's scheduler settings for the chosen plan, in the engine's
-own names (``serving.scheduler_flags``): vLLM and SGLang flags, TensorRT-LLM's
+own names (``serving.planner.scheduler_flags``): vLLM and SGLang flags, TensorRT-LLM's
 extra-llm-api YAML keys; the same values the launch lines carry."""
 
 import json
 
 import yaml
 
-from perfmodel.serving.launch import Checkpoint, Deployment, Server, emitted_flags, launch
+from perfmodel.serving.planner.launch import Checkpoint, Deployment, Server, launch
+from perfmodel.serving.planner.launch_data import emitted_flags
 from tests.test_plan_cli import ASK, LENGTHS, _run
 
 

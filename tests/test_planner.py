@@ -5,8 +5,10 @@ and the simulated check (tests/test_plan_cli.py: the command; test_plan_cost.py:
 import numpy as np
 import pytest
 
-from perfmodel.serving import planner, planner_check, planner_search
-from perfmodel.serving.planner import Target, pareto_mask, steady_state
+from perfmodel.serving.planner import check as planner_check
+from perfmodel.serving.planner import plans as planner
+from perfmodel.serving.planner import search as planner_search
+from perfmodel.serving.planner.plans import Target, pareto_mask, steady_state
 from perfmodel.specs import load
 from perfmodel.specs.errors import SpecError
 

@@ -11,10 +11,12 @@ from typer.testing import CliRunner
 
 import perfmodel as pm
 from perfmodel.cli.app import app
-from perfmodel.serving import fleet, traffic
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import kv_pool
-from perfmodel.serving.simulate import _record, _start, _subset, run_replicas
+from perfmodel.serving import traffic
+from perfmodel.serving.engine_loop import record, start
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.fleet import routers as fleet
+from perfmodel.serving.fleet.replicas import run_replicas, subset
+from perfmodel.serving.pricing import kv_pool
 from perfmodel.specs.workload import Parallelism, Workload
 
 HW = pm.hardware("h100-sxm")
@@ -38,13 +40,13 @@ def _brute(model, one, reqs, dp, ways, router):
     def replica(g):
         ranks = [(r, np.array(held[g * ways + r], np.int64)) for r in range(ways)]
         ranks = [(r, idx) for r, idx in ranks if len(idx)]
-        runs = [_start(model, HW, one, w, engine, _subset(reqs, idx, engines), blocks)
+        runs = [start(model, HW, one, w, engine, subset(reqs, idx, engines), blocks)
                 for _, idx in ranks]
         if len(runs) > 1:
-            fleet.ranks_lockstep(runs, _record)
+            fleet.ranks_lockstep(runs, record)
         elif runs:
-            from perfmodel.serving.simulate import _advance
-            _advance(runs[0])
+            from perfmodel.serving.engine_loop import advance
+            advance(runs[0])
         return {r: (idx, run) for (r, idx), run in zip(ranks, runs, strict=True)}
 
     tokens = reqs.input_tokens + reqs.output_tokens

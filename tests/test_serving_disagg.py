@@ -6,13 +6,13 @@ import pytest
 
 from perfmodel.cost.collectives import send_s
 from perfmodel.serving import traffic
-from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.disagg import (
     Pool,
     compare_aggregated,
     kv_transfer_s,
     simulate_disaggregated,
 )
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.simulate import simulate
 from perfmodel.specs import load

@@ -1,14 +1,14 @@
 """The SGLang and TensorRT-LLM schedulers: goldens derived by hand from each engine's source
-(``serving.sglang`` and ``serving.trtllm`` cite the functions), and the places where the
-three engines' rules differ."""
+(``serving.engines.sglang`` and ``serving.engines.trtllm`` cite the functions), and the
+places where the three engines' rules differ."""
 
 import numpy as np
 import pytest
 
-from perfmodel.serving.config import EngineConfig
 from perfmodel.serving.engines import engine_config
-from perfmodel.serving.sglang import SGLangConfig
-from perfmodel.serving.trtllm import TRTLLMConfig
+from perfmodel.serving.engines.sglang import SGLangConfig
+from perfmodel.serving.engines.trtllm import TRTLLMConfig
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.errors import SpecError
 
 
@@ -176,16 +176,16 @@ def test_priced_ahead_equals_step_by_step(name, flags, monkeypatch):
     """The simulator prices steps ahead from dry runs and keeps those no arrival changed
     (``Batch.open``); with one step at a time the run must be the same."""
     import perfmodel as pm
+    from perfmodel.serving import engine_loop, lookahead, traffic
     from perfmodel.serving import simulate as sim
-    from perfmodel.serving import traffic
 
     model, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
     reqs = traffic.generate(80, rate=60, input_len=400, output_len=40, shared_prefix=64,
                             length_dist="lognormal", seed=5)
     engine = engine_config(name, **flags)
     ahead = sim.simulate(model, hw, reqs, engine=engine)
-    monkeypatch.setattr(sim, "LOOKAHEAD", 1)
-    monkeypatch.setattr(sim.Guess, "__init__", _one_step_guess(sim.Guess.__init__))
+    monkeypatch.setattr(engine_loop, "LOOKAHEAD", 1)
+    monkeypatch.setattr(lookahead.Guess, "__init__", _one_step_guess(lookahead.Guess.__init__))
     alone = sim.simulate(model, hw, reqs, engine=engine)
     np.testing.assert_allclose(ahead.first_token_s, alone.first_token_s, rtol=1e-12)
     np.testing.assert_allclose(ahead.token_s, alone.token_s, rtol=1e-12)

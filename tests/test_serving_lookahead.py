@@ -1,4 +1,4 @@
-"""The simulator prices steps ahead (``serving.dry_run``: a fork of the engine state run
+"""The simulator prices steps ahead (``serving.lookahead``: a fork of the engine state run
 forward, priced in one call, the steps no arrival changed kept, a cut one resumed from the
 fork's last mark). Priced one step at a time (``LOOKAHEAD`` 1: nothing can be cut) every
 run must come out the same: each request's times and every step's log, over the engines,
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.serving import host_time, traffic
+from perfmodel.serving import engine_loop, host_time, lookahead, traffic
 from perfmodel.serving import simulate as sim
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import kv_pool
 from perfmodel.serving.engines import engine_config
-from perfmodel.serving.scheduler import EngineState
+from perfmodel.serving.engines.state import EngineState
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.pricing import kv_pool
 from perfmodel.specs.workload import Parallelism, Workload
 
 LLAMA, H100 = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
@@ -102,13 +102,13 @@ CASES = {
 
 
 def _one_step_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    init = sim.Guess.__init__
+    init = lookahead.Guess.__init__
 
-    def one(self: sim.Guess) -> None:
+    def one(self: lookahead.Guess) -> None:
         init(self)
         self.lookahead = 1
-    monkeypatch.setattr(sim, "LOOKAHEAD", 1)
-    monkeypatch.setattr(sim.Guess, "__init__", one)
+    monkeypatch.setattr(engine_loop, "LOOKAHEAD", 1)
+    monkeypatch.setattr(lookahead.Guess, "__init__", one)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -15,16 +15,17 @@ from typer.testing import CliRunner
 
 import perfmodel as pm
 from perfmodel.cli.app import app
-from perfmodel.serving import pipeline
-from perfmodel.serving import simulate as simulate_mod
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import StepPricer, kv_pool
+from perfmodel.serving import engine_loop, pipeline
+from perfmodel.serving.engine_loop import simulate_one
+from perfmodel.serving.engines.sglang import SGLangConfig
+from perfmodel.serving.engines.trtllm import TRTLLMConfig
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.fleet.replicas import run_replicas, subset
 from perfmodel.serving.host_time import resolve
+from perfmodel.serving.pricing import StepPricer, kv_pool
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.sglang import SGLangConfig
-from perfmodel.serving.simulate import _simulate_one, _subset, run_replicas, simulate
+from perfmodel.serving.simulate import simulate
 from perfmodel.serving.traffic import generate
-from perfmodel.serving.trtllm import TRTLLMConfig
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism, Workload
 
@@ -154,7 +155,7 @@ def test_one_stage_through_the_pipeline_loop_is_the_plain_loop(monkeypatch, case
     (the v1 host time included: it has no overlap to differ by)."""
     req, engine = _cases()[case]
     plain = simulate(QWEN, H100, req, engine=engine)
-    monkeypatch.setattr(simulate_mod, "_advance", pipeline.advance)
+    monkeypatch.setattr(engine_loop, "advance", pipeline.advance)
     piped = simulate(QWEN, H100, req, engine=engine)
     assert piped.preemptions.any() or case < 2
     for name in ("scheduled_s", "first_token_s", "finish_s", "token_s"):
@@ -249,7 +250,7 @@ def test_a_load_aware_router_stays_exact_with_pipelines():
                                "least-requests", 1, None)
     assert sorted(np.concatenate(parts).tolist()) == list(range(90))
     for idx, run in zip(parts, runs, strict=True):
-        alone = _simulate_one(LLAMA, H100, one, w, engine, _subset(reqs, idx, 3), blocks, None)
+        alone = simulate_one(LLAMA, H100, one, w, engine, subset(reqs, idx, 3), blocks, None)
         np.testing.assert_allclose(run.first_token_s, alone.first_token_s, rtol=1e-9)
         np.testing.assert_allclose(run.finish_s, alone.finish_s, rtol=1e-9)
 

@@ -1,5 +1,5 @@
 """The serving scheduler's pieces on their own: the paged KV pool and its prefix cache
-(``serving.kvpool``), one engine step's schedule (``serving.scheduler.EngineState``) traced by
+(``serving.kvpool``), one engine step's schedule (``engines.vllm.VLLMState``) traced by
 hand against vLLM v1's rules (``vllm/v1/core/sched/scheduler.py``), and the checks on a
 request stream, an engine's settings and what the simulator is asked to serve."""
 
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import kv_pool
+from perfmodel.serving.engines.state import EngineState
+from perfmodel.serving.engines.vllm import EngineConfig, VLLMState
 from perfmodel.serving.kvpool import KVPool
+from perfmodel.serving.pricing import kv_pool
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.scheduler import EngineState
 from perfmodel.serving.simulate import simulate
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism, Workload
@@ -167,7 +167,7 @@ def test_random_pool_operations_keep_the_books():
 def _state(engine: EngineConfig, prompt: list, output: list, blocks: int = 10_000,
            prefix: list | None = None, prefix_tokens: list | None = None) -> EngineState:
     n = len(prompt)
-    st = EngineState.new(engine, np.array(prompt), np.array(output),
+    st = VLLMState.new(engine, np.array(prompt), np.array(output),
                          np.array(prefix if prefix else [-1] * n),
                          np.array(prefix_tokens if prefix_tokens else [0] * n), blocks)
     st.waiting.extend(range(n))

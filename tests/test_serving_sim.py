@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import StepPricer, capacity_rps, kv_pool
+from perfmodel.serving.engines.state import Batch
+from perfmodel.serving.engines.vllm import EngineConfig, VLLMState
+from perfmodel.serving.pricing import StepPricer, capacity_rps, kv_pool
 from perfmodel.serving.requests import Requests
-from perfmodel.serving.scheduler import Batch, EngineState
 from perfmodel.serving.simulate import simulate
 from perfmodel.serving.traffic import generate
 from perfmodel.specs.errors import SpecError
@@ -293,7 +293,7 @@ def _reference(model, req: Requests, engine: EngineConfig) -> dict:
     after that request's think time (``arrival_s``), at once when it is 0."""
     w, plan = Workload.for_model(model), Parallelism()
     pricer = StepPricer(model, H100, plan, w, engine)
-    st = EngineState.new(engine, req.input_tokens, req.output_tokens, req.prefix_id,
+    st = VLLMState.new(engine, req.input_tokens, req.output_tokens, req.prefix_id,
                          req.prefix_tokens, kv_pool(model, H100, plan, w, engine).blocks)
     n, users = len(req), min(req.closed_loop, len(req))
     out = {k: np.full(n, np.nan) for k in ("scheduled_s", "first_token_s", "finish_s")}

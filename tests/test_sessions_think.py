@@ -10,9 +10,9 @@ import pytest
 
 import perfmodel as pm
 from perfmodel.serving import sessions, traffic
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import StepPricer
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.host_time import HostTime
+from perfmodel.serving.pricing import StepPricer
 from perfmodel.serving.simulate import simulate
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism
@@ -153,7 +153,7 @@ def test_turns_after_answers_priced_ahead_equal_step_by_step(engine, think, monk
     """The dry runs stop where a turn's answer ends (its next turn's time rests on it) and
     the replay cuts where a pending turn arrives: with one step at a time the run is the
     same."""
-    from perfmodel.serving import host_time
+    from perfmodel.serving import engine_loop, host_time, lookahead
     from perfmodel.serving import simulate as sim
     from perfmodel.serving.engines import engine_config
 
@@ -162,13 +162,13 @@ def test_turns_after_answers_priced_ahead_equal_step_by_step(engine, think, monk
                             seed=7)
     config = engine_config(engine, host=host_time.resolve(engine))
     ahead = sim.simulate(MODEL, HW, reqs, engine=config)
-    monkeypatch.setattr(sim, "LOOKAHEAD", 1)
-    init = sim.Guess.__init__
+    monkeypatch.setattr(engine_loop, "LOOKAHEAD", 1)
+    init = lookahead.Guess.__init__
 
     def one(self):
         init(self)
         self.lookahead = 1
-    monkeypatch.setattr(sim.Guess, "__init__", one)
+    monkeypatch.setattr(lookahead.Guess, "__init__", one)
     alone = sim.simulate(MODEL, HW, reqs, engine=config)
     np.testing.assert_allclose(ahead.arrival_s, alone.arrival_s, rtol=1e-12)
     np.testing.assert_allclose(ahead.token_s, alone.token_s, rtol=1e-12)

@@ -3,8 +3,8 @@
 
 import numpy as np
 
-from perfmodel.serving.sglang import SGLangConfig
-from perfmodel.serving.sglang_policy import LPM_QUEUE_LIMIT, order
+from perfmodel.serving.engines.sglang import SGLangConfig
+from perfmodel.serving.engines.sglang_policy import LPM_QUEUE_LIMIT, order
 
 
 def _after_warmup(policy, prompt, output, prefix, ptok, warm, rest, chunk=64, blocks=4000):

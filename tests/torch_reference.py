@@ -60,6 +60,20 @@ class LatentAttention(nn.Module):
         self.kv_b_proj = nn.Linear(a.kv_lora_rank,
                                    h * (a.qk_nope_head_dim + a.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * a.v_head_dim, d, bias=False)
+        if a.sparse:
+            self.indexer = Indexer(model)
+
+
+class Indexer(nn.Module):
+    """DeepSeek-V3.2's lightning indexer as in its inference/model.py ``Indexer``."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        a, d = model.mla, model.d_model
+        self.wq_b = nn.Linear(a.q_lora_rank, a.index_n_heads * a.index_head_dim, bias=False)
+        self.wk = nn.Linear(d, a.index_head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(a.index_head_dim)
+        self.weights_proj = nn.Linear(d, a.index_n_heads, bias=False)
 
 
 class Mamba(nn.Module):

@@ -129,7 +129,7 @@ def fit_layer_overhead(step_rows: list[dict], hw: Hardware,
     schema, calibration-only model) and the record of how.
 
     Per layer: glue = measured layer time - sum over the layer's operators of their measured
-    kernel time (``kernel_rows``, matched by ``shape_key``, times ``op.count``), so kernel
+    kernel time (``corpus.rows``, matched by ``shape_key``, times ``op.count``), so kernel
     prediction error does not leak into the glue. An operator without a measured row counts
     at its predicted time (``hw``'s fitted efficiency, no layer overhead) and is listed under
     ``predicted_ops`` of its step. Value = the median over the layers, floored at 0. ``hw``

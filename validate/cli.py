@@ -87,7 +87,7 @@ def calibrate(
     """Measure bandwidth, GEMM rates and launch overhead; fit the efficiency; write a YAML.
     With --from, fit a shipped device's constants to measured kernels instead."""
     if from_ is not None:
-        from validate.kernel_cli import calibrate_from
+        from validate.corpus.cli import calibrate_from
 
         calibrate_from(from_, hardware, engine, all_devices, write_hardware, out, report)
         return

@@ -98,7 +98,7 @@ def plan_cmd(
     candidate, the best checked in simulation."""
     import sys
 
-    from perfmodel.serving import planner
+    from perfmodel.serving.planner import plans as planner
     from perfmodel.specs import load
     from perfmodel.specs.errors import SpecError
 
@@ -124,7 +124,7 @@ def plan_cmd(
                          host_flags=flags if host_time else "--no-host-time")
         table = None
         if prices is not None:
-            from perfmodel.serving.dollars import read_prices
+            from perfmodel.serving.planner.prices import read_prices
             table = read_prices(prices)
         result = planner.plan(m, hws, target, requests, seed,
                               objective=objective.value if objective else None,
@@ -147,7 +147,7 @@ def _target(gpus: int | None, slo_ttft: float, slo_tpot: float, input_len: int |
             length_dist: str = "fixed", spread: float = 0.5) -> Any:
     """The planner's ``Target``: lengths and rate from the options, or a trace's means and
     rate."""
-    from perfmodel.serving.planner import Target
+    from perfmodel.serving.planner.plans import Target
     from perfmodel.serving.traffic import read_trace
 
     if trace is None:
@@ -206,27 +206,28 @@ def _at(result: Any, i: int) -> Any:
 
 def _firsts(result: Any) -> dict[str, str]:
     """The top candidate of each objective the plan can rank by, before the checks."""
-    from perfmodel.serving.dollars import OBJECTIVES
-    from perfmodel.serving.planner import ranking
+    from perfmodel.serving.planner.plans import ranking
+    from perfmodel.serving.planner.prices import OBJECTIVES
 
     cols = result.candidates
     return {r: cols["label"][ranking(cols, result.target, r)[0]]
             for r, (key, _) in OBJECTIVES.items() if key in cols}
 
 
-# --- launch lines: the winner as a serving.launch.Deployment (kept apart for merging) ---
+# --- launch lines: the winner as a serving.planner.launch.Deployment (kept apart for merging) ---
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 
 
 def deployment(result: Any) -> Any:
-    """The winner as a ``serving.launch.Deployment``: its checkpoint (the chat one, as a
+    """The winner as a ``serving.planner.launch.Deployment``: its checkpoint (the chat one, as a
     plan serves a chat workload), one server's shape (``tp``, optional ``pp``, ``ep``,
     data-parallel attention ranks), the replicas, the prefill/decode split, the batch
     (``max_num_seqs``), the weights and KV dtypes (``kv_dtype`` column, else bf16) and the
     device's GPUs per node (its NVLink domain)."""
-    from perfmodel.serving.config import EngineConfig
-    from perfmodel.serving.engine_data import checkpoint
-    from perfmodel.serving.launch import Deployment, Server
+    from perfmodel.serving.engines.vllm import EngineConfig
+    from perfmodel.serving.planner.launch import Deployment, Server
+    from perfmodel.serving.planner.launch_data import checkpoint
+    from perfmodel.serving.planner.platforms import platform_of
     from perfmodel.specs import load
 
     cols, i = result.candidates, result.winner["index"]
@@ -236,18 +237,20 @@ def deployment(result: Any) -> Any:
     server = Server(tp=tp, pp=pp, dp=dp, ep=ep if ep > 1 else 1,
                     max_num_seqs=int(cols["batch"][i]),
                     max_num_batched_tokens=max(tokens, int(cols["batch"][i])))
-    per_node = load.hardware(str(cols["hardware"][i])).interconnect.max_devices \
-        if "hardware" in cols else 8
+    hw = load.hardware(str(cols["hardware"][i])) if "hardware" in cols else None
+    per_node = hw.interconnect.host_devices if hw is not None else 8
+    where = platform_of(hw.vendor).name if hw is not None else "cuda"
     pre = int(cols["prefill_replicas"][i])
     return Deployment(checkpoint(result.model), server, int(cols["decode_replicas"][i]),
                       pre, replace(server, max_num_seqs=EngineConfig().max_num_seqs)
                       if pre else None, per_node, str(cols["weights_dtype"][i]),
-                      str(cols["kv_dtype"][i]) if "kv_dtype" in cols else "bf16")
+                      str(cols["kv_dtype"][i]) if "kv_dtype" in cols else "bf16",
+                      platform=where)
 
 
 def launch_steps(result: Any) -> dict[str, Any]:
-    """Per engine, the winner's ``serving.launch.Launch`` (steps, files, notes)."""
-    from perfmodel.serving.launch import launches
+    """Per engine, the winner's ``serving.planner.launch.Launch`` (steps, files, notes)."""
+    from perfmodel.serving.planner.launch import launches
 
     return launches(deployment(result))
 

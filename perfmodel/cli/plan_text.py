@@ -8,20 +8,30 @@ Module level: the standard library only (``perfmodel --help`` stays fast).
 from typing import Any
 
 
+def unit(hardware: list[str]) -> str:
+    """What the plan counts over these devices: "GPU", "chip" (TPU, Trainium), "HPU", or
+    "device" when they differ (``serving.planner.platforms.unit_of``)."""
+    from perfmodel.serving.planner.platforms import unit_of
+    from perfmodel.specs import load
+
+    return unit_of([load.hardware(name).vendor for name in hardware])
+
+
 def text(result: Any, report: dict) -> str:
     """The plan for a terminal: the ask, the checked candidates, the choice, why, the
     commands (simulate's, then the engines'), the front and the notes."""
     t, w, p = result.target, result.winner, result.plan
+    u = unit(report["hardware"])
     cost = "usd_per_hour" in result.candidates
-    ask = f"{t.rate:.2f} req/s" if t.rate else "as much as the GPUs serve"
+    ask = f"{t.rate:.2f} req/s" if t.rate else f"as much as the {u}s serve"
     head = [f"{report['model']} on {', '.join(report['hardware'])}, "
-            + (f"at most {t.gpus} GPUs" if t.gpus else "no GPU ceiling")
+            + (f"at most {t.gpus} {u}s" if t.gpus else f"no {u} ceiling")
             + f"; {ask}; prompts {t.input_len:.0f}, outputs {t.output_len:.0f} tokens "
             f"({report['length_dist']}); SLOs: TTFT p90 <= {t.slo_ttft_s:g} s, TPOT p90 <= "
             f"{t.slo_tpot_s * 1e3:g} ms",
             f"{report['candidates']} candidates estimated, {report['feasible']} meet both SLOs "
             f"by the estimate, {len(report['pareto'])} on the Pareto front", ""]
-    rows = [("candidate", "GPUs", *(("$/hour",) if cost else ()), "capacity", "est TTFT p90",
+    rows = [("candidate", f"{u}s", *(("$/hour",) if cost else ()), "capacity", "est TTFT p90",
              "est TPOT", "sim TTFT p90 (95%)", "sim TPOT p90 (95%)", "SLOs")]
     rows += [(c["label"], str(result.candidates["gpus"][c["index"]]),
               *((f"{c['estimated_usd_per_hour']:.2f}",) if cost else ()),
@@ -35,7 +45,7 @@ def text(result: Any, report: dict) -> str:
     body = [_aligned(rows), "", f"chosen: {w['label']} ("
             + ("met both SLOs in simulation)" if w["confirmed"] else
                "no simulated candidate met both SLOs: the best estimate)"),
-            f"  {p.hardware}, {p.gpus} GPUs on {result.candidates['nodes'][w['index']]} node(s) "
+            f"  {p.hardware}, {p.gpus} {u}s on {result.candidates['nodes'][w['index']]} node(s) "
             f"({p.nodes} per replica); "
             f"precision {p.precision.name} (weights {p.precision.weights}, activations "
             f"{p.precision.activations}, KV cache {p.precision.kv})",
@@ -50,14 +60,14 @@ def text(result: Any, report: dict) -> str:
     for a in report["alternatives"]:
         body += [f"best on {a['label'].split()[0]} (estimated, not simulated"
                  + ("" if a["feasible"] else "; misses the SLOs") + f"): {a['label']}, "
-                 f"{a['gpus']} GPUs on {a['nodes']} node(s)", f"  {a['command']}",
+                 f"{a['gpus']} {u}s on {a['nodes']} node(s)", f"  {a['command']}",
                  *(f"  {line}" for line in a["commands"].get("vLLM", "").splitlines())]
-    body += _front_lines(result)
+    body += _front_lines(result, u)
     return "\n".join(head + body + ["searched:", *(f"  - {n}" for n in report["searched"]),
                                     "notes:", *(f"  - {n}" for n in report["notes"])])
 
 
-def _front_lines(result: Any, most: int = 8) -> list[str]:
+def _front_lines(result: Any, u: str = "GPU", most: int = 8) -> list[str]:
     """The Pareto front as lines, cheapest first."""
     import numpy as np
 
@@ -68,15 +78,15 @@ def _front_lines(result: Any, most: int = 8) -> list[str]:
     cost = "usd_per_hour" in cols
     if result.target.rate is None:
         idx.sort(key=lambda i: -cols["throughput_per_gpu"][i])
-        head = "Pareto front (goodput per GPU against tokens/s per user):"
-        rows = [f"  {cols['label'][i]}: {cols['throughput_per_gpu'][i]:.0f} tok/s/GPU, "
+        head = f"Pareto front (goodput per {u} against tokens/s per user):"
+        rows = [f"  {cols['label'][i]}: {cols['throughput_per_gpu'][i]:.0f} tok/s/{u}, "
                 f"{cols['tokens_per_s_per_user'][i]:.0f} tok/s per user" for i in idx]
     else:
         idx.sort(key=lambda i: (cols["usd_per_hour"][i] if cost else cols["gpus"][i]))
         head = "Pareto front (cost against TPOT, TTFT met at the rate):"
         rows = [f"  {cols['label'][i]}: " + (f"${cols['usd_per_hour'][i]:.2f}/hour, "
                                             if cost else "")
-                + f"{cols['gpus'][i]} GPUs, TPOT {cols['tpot_s'][i] * 1e3:.1f} ms" for i in idx]
+                + f"{cols['gpus'][i]} {u}s, TPOT {cols['tpot_s'][i] * 1e3:.1f} ms" for i in idx]
     return [head, *rows[:most], *([f"  ... {len(rows) - most} more in plan.csv"]
                                   if len(rows) > most else [])]
 
@@ -99,14 +109,15 @@ def explain(result: Any) -> list[str]:
 
     cols, i, t = result.candidates, result.winner["index"], result.target
     hw, ok = cols["hardware"] == cols["hardware"][i], cols["feasible"]
-    out = [f"{result.winner['label']}: {cols['gpus'][i]} GPUs serve "
+    u = unit(list(dict.fromkeys(cols["hardware"].tolist())))
+    out = [f"{result.winner['label']}: {cols['gpus'][i]} {u}s serve "
            f"{cols['rate_req_s'][i]:.2f} req/s within the SLOs by the estimate, up to "
            f"{cols['slo_rate_req_s'][i]:.2f} ({cols['throughput_per_gpu'][i]:.0f} output tok/s "
-           "per GPU)" + _fewer(cols, i, t),
-           "parallelism (best tok/s/GPU meeting the SLOs; sequences the KV cache holds): "
+           f"per {u})" + _fewer(cols, i, t, u),
+           f"parallelism (best tok/s/{u} meeting the SLOs; sequences the KV cache holds): "
            + ", ".join(_best(cols, hw & (cols["parallel"] == p), ok, p, kv=True)
                        for p in dict.fromkeys(cols["parallel"][hw].tolist())),
-           _batch_reason(cols, i, t),
+           _batch_reason(cols, i, t, u),
            _load_reason(cols, i, t),
            "precision: " + ", ".join(_best(cols, hw & (cols["precision"] == d), ok, d)
                                      for d in dict.fromkeys(cols["precision"][hw].tolist())),
@@ -121,7 +132,7 @@ def explain(result: Any) -> list[str]:
         out.append(f"per dollar (output tokens per USD; --objective {result.objective}): "
                    + ", ".join(
             f"{_best(cols, cols['hardware'] == h, ok, h, key='tokens_per_dollar')} at "
-            f"${cols['usd_per_gpu_hour'][cols['hardware'] == h][0]:g}/GPU-hour"
+            f"${cols['usd_per_gpu_hour'][cols['hardware'] == h][0]:g}/{u}-hour"
             for h in dict.fromkeys(cols["hardware"].tolist()))
             + f"; the winner {_per_dollar(cols['tokens_per_dollar'][i])}")
     if not np.asarray(ok).any():
@@ -129,14 +140,14 @@ def explain(result: Any) -> list[str]:
     return out
 
 
-def _fewer(cols: dict, i: int, t: Any) -> str:
+def _fewer(cols: dict, i: int, t: Any, u: str = "GPU") -> str:
     """'; no candidate meets the SLOs on fewer GPUs' (with a rate)."""
     if t.rate is None:
         return ""
     fewer = cols["feasible"] & (cols["gpus"] < cols["gpus"][i])
     if not fewer.any():
-        return "; no candidate meets both SLOs on fewer GPUs"
-    return f"; {int(fewer.sum())} candidates meet them on fewer GPUs by the estimate"
+        return f"; no candidate meets both SLOs on fewer {u}s"
+    return f"; {int(fewer.sum())} candidates meet them on fewer {u}s by the estimate"
 
 
 def _load_reason(cols: dict, i: int, t: Any) -> str:
@@ -163,7 +174,7 @@ def _best(cols: dict, mask: Any, ok: Any, name: str, kv: bool = False,
     return f"{name} {_per_dollar(best) if key == 'tokens_per_dollar' else f'{best:.0f}'}{room}"
 
 
-def _batch_reason(cols: dict, i: int, t: Any) -> str:
+def _batch_reason(cols: dict, i: int, t: Any, u: str = "GPU") -> str:
     """Which limit set the batch: the TPOT SLO, the KV memory, or nothing gained."""
     import numpy as np
 
@@ -182,4 +193,4 @@ def _batch_reason(cols: dict, i: int, t: Any) -> str:
     why = "the prefill pool bounds it" if cols["prefill_replicas"][i] else \
         "TTFT's queueing bounds its load"
     return head + f": batch {cols['batch'][j]} serves no more " \
-                  f"({cols['throughput_per_gpu'][j]:.0f} tok/s/GPU: {why}) at a longer TPOT"
+                  f"({cols['throughput_per_gpu'][j]:.0f} tok/s/{u}: {why}) at a longer TPOT"

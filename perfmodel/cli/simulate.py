@@ -164,7 +164,8 @@ def simulate_cmd(
     dpi: Annotated[int, Opt(min=1, max=1200)] = 120,
     band: Annotated[bool, Opt(help=(
         "the 80% band: simulate again with every step at the low and the high edge of its "
-        "kernels' band (a device with an uncertainty: block; 3x the time)"))] = True,
+        "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
+        "uncertainty: block; about a fifth to a third more time)"))] = True,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
@@ -185,10 +186,13 @@ def simulate_cmd(
     try:
         m, hw, wl, layout, engine, streams = inputs(options)
         fleet = (router, workers, cluster)
-        runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet))
+        runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet,
+                         band=band and hw.uncertainty is not None))
                 for r, reqs, label in streams]
-        edges = [tuple(_run(m, hw, reqs, layout, engine, wl, False, label, edge, fleet)
-                       for edge in (0, 1)) for _, reqs, label in streams] \
+        edges = [edge_pair(res, reqs, lambda q, e, label=label: _run(
+            m, hw, q, layout, engine, wl, False, label, e, fleet, quiet=True),
+            slo_ttft, slo_tpot)
+                 for (_, res), (_, reqs, label) in zip(runs, streams, strict=True)] \
             if band and hw.uncertainty is not None else None
     except SpecError as exc:
         fail(str(exc))
@@ -198,28 +202,45 @@ def simulate_cmd(
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
 
 
+def edge_pair(res: Any, reqs: Any, run: Any, slo_ttft: float | None,
+              slo_tpot: float | None) -> tuple[dict, dict]:
+    """(low, high) summaries of the run ``res`` of ``reqs`` (``serving.bands.edge_summaries``:
+    on a sample of a large run); ``run(requests, edge)`` simulates."""
+    from perfmodel.serving.bands import edge_summaries
+
+    return edge_summaries(reqs, res, run, (slo_ttft, slo_tpot))
+
+
 def banded_summaries(runs: list, edges: list | None, hw: Any, slo_ttft: float | None,
                slo_tpot: float | None) -> list[dict]:
-    """Each run's summary, with its 80% band where ``edges`` has the low and high runs."""
+    """Each run's summary, with its 80% band where ``edges`` has the (low, high)
+    summaries (``edge_pair``)."""
     from perfmodel.serving.bands import NO_BAND, banded_summary
 
     out = [res.summary(slo_ttft, slo_tpot) for _, res in runs]
     if edges is None:
         note = NO_BAND if hw.uncertainty is None else "no band: --no-band"
         return [dict(s, band=note) for s in out]
-    return [banded_summary(s, *(e.summary(slo_ttft, slo_tpot) for e in pair),
+    return [banded_summary(s, *pair,
                            hw.uncertainty.describe() + "; every step at its band's edge")
             for s, pair in zip(out, edges, strict=True)]
 
 
 def _run(m: Any, hw: Any, reqs: Any, layout: Any, engine: Any, wl: Any, progress: bool,
-         label: str, edge: int | None = None, fleet: tuple = ("round-robin", 1)) -> Any:
+         label: str, edge: int | None = None, fleet: tuple = ("round-robin", 1),
+         band: bool = False, quiet: bool = False) -> Any:
+    """One simulation at the centre or at a band's ``edge``; ``quiet``: a band's run, no
+    progress line or time estimate; ``band``: the time estimate counts the band's runs to
+    come (``serving.bands.sample_size``: two of the sample, or two whole runs)."""
+    from perfmodel.serving.bands import sample_size
     from perfmodel.serving.simulate import simulate
 
     extra = dict(zip(("router", "workers", "cluster"), fleet, strict=False))
     closed = bool(reqs.closed_loop)
-    announce = _Eta(len(reqs), 0.0 if closed else float(reqs.arrival_s[-1]), label)
-    if edge is not None:        # a band's edge: the same run again, no second progress line
+    k = sample_size(len(reqs))
+    runs = 1.0 + 2.0 * k / len(reqs) * band
+    announce = _Eta(len(reqs), 0.0 if closed else float(reqs.arrival_s[-1]), label, runs)
+    if quiet:
         return simulate(m, hw, reqs, layout, engine, wl, label=label, edge=edge, **extra)
     if not progress:
         return simulate(m, hw, reqs, layout, engine, wl, announce, label, **extra)
@@ -241,8 +262,8 @@ class _Eta:
     first requests finish late in a long run); dp engines run one after another, each
     ``total`` of the ``n``."""
 
-    def __init__(self, n: int, last_arrival_s: float, label: str) -> None:
-        self.n, self.last, self.label = n, last_arrival_s, label
+    def __init__(self, n: int, last_arrival_s: float, label: str, runs: float = 1.0) -> None:
+        self.n, self.last, self.label, self.runs = n, last_arrival_s, label, runs
         self.said, self.start, self.first = False, time.perf_counter(), None
         self.before, self.seen = 0, (0, 0, 0.0)     # requests of the engines already run
 
@@ -258,7 +279,7 @@ class _Eta:
         if self.said or gained <= 0 or since < _ANNOUNCE_AFTER_S:
             return
         self.said = True
-        whole = now - self.start + since / gained * (1.0 - part)
+        whole = (now - self.start + since / gained * (1.0 - part)) * self.runs
         if whole > 2 * _ANNOUNCE_AFTER_S:
             typer.echo(f"note: {self.label}: {part:.2%} of {self.n:,} requests simulated in "
                        f"{now - self.start:.0f} s: about {_duration(whole)} in all", err=True)
@@ -303,7 +324,7 @@ def _show(runs: list, summaries: list[dict], fmt: Format, m: Any, hw: Any, layou
 
 
 def _capacity(m: Any, hw: Any, layout: Any, wl: Any, engine: Any) -> float:
-    from perfmodel.serving.engine import capacity_rps
+    from perfmodel.serving.pricing import capacity_rps
 
     return capacity_rps(m, hw, layout, wl, engine)
 

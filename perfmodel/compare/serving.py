@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.serving import host_time
-from perfmodel.serving.config import EngineConfig
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.requests import Requests
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism

@@ -21,6 +21,11 @@ How the operators' errors combine (``band``):
   over- or under-predicted: a bias) first moves the centre by its near edge, linearly, and
   the rest of its band adds in quadrature as above.
 
+A CUDA-graph step's composition (``specs.composition``) is one more independent term: the
+seconds of fixed cost its kernels pay inside the graph (``composed``) could be hidden up to
+``graph_overlap_max`` (the fast side) or not at all (the slow side); its deviations add in
+quadrature with the classes'.
+
 The centre is never moved by the band (the band is around the estimate, which stays the
 estimate); a class the block does not list counts as exact. ``rule="linear"`` (classes
 fully correlated too: deviations add) is the pessimistic alternative the coverage report
@@ -65,9 +70,12 @@ def kernel_band(t: float | np.ndarray, name: str, unc: Uncertainty
     return t / (1.0 + unc.q90[name]), t / (1.0 + unc.q10[name])
 
 
-def band(class_s: np.ndarray, unc: Uncertainty, rule: str = "quadrature"
+def band(class_s: np.ndarray, unc: Uncertainty, rule: str = "quadrature",
+         composed: tuple[np.ndarray, np.ndarray] | None = None
          ) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) of the total of ``class_s`` (classes, ...): the module docstring's rule."""
+    """(low, high) of the total of ``class_s`` (classes, ...): the module docstring's rule;
+    ``composed``: a graph step's composition term (seconds faster, seconds slower:
+    ``Composition.edges``)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
     class_s = np.asarray(class_s, dtype=float)
@@ -83,6 +91,9 @@ def band(class_s: np.ndarray, unc: Uncertainty, rule: str = "quadrature"
         shift = shift + s
         below.append(t + s - lo)
         above.append(hi - t - s)
+    if composed is not None:
+        below.append(np.broadcast_to(composed[0], total.shape))
+        above.append(np.broadcast_to(composed[1], total.shape))
     if not below:
         return total, total
     down, up = np.stack(below), np.stack(above)

@@ -46,6 +46,7 @@ from perfmodel.cost.routing import (
 )
 from perfmodel.cost.scan import Conv1d, LinearScan, Scan
 from perfmodel.cost.timebase import HOST
+from perfmodel.specs.dtypes import CODE
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import POINTWISE_CODE
 from perfmodel.specs.model import Model, MoE
@@ -151,9 +152,9 @@ _CONSTANTS = {
     GemmSpec: ("n", "k", "count", "bias"),
     PointwiseSpec: ("n", "count", "weight_elems"),
     AttentionSpec: ("heads", "kv_heads", "qk_dim", "v_dim", "cache_elems", "window", "chunk",
-                    "count"),
+                    "count", "elem_bytes"),
     EmbeddingSpec: ("n", "count"),
-    KvWriteSpec: ("n", "count"),
+    KvWriteSpec: ("n", "count", "elem_bytes"),
     AllReduceSpec: ("width", "devices", "count"),
     AllToAllSpec: ("width", "devices", "count", "elem_bytes"),
     OverheadSpec: ("count",),
@@ -195,6 +196,8 @@ def compile_template(specs: list) -> tuple[Block, ...]:
             const["code"] = np.array([POINTWISE_CODE[s.kind] for s in group])[:, None]
         if kind is AttentionSpec:
             const["from_cache"] = np.array([s.from_cache for s in group])[:, None]
+            const["math"] = np.array([CODE[s.math_dtype] if s.math_dtype else -1
+                                      for s in group])[:, None]
         rows = np.array([ROW_QUANTITIES.index(getattr(s, "rows", "tokens")) for s in group])
         blocks.append(Block(kind, tuple(index), tuple(group), const, rows))
     return tuple(blocks)
@@ -228,6 +231,11 @@ def _pointwise(b: Block, v: Values) -> Pointwise:
                      dtype=v.act, count=count, weight_elems=b.const["weight_elems"])
 
 
+def _cache_bytes(c: dict[str, np.ndarray], v: Values) -> np.ndarray:
+    """Bytes per cached element: the spec's own (``elem_bytes`` > 0) or the KV dtype's."""
+    return np.where(c["elem_bytes"] > 0, c["elem_bytes"], v.kvb)
+
+
 def _attention(b: Block, v: Values, step: object) -> Attention:
     c = b.const
     live = step.count > 0
@@ -243,8 +251,9 @@ def _attention(b: Block, v: Values, step: object) -> Attention:
                      n_heads=c["heads"], n_kv_heads=c["kv_heads"], qk_dim=c["qk_dim"],
                      v_dim=c["v_dim"], cache_elems=c["cache_elems"], window=c["window"],
                      chunk=c["chunk"], kv_from_cache=c["from_cache"], act_bytes=v.ab,
-                     kv_bytes=v.kvb, causal=step.causal,
-                     dtype=v.attention, count=c["count"] * batch.any(axis=-1))
+                     kv_bytes=_cache_bytes(c, v), causal=step.causal,
+                     dtype=np.where(c["math"] >= 0, c["math"], v.attention),
+                     count=c["count"] * batch.any(axis=-1))
 
 
 def _scan(b: Block, v: Values, step: object) -> Scan:
@@ -270,8 +279,8 @@ def _other(b: Block, v: Values, hw: Hardware | None, timing: np.ndarray | int) -
         return Embedding(rows=v.tokens, n=c["n"], act_bytes=v.ab, dtype=v.act,
                          count=c["count"])
     if kind is KvWriteSpec:
-        return KvWrite(rows=v.tokens, n=c["n"], act_bytes=v.ab, kv_bytes=v.kvb, dtype=v.act,
-                       count=c["count"])
+        return KvWrite(rows=v.tokens, n=c["n"], act_bytes=v.ab, kv_bytes=_cache_bytes(c, v),
+                       dtype=v.act, count=c["count"])
     if kind is AllReduceSpec:
         return AllReduce(payload=v.tokens * c["width"] * v.ab, devices=c["devices"],
                          dtype=v.act, count=c["count"])

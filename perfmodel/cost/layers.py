@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.cost.memory import INDEX_KEY_BYTES_PER_ELEM
 from perfmodel.cost.operators import (
     AllReduceSpec,
     AllToAllSpec,
@@ -203,12 +204,34 @@ def mla_absorbed(model: Model, new_tokens: np.ndarray, context: np.ndarray) -> n
     qk = nope + rope and v = v_head_dim. Prefill (T = C) picks expanded, decode absorbed.
     """
     a, h = model.mla, model.n_heads
+    if a.sparse:   # DSA runs MLA in its MQA (latent) form in prefill and decode alike
+        return np.ones(np.broadcast(new_tokens, context).shape, dtype=bool)
     att = attended_positions(new_tokens, context)
     absorbed = 2 * h * att * (2 * a.kv_lora_rank + a.qk_rope_head_dim) \
         + 2 * new_tokens * h * a.kv_lora_rank * (a.qk_nope_head_dim + a.v_head_dim)
     expanded = 2 * h * att * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim) \
         + 2 * context * a.kv_lora_rank * h * (a.qk_nope_head_dim + a.v_head_dim)
     return absorbed < expanded
+
+
+def _indexer(model: Model) -> list[Spec]:
+    """DSA's lightning indexer, replicated on every device (vLLM ``DeepseekV32Indexer``):
+    its queries from the query latent (wq_b), one key per token (wk, a LayerNorm, rotary on
+    the rope part), one weight per index head (weights_proj, kept 16-bit), the fp8 key cache
+    write, and the scoring of every cached token by every index head (DeepGEMM's
+    fp8_mqa_logits / fp8_paged_mqa_logits: 2 * heads * index_head_dim FLOPs a token at the
+    fp8 rate, or the nearest wider one a device has; the cache read at
+    INDEX_KEY_BYTES_PER_ELEM); the top-k over the scores is not priced."""
+    L, a, d = model.n_layers, model.mla, model.d_model
+    w, n, dim = weights_of(model, "attention"), a.index_n_heads, a.index_head_dim
+    return [GemmSpec("indexer.wq_b", n * dim, a.q_lora_rank or d, L, weights=w),
+            GemmSpec("indexer.wk", dim, d, L, weights=w),
+            PointwiseSpec("indexer.k_norm", "layer_norm", dim, L),
+            GemmSpec("indexer.weights_proj", n, d, L, weights="act"),
+            PointwiseSpec("indexer.rotary", "rotary", (n + 1) * a.qk_rope_head_dim, L),
+            KvWriteSpec("indexer.cache_write", dim, L, INDEX_KEY_BYTES_PER_ELEM),
+            AttentionSpec("indexer.scores", n, 1, dim, 0, dim, L,
+                          elem_bytes=INDEX_KEY_BYTES_PER_ELEM, math_dtype="fp8")]
 
 
 def _mla(model: Model, tp: int) -> list[Spec]:
@@ -233,10 +256,14 @@ def _mla(model: Model, tp: int) -> list[Spec]:
     # absorbed form
     out.append(GemmSpec("q_absorb", a.kv_lora_rank, a.qk_nope_head_dim, L, rows="absorbed",
                         groups=heads, weights=w, context=True))
-    out += _attention_kernels(model, heads=heads, kv_heads=1, qk_dim=latent,
-                              v_dim=a.kv_lora_rank, cache_elems=latent, form="absorbed")
+    kernels = _attention_kernels(model, heads=heads, kv_heads=1, qk_dim=latent,
+                                 v_dim=a.kv_lora_rank, cache_elems=latent, form="absorbed")
+    # DSA: each query reads only the indexer's top-k cached tokens, as a window of k would
+    out += [s._replace(window=a.index_topk) for s in kernels] if a.sparse else kernels
     out.append(GemmSpec("o_absorb", a.v_head_dim, a.kv_lora_rank, L, rows="absorbed",
                         groups=heads, weights=w, context=True))
+    if a.sparse:
+        out += _indexer(model)
     # expanded form: up-project the cached latent of every position to K_nope and V
     out.append(GemmSpec("kv_b_proj", heads * (a.qk_nope_head_dim + a.v_head_dim),
                         a.kv_lora_rank, L, rows="expanded_context", weights=w, context=True))

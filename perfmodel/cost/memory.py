@@ -135,6 +135,24 @@ def kv_elems_per_token_layer(model: Model, tp: int = 1) -> int:
     return 2 * kv_heads_per_device(model, tp) * model.head_dim
 
 
+# DSA's indexer keys: fp8 with one fp32 scale per 128 elements, whatever the KV dtype
+# (vLLM ``DeepseekV32IndexerCache``: index_head_dim + index_head_dim // 128 * 4 bytes)
+INDEX_KEY_BYTES_PER_ELEM = 1.0 + 4.0 / 128
+
+
+def index_cache_bytes_per_token_layer(model: Model) -> float:
+    """Bytes of the lightning indexer's key one token adds to one layer (0 without DSA)."""
+    a = model.mla
+    return a.index_head_dim * INDEX_KEY_BYTES_PER_ELEM if a is not None and a.sparse else 0.0
+
+
+def kv_bytes_per_token_layer(model: Model, tp: int, kv_bytes: np.ndarray) -> np.ndarray:
+    """Cached bytes one token adds to one attention layer on one device: its K/V (or MLA
+    latent) elements at ``kv_bytes`` each, plus DSA's indexer key."""
+    return kv_elems_per_token_layer(model, tp) * kv_bytes \
+        + index_cache_bytes_per_token_layer(model)
+
+
 def kv_vector_elems(model: Model) -> int:
     """Elements of one cached vector, what a per-(token, head) KV scale covers: head_dim,
     or MLA's whole latent kv_lora_rank + qk_rope_head_dim."""
@@ -164,7 +182,7 @@ def kv_bytes_of(model: Model, w: Workloads) -> np.ndarray:
 def kv_bytes_per_token(model: Model, tp: int, kv_bytes: np.ndarray) -> np.ndarray:
     """KV bytes one token adds across all layers (below any window), a shared block's
     invocations included (``Model.cache_layers``)."""
-    return model.cache_layers * kv_elems_per_token_layer(model, tp) * kv_bytes
+    return model.cache_layers * kv_bytes_per_token_layer(model, tp, kv_bytes)
 
 
 def kv_bytes_per_sequence(model: Model, tp: int, kv_bytes: np.ndarray, length: np.ndarray,
@@ -174,7 +192,7 @@ def kv_bytes_per_sequence(model: Model, tp: int, kv_bytes: np.ndarray, length: n
     the layer holds); each layer's positions round up to whole blocks of ``block`` tokens;
     a shared block (Zamba2) caches every position at each invocation. Recurrent layers add
     their constant state (``recurrent_state_per_sequence``)."""
-    per_layer = kv_elems_per_token_layer(model, tp) * kv_bytes
+    per_layer = kv_bytes_per_token_layer(model, tp, kv_bytes)
     kinds = model.layer_kinds()
     total = np.ceil(length / block) * block * model.full_cache_layers   # CLA: fewer caches
     for kind, limit in (("local", model.sliding_window), ("chunk", model.attention_chunk)):
@@ -286,4 +304,4 @@ def shared_prefix_bytes(model: Model, tp: int, kv_bytes: np.ndarray,
     requests that hit it share, stored once (a partial last block is each request's own;
     a sliding-window layer's blocks leave its window, so it shares nothing here)."""
     blocks = np.floor(w.shared_prefix / w.kv_block_tokens) * w.kv_block_tokens
-    return blocks * model.full_cache_layers * kv_elems_per_token_layer(model, tp) * kv_bytes
+    return blocks * model.full_cache_layers * kv_bytes_per_token_layer(model, tp, kv_bytes)

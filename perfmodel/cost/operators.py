@@ -58,6 +58,9 @@ class AttentionSpec(NamedTuple):
     from_cache: bool = True
     form: str = "all"
     context: bool = True
+    elem_bytes: float = 0.0     # bytes per cached element; 0: the KV dtype's (DSA's indexer
+                                # keys are fp8 with a scale whatever the KV dtype)
+    math_dtype: str = ""        # the dtype its MMAs run at; "": the attention dtype's
 
 
 class EmbeddingSpec(NamedTuple):
@@ -72,6 +75,7 @@ class KvWriteSpec(NamedTuple):
     name: str
     n: int
     count: float
+    elem_bytes: float = 0.0     # bytes per element stored; 0: the KV dtype's
 
 
 class AllReduceSpec(NamedTuple):

@@ -117,6 +117,19 @@ def kv_heads_per_device(model: Model, tp: int) -> int:
     return max(1, model.n_kv_heads // tp)
 
 
+def indexer_params(model: Model) -> float:
+    """DSA's lightning indexer per layer, replicated on every device (vLLM's
+    ``DeepseekV32Indexer``: ReplicatedLinear layers): wq_b from the query latent to
+    index_n_heads x index_head_dim, wk from d_model to index_head_dim, the keys' LayerNorm
+    (weight and bias), and weights_proj from d_model to one weight per index head."""
+    a = model.mla
+    if a is None or not a.sparse:
+        return 0.0
+    q_in = a.q_lora_rank or model.d_model
+    return q_in * a.index_n_heads * a.index_head_dim + model.d_model * a.index_head_dim \
+        + 2 * a.index_head_dim + model.d_model * a.index_n_heads
+
+
 def attention_params(model: Model, tp: int = 1) -> float:
     """Q, K, V, O projections (and MLA's low-rank factors and norms) on one device, with
     the q and k norms' head_dim weights each (``qk_norm: rms``; replicated; a NoPE layer
@@ -130,7 +143,7 @@ def attention_params(model: Model, tp: int = 1) -> float:
             d * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * h * qk
         kv = d * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank \
             + a.kv_lora_rank * h * (a.qk_nope_head_dim + a.v_head_dim)
-        return q + kv + h * a.v_head_dim * d
+        return q + kv + h * a.v_head_dim * d + indexer_params(model)
     kv = kv_heads_per_device(model, tp)
     hd = model.head_dim
     qkv = d * (h + 2 * kv) * hd + ((h + 2 * kv) * hd if model.qkv_bias else 0) \

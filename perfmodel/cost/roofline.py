@@ -2,7 +2,10 @@
 
     device_s = max(flops / (peak[dtype] * eff_compute), bytes / (bandwidth * eff_memory))
                + kernel_latency x kernels
-    time_s   = device_s                            timing "kernel" (device time only; CUDA graphs)
+    time_s   = device_s                            timing "kernel" (device time only: an isolated
+                                                   kernel replayed from a CUDA graph)
+             = device_s, fixed cost x (1 - graph_overlap)   timing "graph" (a kernel inside a
+                                                   graph-replayed step: ``specs.composition``)
              = max(device_s, launch_overhead)      timing "stream" (host launches overlap device)
              = device_s + launch_overhead          timing "host"   (one synchronised call)
     (x count, the instances per step)
@@ -41,6 +44,7 @@ from perfmodel.cost.timebase import (
     OVERHEAD,
     TIMINGS,
     OpTimes,
+    exposed_fixed,
     finish,
     kind_memory_fraction,
     peak,
@@ -104,7 +108,8 @@ def _gemm_time(op: Gemm, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
     times = finish(op, hw, timing, work_s, memory_s, body_s, fixed_s, c_eff, m_eff)
     if not np.any(dequant_s):
         return times
-    without = per_instance(hw, timing, bare_s + fixed_s) * op.count     # dequant's row
+    without = per_instance(hw, timing, bare_s + exposed_fixed(hw, timing, fixed_s)) \
+        * op.count                                                      # dequant's row
     return replace(times, dequant_s=times.time_s - without)
 
 

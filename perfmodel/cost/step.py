@@ -23,7 +23,7 @@ from perfmodel.cost.layers import step_template
 from perfmodel.cost.memory import kv_bytes_per_element, quantized_head
 from perfmodel.cost.ops import ByteCounts, OpRecord
 from perfmodel.cost.roofline import op_time
-from perfmodel.cost.timebase import HOST, STREAM, timing_code
+from perfmodel.cost.timebase import GRAPH, HOST, STREAM, timing_code
 from perfmodel.specs.dtypes import (
     BYTES,
     CODE,
@@ -373,4 +373,13 @@ def _values(model: Model, step: Step, dtypes: Dtypes,
     return values
 
 
-__all__ = ["CODE", "Dtypes", "Step", "StepCost", "default_timing", "price_step", "step_records"]
+def composed_seconds(cost: StepCost, timing: np.ndarray | int) -> np.ndarray:
+    """(N,) the fixed-cost seconds each step's kernels pay inside a CUDA graph (``timing``
+    ``graph``; 0 for any other step): the seconds the band's composition term moves
+    (``cost.band``, ``specs.composition``)."""
+    graph = np.asarray(timing_code(timing)) == GRAPH
+    return np.where(graph, (cost.fixed_s * cost.count).sum(axis=0), 0.0)
+
+
+__all__ = ["CODE", "Dtypes", "Step", "StepCost", "composed_seconds", "default_timing",
+           "price_step", "step_records"]

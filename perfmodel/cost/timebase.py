@@ -13,8 +13,8 @@ from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 
-TIMINGS = ("kernel", "stream", "host")
-KERNEL, STREAM, HOST = 0, 1, 2
+TIMINGS = ("kernel", "stream", "host", "graph")
+KERNEL, STREAM, HOST, GRAPH = 0, 1, 2, 3
 BOUNDS = ("compute", "memory", "overhead", "communication", "idle")
 COMPUTE, MEMORY, OVERHEAD, COMMUNICATION, IDLE = 0, 1, 2, 3, 4
 
@@ -89,19 +89,35 @@ def kind_memory_fraction(kind: str, hw: Hardware, units: np.ndarray | None = Non
 def finish(op: OpRecord, hw: Hardware, timing: np.ndarray | int, compute_s: np.ndarray,
            memory_s: np.ndarray, body_s: np.ndarray, fixed_s: np.ndarray,
            c_eff: np.ndarray, m_eff: np.ndarray) -> OpTimes:
-    """Add the fixed cost and the host launch (per ``timing``), pick the bound, x count."""
+    """Add the fixed cost (the part a graph-replayed step exposes: ``exposed_fixed``) and
+    the host launch (per ``timing``), pick the bound, x count."""
+    fixed_s = exposed_fixed(hw, timing, fixed_s)
     per = per_instance(hw, timing, body_s + fixed_s)
     overhead = per - body_s
     return OpTimes(compute_s, memory_s, fixed_s, overhead, per * op.count,
                    bound_code(compute_s, memory_s, overhead), c_eff, m_eff)
 
 
+def exposed_fixed(hw: Hardware, timing: np.ndarray | int, fixed_s: np.ndarray | float
+                  ) -> np.ndarray | float:
+    """The part of a kernel's isolated fixed cost ``fixed_s`` it pays: all of it, except
+    inside a graph-replayed step (timing ``graph``), where its neighbours hide the device's
+    ``composition.graph_overlap`` of it (``specs.composition``)."""
+    share = hw.composition.exposed()
+    if share == 1.0:
+        return fixed_s
+    if isinstance(timing, int):
+        return fixed_s * share if timing == GRAPH else fixed_s
+    return fixed_s * np.where(timing == GRAPH, share, 1.0)
+
+
 def per_instance(hw: Hardware, timing: np.ndarray | int, device_s: np.ndarray) -> np.ndarray:
     """Seconds of one instance whose device time is ``device_s``, with the host launch as
-    ``timing`` counts it (the module docstring of ``roofline``)."""
+    ``timing`` counts it (the module docstring of ``roofline``; ``graph``: device time, as
+    ``kernel``)."""
     launch = hw.efficiency.launch_overhead_s
     if isinstance(timing, int):
-        return (device_s, np.maximum(device_s, launch), device_s + launch)[timing]
+        return (device_s, np.maximum(device_s, launch), device_s + launch, device_s)[timing]
     return np.where(timing == STREAM, np.maximum(device_s, launch),
                     np.where(timing == HOST, device_s + launch, device_s))
 

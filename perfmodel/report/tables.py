@@ -51,7 +51,11 @@ def rows(e: Estimate) -> list[tuple[str, str]]:
 def _band(e: Estimate, figure: str, fmt: Callable[[float], str]) -> str:
     """" (80%: low to high)" of ``figure`` (``Estimate.edges``), or nothing without a band."""
     edges = e.edges(figure)
-    return "" if edges is None else f" (80%: {fmt(edges[0])} to {fmt(edges[1])})"
+    if edges is None:
+        return ""
+    unc = e.hardware.uncertainty
+    flag = ", uncalibrated" if unc is not None and unc.uncalibrated else ""
+    return f" (80%: {fmt(edges[0])} to {fmt(edges[1])}{flag})"
 
 
 def _rate(e: Estimate, figure: str) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 from perfmodel.cost.attention import packed_programs, split_tile
 from perfmodel.cost.layers import AttentionSpec, mla_absorbed, step_template
 from perfmodel.cost.ops import ByteCounts
-from perfmodel.cost.step import Dtypes, Step, StepCost, price_step
+from perfmodel.cost.step import Dtypes, Step, StepCost, composed_seconds, price_step
 from perfmodel.cost.timebase import BOUNDS
 from perfmodel.schedules.phases import PhaseCost
 from perfmodel.specs.hardware import Hardware
@@ -206,6 +206,10 @@ def decode_phase(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, dt
         dequant[context] = sums[7]
         bound[context] = np.where(live, sums[8:].argmax(axis=0), bound[context])
         last_step = np.where(live, static_step + last.sum(axis=0), last_step)
+    # the band's composition term: the first step's graph fixed cost for each step (a
+    # kernel's fixed cost changes with the context only where a split adds a combine)
+    composed = composed_seconds(first, timing) * np.maximum(steps, 0)
     return PhaseCost("decode", np.maximum(steps, 0), first.names, first.kinds, first.classes,
                      first.positions, first.count, time, flops, ByteCounts(*nbytes), bound,
-                     first.time, last_step, first.time_s, dequant, first.error_codes)
+                     first.time, last_step, first.time_s, dequant, first.error_codes,
+                     composed)

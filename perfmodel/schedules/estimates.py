@@ -95,7 +95,8 @@ class Estimates:
         if unc is None:
             return None
         w = self.workloads
-        return request_bands(self.phases, unc, w.batch, w.gen_len, self.plan.dp)
+        return request_bands(self.phases, unc, w.batch, w.gen_len, self.plan.dp,
+                             self.hardware.composition)
 
     @property
     def has_band(self) -> bool:

@@ -44,6 +44,9 @@ class PhaseCost(OperatorTotals):
     first_step_ops_s: np.ndarray    # (operators, N) each operator's time in the first step
     dequant_s: np.ndarray       # (operators, N) of time_s, the weight conversion's seconds
     error_codes: np.ndarray     # (operators, N) error classes (``cost.error_class``)
+    # (N,) of the phase's time, the fixed-cost seconds its kernels pay inside CUDA graphs
+    # (``cost.step.composed_seconds``): what the band's composition term moves
+    composed_s: np.ndarray | float = 0.0
 
     @cached_property
     def phase_bound(self) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel.cost.step import Dtypes, Step, default_timing, price_step
-from perfmodel.cost.timebase import KERNEL
+from perfmodel.cost.timebase import GRAPH
 from perfmodel.schedules.decode import decode_phase
 from perfmodel.schedules.phases import PhaseCost, single_step_phase
 from perfmodel.specs.hardware import Hardware
@@ -23,13 +23,15 @@ from perfmodel.specs.workload import Parallelism, Workloads
 def phase_timing(hw: Hardware, phase: str, cuda_graphs: np.ndarray | bool) -> np.ndarray:
     """Timing codes of a phase's steps (``roofline``): the device's own (launches added on a
     sync device, overlapped elsewhere), except decode steps replayed as CUDA graphs, which pay
-    no launches (on a device that has graphs: ``Hardware.has_graphs``; elsewhere the flag
-    is ignored and the estimate says so). One rule for the estimate and its figures."""
+    no launches and only the part of each kernel's fixed cost its neighbours do not hide
+    (timing ``graph``, ``specs.composition``), on a device that has graphs
+    (``Hardware.has_graphs``; elsewhere the flag is ignored and the estimate says so). One
+    rule for the estimate and its figures."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase must be prefill or decode, got {phase!r}")
     base = default_timing(hw)
     graphs = np.asarray(cuda_graphs) & (phase == "decode") & hw.has_graphs
-    return np.where(graphs, KERNEL, base)
+    return np.where(graphs, GRAPH, base)
 
 
 def static_request(model: Model, hw: Hardware, plan: Parallelism,

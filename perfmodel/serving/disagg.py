@@ -50,7 +50,7 @@ import numpy as np
 
 from perfmodel.cost.collectives import send_s
 from perfmodel.cost.memory import kv_bytes_of, kv_bytes_per_token
-from perfmodel.serving.config import EngineConfig
+from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.results import SimResult
 from perfmodel.serving.simulate import simulate

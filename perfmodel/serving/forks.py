@@ -1,5 +1,5 @@
 """Running an engine's scheduler ahead without copying every request's state: the dry runs
-``serving.simulate`` prices ahead (``serving.dry_run``) work on a fork of the state that
+``serving.engine_loop`` prices ahead (``serving.lookahead``) work on a fork of the state that
 shares its per-request arrays and writes them in place; ``rollback`` undoes what the fork
 wrote, ``mark`` / ``back_to`` return a fork to an earlier step. Only the rows of requests
 admitted and not finished (``lo:top``) can be written, so only they are saved: the cost of
@@ -16,7 +16,7 @@ from collections import deque
 
 
 class Forkable:
-    """Forks, copies and marks of an engine state (``serving.scheduler.EngineState``)."""
+    """Forks, copies and marks of an engine state (``serving.engines.state.EngineState``)."""
 
     MUTABLE: tuple[str, ...] = ()
 

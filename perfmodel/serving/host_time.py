@@ -2,14 +2,14 @@
 sampler's CPU side, output processing, and how much of it the engine hides behind the GPU)
 and per request (the API server's serial work before the engine sees a request, its work on
 each output token, and the path from the engine's token to the client). The figures live in
-``engine_profiles/<engine>.yaml`` (each with its source, or the statement that it has none),
+``engines/profiles/<engine>.yaml`` (each with its source, or the statement that it has none),
 by engine, version and mode; ``perfmodel calibrate-serving`` writes a deployment's own.
 
 The one formula home: ``HostTime.step`` (what a step adds to its GPU time),
 ``HostTime.admit`` (when the engine sees each request), ``api_server`` (when the API
 server has processed each token: one process, its work serialised) and
 ``HostTime.stream_s`` (the constant from there to the client's chunk). ``schedule_ahead``
-(vLLM's async scheduling) is the scheduler's rule, applied by ``serving.scheduler``.
+(vLLM's async scheduling) is the scheduler's rule, applied by ``serving.engines.state``.
 ``perfmodel estimate`` prices the GPU only; the simulator adds these on top of the same GPU
 steps, so a lone simulated request with ``HostTime()`` (none) costs exactly what the estimate says.
 """
@@ -28,7 +28,7 @@ from perfmodel.serving.results import SimResult
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.fields import Fields, read_mapping
 
-HERE = Path(__file__).parent / "engine_profiles"
+HERE = Path(__file__).parent / "engines" / "profiles"
 STEP_KEYS = ("step_s", "seq_s", "exposed_s")
 FRONT_KEYS = ("request_s", "prompt_token_s", "output_token_s", "stream_s")
 FRONTENDS = ("http", "in-process")

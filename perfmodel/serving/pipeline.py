@@ -21,12 +21,12 @@ How vLLM runs it (read from its source):
   may be scheduled while the previous one is still in the pipe. A token is emitted when a
   batch that computed the request's whole prompt and output so far returns.
 
-What this module adds to ``serving.simulate`` for ``plan.pp`` > 1:
+What this module adds to ``serving.engine_loop`` for ``plan.pp`` > 1:
 
-- The scheduler is vLLM's (``serving.scheduler``) with the computed tokens advanced at
+- The scheduler is vLLM's (``serving.engines.state``) with the computed tokens advanced at
   schedule time and tokens emitted when the batch returns (``land``); a request preempted
   while in flight has that flight's output dropped.
-- Stages: the step is priced for the whole replica (``serving.engine.StepPricer``) and
+- Stages: the step is priced for the whole replica (``serving.pricing.StepPricer``) and
   split into the stages' shares as ``perfmodel estimate --pp`` splits it
   (``schedules.pipeline.stage_seconds``: vLLM's layer split, the embedding on the first
   stage, the LM head on the last); each boundary is a point-to-point send of the batch's
@@ -42,7 +42,7 @@ What this module adds to ``serving.simulate`` for ``plan.pp`` > 1:
   was scheduled, time until its output returned; ``StepLog.stage_s`` its GPU seconds on
   each stage, ``send_s`` its sends; the rest of its time is host work and waiting for
   busy stages.
-- Steps are priced ahead as in ``serving.simulate``: the same event loop is run forward on
+- Steps are priced ahead as in ``serving.engine_loop``: the same event loop is run forward on
   a copy of the state (no further arrivals) and its batches priced in one call; a priced
   batch is used only when the real loop forms the very same batch.
 
@@ -60,10 +60,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from perfmodel.schedules.pipeline import activation_bytes, boundary_seconds, stage_seconds
-from perfmodel.serving.dry_run import Guess
-from perfmodel.serving.engine import StepPricer
+from perfmodel.serving.engines.state import Batch, EngineState
+from perfmodel.serving.lookahead import Guess
+from perfmodel.serving.pricing import StepPricer
 from perfmodel.serving.results import SimResult, StepLog, record_output
-from perfmodel.serving.scheduler import Batch, EngineState
 from perfmodel.specs.dtypes import CODE
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.workload import Parallelism
@@ -137,7 +137,7 @@ class Pipe:
     """One engine's pipeline: when each stage is next free, the batches in flight (oldest
     first), batches priced ahead, per logged batch its stage and send seconds, and
     ``guess``: a step's GPU time before it is priced, fitted to those priced so far
-    (``serving.dry_run.Guess``, which places arrivals in the dry runs)."""
+    (``serving.lookahead.Guess``, which places arrivals in the dry runs)."""
 
     pricer: StagePricer
     free: np.ndarray
@@ -182,7 +182,7 @@ def land(st: EngineState, batch: Batch, epochs: np.ndarray) -> tuple[np.ndarray,
 
 
 def advance(run: object, progress: object = None) -> None:
-    """``serving.simulate``'s engine loop under pipeline parallelism: run the engine until
+    """``serving.engine_loop``'s loop under pipeline parallelism: run the engine until
     every request it knows has finished, or until its clock reaches ``run.horizon`` (no
     batch is scheduled or landed at or after it)."""
     if run.pipe is None:

@@ -47,7 +47,7 @@ class StepLog:
     def row(start: float, dt: float, batch: object, used: int, waiting: int,
             host: float) -> tuple:
         """One step's entry as the engine loops append it (the fields above, in order):
-        ``batch`` (``serving.scheduler.Batch``) gives its sequences and tokens."""
+        ``batch`` (``serving.engines.state.Batch``) gives its sequences and tokens."""
         prompt = int(batch.new[batch.new > 1].sum()) if batch.prefill else 0
         return start, dt, len(batch.ids), int(batch.new.sum()), prompt, used, waiting, host
 
@@ -214,7 +214,7 @@ class SimResult:
 
 def record_output(run: object, emit: np.ndarray, counts: np.ndarray, done: np.ndarray,
                   t: float) -> list[int]:
-    """A step's output taken at ``t`` on an engine's run (``serving.simulate._Run``): the
+    """A step's output taken at ``t`` on an engine's run (``serving.engine_loop.Run``): the
     emitted requests' token (their ``counts``-th) and first-token times, the finished ones'
     finish time and the run's counts of them; returns the requests the arrivals send next
     (a closed loop's users, a conversation's later turns)."""

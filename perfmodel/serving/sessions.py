@@ -1,7 +1,7 @@
 """Conversations: requests that are the turns of a session. A turn's prompt is the
 conversation so far (every earlier turn's prompt and answer) followed by its new message,
 so its shared prefix is the previous turn's prompt plus output; the engine keeps a
-finished turn's KV as the session's cached chain (``serving.scheduler._grow_chain``),
+finished turn's KV as the session's cached chain (``serving.engines.state._grow_chain``),
 which the next turn hits unless it was evicted meanwhile.
 
 A trace gives ``session_id`` (any text) and ``turn`` (whole numbers, increasing with

@@ -14,6 +14,7 @@ from perfmodel.specs.errors import SpecError
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0,
     "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5,
+    "fp6": 0.75,   # OCP MXFP6 (CDNA 4, Blackwell): 6 bits an element; appended, codes unchanged
 }
 DTYPES = tuple(DTYPE_BYTES)
 CODE = {name: i for i, name in enumerate(DTYPES)}

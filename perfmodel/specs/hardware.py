@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfmodel.specs.composition import Composition
 from perfmodel.specs.dtypes import DTYPE_BYTES, DTYPES
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.uncertainty import Uncertainty
@@ -203,6 +204,15 @@ class Interconnect:
     custom_all_reduce_max_bytes: float = 0.0
     custom_all_reduce_latency_s: float = 0.0
     custom_all_reduce_fraction: float = 1.0
+    # devices one host (server, VM) holds, where it is fewer than the scale-up domain (a
+    # TPU VM's 4 or 8 chips of a pod's torus); 0: max_devices. Launch lines place servers
+    # on hosts by it
+    devices_per_host: int = 0
+
+    @property
+    def host_devices(self) -> int:
+        """Devices per host: ``devices_per_host``, else the whole scale-up domain."""
+        return self.devices_per_host or self.max_devices
 
 
 @dataclass(frozen=True)
@@ -237,6 +247,13 @@ class Hardware:
     # the 80% band on each error class's kernel times (the optional ``uncertainty:`` block,
     # ``specs.uncertainty``); None: no kernel measurements, so estimates carry no band
     uncertainty: Uncertainty | None = None
+    # how kernels compose into a CUDA-graph-replayed step (the optional ``composition:``
+    # block, ``specs.composition``); absent: the sum of isolated kernels
+    composition: Composition = field(default_factory=Composition)
+    # the ``power:`` block: rated board power and, where published or measured, idle power
+    # (W); None where the file gives none
+    tdp_watts: float | None = None
+    idle_watts: float | None = None
     # derived tables the cost model keeps per device (a fresh one for every copy)
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -31,13 +31,16 @@ from perfmodel.specs.schema import model_from_fields
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3",
             "gemma3_text", "phi3", "llama4", "llama4_text", "gpt_oss", "deepseek_v3",
             "deepseek_v2", "kimi_k2", "jamba", "nemotron_h", "qwen3_next", "minimax",
-            "minimax_text_01", "falcon_h1", "zamba2")
+            "minimax_text_01", "falcon_h1", "zamba2", "deepseek_v32", "glm_moe_dsa",
+            "minimax_m2", "glm4_moe")
 # multimodal configs: the text model's config sits under ``text_config``
 _TEXT = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _FAMILY = {"mixtral": families.mixtral, "qwen3_moe": families.qwen3_moe,
            "gemma3_text": families.gemma3, "llama4_text": families.llama4,
            "gpt_oss": families.gpt_oss, "deepseek_v3": families.deepseek,
            "deepseek_v2": families.deepseek, "kimi_k2": families.deepseek,
+           "deepseek_v32": families.deepseek, "glm_moe_dsa": families.deepseek,
+           "minimax_m2": families.minimax_m2, "glm4_moe": families.glm4_moe,
            "jamba": hybrids.jamba, "nemotron_h": hybrids.nemotron_h,
            "qwen3_next": hybrids.qwen3_next, "minimax": hybrids.minimax,
            "minimax_text_01": hybrids.minimax, "falcon_h1": hybrids.falcon_h1,

@@ -129,6 +129,38 @@ def mixtral(hf: Fields, out: dict[str, Any]) -> None:
                   "expert_intermediate_size": out["intermediate_size"]}
 
 
+def routed_experts(hf: Fields) -> dict[str, Any]:
+    """The DeepSeek-style MoE block (DeepSeek-V2/V3, Kimi K2, GLM-4.5): routed and shared
+    experts after ``first_k_dense_replace`` dense layers, group-limited routing."""
+    if hf.integer("moe_layer_freq", 1) != 1:
+        raise hf.error("moe_layer_freq", "only 1 (every layer after the dense ones) is supported")
+    return {"n_experts": hf.integer("n_routed_experts"),
+            "top_k": hf.integer("num_experts_per_tok"),
+            "expert_intermediate_size": hf.integer("moe_intermediate_size"),
+            "n_shared_experts": hf.integer("n_shared_experts", 0, minimum=0),
+            "first_dense_layers": hf.integer("first_k_dense_replace", 0, minimum=0),
+            "n_groups": hf.integer("n_group", 1),
+            "topk_groups": hf.integer("topk_group", hf.integer("n_group", 1))}
+
+
+def glm4_moe(hf: Fields, out: dict[str, Any]) -> None:
+    """GLM-4.5 / 4.6: GQA attention with q/k norms (``use_qk_norm``) and biased QKV, partial
+    rotary (``partial_rotary_factor``, read by the caller), DeepSeek-style experts; its MTP
+    layers (``num_nextn_predict_layers``)."""
+    if hf.flag("use_qk_norm", False):
+        out["qk_norm"] = "rms"
+    out["moe"] = routed_experts(hf)
+    if hf.integer("num_nextn_predict_layers", 0, minimum=0):
+        out["mtp"] = {"n_modules": hf.integer("num_nextn_predict_layers", minimum=0)}
+
+
+def minimax_m2(hf: Fields, out: dict[str, Any]) -> None:
+    """MiniMax-M2: full GQA attention with q/k norms, Mixtral-style experts (no shared)."""
+    if hf.flag("use_qk_norm", False):
+        out["qk_norm"] = "rms"
+    mixtral(hf, out)
+
+
 def deepseek(hf: Fields, out: dict[str, Any]) -> None:
     """DeepSeek-V2/V3 (and Kimi K2, a V3 shape): MLA, routed + shared experts after the
     first dense layers, MTP modules. ``n_group`` / ``topk_group``: a token's experts come
@@ -142,16 +174,11 @@ def deepseek(hf: Fields, out: dict[str, Any]) -> None:
                   "kv_lora_rank": hf.integer("kv_lora_rank"),
                   "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
                   "v_head_dim": hf.integer("v_head_dim")}
+    if hf.has("index_topk"):      # DeepSeek-V3.2 / GLM-5: DSA's lightning indexer
+        out["mla"] |= {"index_n_heads": hf.integer("index_n_heads"),
+                       "index_head_dim": hf.integer("index_head_dim"),
+                       "index_topk": hf.integer("index_topk")}
     if hf.has("n_routed_experts"):
-        if hf.integer("moe_layer_freq", 1) != 1:
-            raise hf.error("moe_layer_freq",
-                           "only 1 (every layer after the dense ones) is supported")
-        out["moe"] = {"n_experts": hf.integer("n_routed_experts"),
-                      "top_k": hf.integer("num_experts_per_tok"),
-                      "expert_intermediate_size": hf.integer("moe_intermediate_size"),
-                      "n_shared_experts": hf.integer("n_shared_experts", 0, minimum=0),
-                      "first_dense_layers": hf.integer("first_k_dense_replace", 0, minimum=0),
-                      "n_groups": hf.integer("n_group", 1),
-                      "topk_groups": hf.integer("topk_group", hf.integer("n_group", 1))}
+        out["moe"] = routed_experts(hf)
     if hf.integer("num_nextn_predict_layers", 0, minimum=0):
         out["mtp"] = {"n_modules": hf.integer("num_nextn_predict_layers", minimum=0)}

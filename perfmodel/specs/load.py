@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from perfmodel.specs import engines, places
+from perfmodel.specs.composition import read_composition
 from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.efficiency_block import read_efficiency
 from perfmodel.specs.errors import SpecError, did_you_mean
@@ -28,15 +29,19 @@ MODELS_DIR = places.package_dir("model")
 
 HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
                  "interconnect", "efficiency", "calibration", "price", "engines",
-                 "uncertainty")
+                 "uncertainty", "composition", "power")
 # how a vendor's devices run a recurrent layer's chunked scan when the file does not say
 # (``efficiency.scan_kernel``): mamba_ssm's and FLA's Triton kernels run on CUDA and ROCm;
 # a TPU runs the scan as compiled XLA (or Pallas) programs, no operator dispatched from the
 # host, which the fused record approximates; any other device (a CPU) runs the pure-torch
-# references operator by operator
-SCAN_KERNEL = {"nvidia": "fused", "amd": "fused", "google": "fused"}
+# references operator by operator. Trainium (Neuron) and Gaudi (its graph compiler) also run
+# whole compiled graphs, as a TPU does
+SCAN_KERNEL = {"nvidia": "fused", "amd": "fused", "google": "fused", "aws": "fused",
+               "intel": "fused"}
 # US dollars per device-hour: a figure above this is a typo (or a node's price, not a device's)
 MAX_USD_PER_HOUR = 1000.0
+# watts per device: a figure above this is a typo (or a rack's power, not a device's)
+MAX_WATTS = 5000.0
 
 
 def _sources(block: Fields, key: str, sources: dict[str, str]) -> None:
@@ -99,6 +104,7 @@ def _hardware(f: Fields, engine: str) -> Hardware:
     vendor = f.text("vendor", "other")
     eff = _efficiency(f.sub("efficiency"), sources, SCAN_KERNEL.get(vendor, "unfused"))
     price = _price(f.sub("price", required=False), sources)
+    tdp, idle = _power(f.sub("power", required=False), sources)
     hw = Hardware(
         name=f.text("name"), vendor=vendor,
         description=f.text("description", ""), peak_flops_per_s=peaks,
@@ -108,6 +114,8 @@ def _hardware(f: Fields, engine: str) -> Hardware:
                                         engine if "calibration" in f.renamed else None),
         runtime_reserved_bytes=reserved, price_per_hour=price, engine=engine,
         uncertainty=read_uncertainty(f.sub("uncertainty", required=False)),
+        composition=read_composition(f.sub("composition", required=False)),
+        tdp_watts=tdp, idle_watts=idle,
     )
     f.finish()
     return hw
@@ -164,6 +172,20 @@ def _price(f: Fields | None, sources: dict[str, str]) -> float | None:
     return out
 
 
+def _power(f: Fields | None, sources: dict[str, str]) -> tuple[float | None, float | None]:
+    """The optional ``power:`` block: ``tdp_watts`` (the board's rated power: TDP, TBP or
+    TGP, whichever the vendor publishes) and, where someone measured or published it,
+    ``idle_watts`` (at most the TDP), plain numbers of watts, with their ``source``."""
+    if f is None:
+        return None, None
+    tdp = f.quantity("tdp_watts", "number", maximum=MAX_WATTS)
+    idle = f.quantity("idle_watts", "number", None, positive=False, maximum=tdp) \
+        if f.has("idle_watts") else None
+    _sources(f, "power", sources)
+    f.finish()
+    return tdp, idle
+
+
 def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
     out = Interconnect(
         link_bytes_per_s=f.quantity("link_bytes_per_s", "bytes_per_s"),
@@ -180,6 +202,7 @@ def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:
                                                positive=False),
         custom_all_reduce_fraction=f.quantity("custom_all_reduce_fraction", "number", 1.0,
                                               maximum=1.0),
+        devices_per_host=f.integer("devices_per_host", 0, minimum=0),
     )
     _sources(f, "interconnect", sources)
     f.finish()

@@ -25,6 +25,17 @@ class MLA:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    # DeepSeek Sparse Attention (V3.2, GLM-5): a lightning indexer of index_n_heads heads of
+    # index_head_dim scores every cached token for each query, and the attention then reads
+    # only the index_topk best (arXiv 2512.02556 sec. 2.1); 0: dense MLA
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+
+    @property
+    def sparse(self) -> bool:
+        """Whether attention reads only the indexer's top-k tokens (DSA)."""
+        return self.index_topk > 0
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ MAX = {"n_layers": 4096, "d_model": WIDTH, "n_heads": 16384, "n_kv_heads": 16384
        "qk_rope_head_dim": 65536, "v_head_dim": 65536, "group_size": 2**24,
        "d_inner": WIDTH, "d_state": 65536, "n_groups": 16384, "d_conv": 64, "dt_rank": WIDTH,
        "n_k_heads": 16384, "head_k_dim": 65536, "head_v_dim": 65536, "topk_groups": 16384,
-       "n_blocks": 4096, "adapter_rank": WIDTH}
+       "n_blocks": 4096, "adapter_rank": WIDTH, "index_n_heads": 16384,
+       "index_head_dim": 65536, "index_topk": 2**24}
 QUANTIZED_DTYPES = tuple(d for d in DTYPES if d in ("int8", "int4", "fp8", "fp4"))
 
 
@@ -249,7 +250,13 @@ def _mla(f: Fields | None) -> MLA | None:
         return None
     out = MLA(q_lora_rank=size(f, "q_lora_rank", None), kv_lora_rank=size(f, "kv_lora_rank"),
               qk_nope_head_dim=size(f, "qk_nope_head_dim"),
-              qk_rope_head_dim=size(f, "qk_rope_head_dim"), v_head_dim=size(f, "v_head_dim"))
+              qk_rope_head_dim=size(f, "qk_rope_head_dim"), v_head_dim=size(f, "v_head_dim"),
+              index_n_heads=size(f, "index_n_heads", 0, minimum=0),
+              index_head_dim=size(f, "index_head_dim", 0, minimum=0),
+              index_topk=size(f, "index_topk", 0, minimum=0))
+    if out.sparse != (out.index_n_heads > 0) or out.sparse != (out.index_head_dim > 0):
+        raise f.error("index_topk", "expected index_n_heads, index_head_dim and index_topk "
+                      "all given (DeepSeek sparse attention) or none")
     f.finish()
     return out
 

@@ -24,6 +24,9 @@ from perfmodel.specs.kinds import ERROR_CLASSES
 # code of each)
 UNCERTAINTY_KEYS = ("source", "note", "error_q10", "error_q90")
 LEAVE_ONE_OUT = "leave-one-device-out"
+# a device with no measurements of its own nor of its family: the band of datasheet-era
+# constants (reports/kernels/uncalibrated_band.py); ``source: "uncalibrated, <basis>"``
+UNCALIBRATED = "uncalibrated"
 # a relative error past these is a typo (0.08 written as 8), not a kernel
 MAX_ERROR = 10.0
 
@@ -52,8 +55,18 @@ class Uncertainty:
         head, _, rest = self.source.partition(",")
         return rest.strip() or None if head.strip() == LEAVE_ONE_OUT else None
 
+    @property
+    def uncalibrated(self) -> bool:
+        """Whether the device's constants are datasheet figures nobody fitted (its band is
+        the datasheet-constant rule's, not a fit's residuals)."""
+        return self.source.partition(",")[0].strip() == UNCALIBRATED
+
     def describe(self) -> str:
         """One line for a report: whose band it is."""
+        if self.uncalibrated:
+            return ("uncalibrated device: 80% band from the residuals datasheet constants had "
+                    "on the calibrated devices' kernels before calibration (no kernel "
+                    "measurements of this device or its family)")
         if self.family is not None:
             return (f"80% band from the {self.family} family's leave-one-device-out residuals "
                     f"(no kernel measurements of this device)")
@@ -78,6 +91,9 @@ def read_uncertainty(f: Any) -> Uncertainty | None:
     if head.strip() == LEAVE_ONE_OUT and not family.strip():
         raise f.error("source", f"expected '{LEAVE_ONE_OUT}, <family>' (the family whose "
                       f"band this device borrows), got {source!r}")
+    if head.strip() == UNCALIBRATED and not family.strip():
+        raise f.error("source", f"expected '{UNCALIBRATED}, <basis>' (where the band of an "
+                      f"uncalibrated device comes from), got {source!r}")
     q10, q90 = (_per_class(f, key) for key in ("error_q10", "error_q90"))
     if set(q10) != set(q90):
         missing = sorted(set(q10) ^ set(q90), key=ERROR_CLASSES.index)[0]

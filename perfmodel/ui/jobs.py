@@ -118,10 +118,12 @@ def simulation(settings: dict[str, Any], uploads: Uploads) -> Callable[[Job], di
     edges = (0, 1) if params["band"] and hw.uncertainty is not None else ()
 
     def work(job: Job) -> dict:
-        from perfmodel.cli.simulate import banded_summaries
+        from perfmodel.cli.simulate import banded_summaries, edge_pair
+        from perfmodel.serving.bands import sample_size
         from perfmodel.serving.simulate import simulate
 
-        job.total = sum(len(reqs) for _, reqs, _ in streams) * (1 + len(edges))
+        job.total = sum(len(reqs) + 2 * sample_size(len(reqs)) * bool(edges)
+                        for _, reqs, _ in streams)
 
         def run(reqs: Any, label: str, edge: int | None) -> Any:
             before = job.done
@@ -137,7 +139,9 @@ def simulation(settings: dict[str, Any], uploads: Uploads) -> Callable[[Job], di
             return res
 
         runs = [(rate, run(reqs, label, None)) for rate, reqs, label in streams]
-        pairs = [tuple(run(reqs, label, e) for e in edges) for _, reqs, label in streams] \
+        slos = (params["slo_ttft"], params["slo_tpot"])
+        pairs = [edge_pair(res, reqs, lambda q, e, label=label: run(q, label, e), *slos)
+                 for (_, res), (_, reqs, label) in zip(runs, streams, strict=True)] \
             if edges else None
         summaries = banded_summaries(runs, pairs, hw, params["slo_ttft"], params["slo_tpot"])
         return {"runs": [{"rate": rate, "label": res.label, "summary": _plain(summary),

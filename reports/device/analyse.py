@@ -163,7 +163,7 @@ def _shape(row: dict) -> str:
 
 
 # steps: (label, timing) pairs each measured row is priced under
-STEP_PRICING = {("decode", "kernel"): (("--cuda-graphs (kernel)", "kernel"),),
+STEP_PRICING = {("decode", "kernel"): (("--cuda-graphs (graph)", "graph"),),
                 ("decode", "stream"): (("async launches (stream)", "stream"),
                                        ("sync launches (host)", "host")),
                 ("prefill", "stream"): (("async launches (stream)", "stream"),)}

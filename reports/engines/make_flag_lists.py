@@ -1,6 +1,6 @@
 """Write the list of every flag a serving engine's launcher accepts, read from the engine's
-own source at one version, to ``perfmodel/serving/engine_flags/<engine>-<version>.yaml``;
-``perfmodel.serving.launch``'s tests check every flag the plan emits against it.
+own source at one version, to ``perfmodel/serving/engines/flags/<engine>-<version>.yaml``;
+``perfmodel.serving.planner.launch``'s tests check every flag the plan emits against it.
 
     python reports/engines/make_flag_lists.py vllm   SOURCE [--ref REF] [--out DIR]
     python reports/engines/make_flag_lists.py sglang SOURCE
@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "perfmodel" / "serving" / "engine_flags"
+OUT = ROOT / "perfmodel" / "serving" / "engines" / "flags"
 PREFIXES = {"vllm": ("",), "sglang": ("python/", ""), "trtllm": ("",)}
 
 

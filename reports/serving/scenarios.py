@@ -21,8 +21,8 @@ import perfmodel as pm
 from perfmodel.cost.step import Dtypes, Step, price_step
 from perfmodel.report.tables import markdown_table
 from perfmodel.serving import traffic
-from perfmodel.serving.config import EngineConfig
-from perfmodel.serving.engine import capacity_rps
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.pricing import capacity_rps
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.simulate import simulate
 
@@ -79,7 +79,7 @@ def knee() -> list[str]:
     return ["## Past the estimated capacity the queue grows without bound", "",
             f"Llama-3-8B on one H100 SXM, Poisson arrivals, 1,024 prompt / 128 output tokens."
             f" `perfmodel estimate` at the largest batch the engine runs (256, within the KV"
-            f" memory) sustains {cap:.1f} requests/s (`serving.engine.capacity_rps`). Below"
+            f" memory) sustains {cap:.1f} requests/s (`serving.pricing.capacity_rps`). Below"
             " it the mean queueing delay stays flat whatever the run's length; past it the"
             " delay grows with the number of requests, because the queue keeps growing.", "",
             markdown_table(["rate / capacity", "req/s offered", "requests", "req/s served",

@@ -1,0 +1,90 @@
+"""Replicas that share no state, simulated on a Dask cluster (``--cluster``): past one
+machine the split ``fleet.replicas.run_replicas`` makes for worker processes runs on
+Dask's ``distributed`` scheduler (the optional ``fleet`` extra, ``pip install
+'perfmodel[fleet]'``), not on a scheduler of our own.
+
+What travels: what every replica shares (model, hardware, layout, dtypes, engine settings,
+KV pool size) is scattered to every worker once; each task then carries only its replica's
+requests, and its result comes back without the model and hardware (as from the fork
+pool: ``fleet.replicas._light``); a data-parallel-attention replica travels as one
+task, its ranks in lockstep. The simulation is deterministic, so a replica run on a Dask
+worker gives the same arrays, bit for bit, as in one process (``tests/test_cluster.py``).
+
+Only routers that read the request alone (round-robin, the affinity hashes) are dealt
+ahead and so can run here. A load-aware router's choice at an arrival depends on every
+replica's state at that instant; ``serving.fleet.lockstep`` keeps it exact by advancing all
+replicas to each arrival in one process, and ``fleet.check`` refuses it with ``--cluster``
+(see ``serving.fleet``'s docstring for why no window of synchronisation would be both exact
+and faster).
+
+``cluster``: "local" starts a ``LocalCluster`` of ``workers`` processes (one thread each)
+on this machine, kept for the rest of the process (a banded run simulates three times);
+an address ("tcp://host:8786", any scheme Dask takes) connects to a running scheduler,
+whose workers need this version of perfmodel importable.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Callable
+
+from perfmodel.specs.errors import SpecError
+
+INSTALL = "pip install 'perfmodel[fleet]'"
+_LOCAL: dict = {}
+
+
+def check(cluster: str | None) -> None:
+    """A one-line error for a ``--cluster`` that is malformed or that this installation
+    cannot use (Dask's ``distributed`` package absent)."""
+    if cluster is None:
+        return
+    if not isinstance(cluster, str) or not (cluster == "local" or "://" in cluster):
+        raise SpecError(f"--cluster: expected 'local' or a Dask scheduler address such as "
+                        f"tcp://host:8786, got {cluster!r}")
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise SpecError(f"--cluster: needs Dask's distributed package, not installed: "
+                        f"{INSTALL}") from None
+
+
+def _local(workers: int) -> object:
+    """The ``LocalCluster`` of ``workers`` processes and its client, started once."""
+    if workers not in _LOCAL:
+        from distributed import Client, LocalCluster
+
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1,
+                               dashboard_address=":0")
+        _LOCAL[workers] = (Client(cluster), cluster)
+    return _LOCAL[workers][0]
+
+
+def map_apart(fn: Callable, shared: tuple, parts: list, cluster: str,
+              workers: int) -> list:
+    """``[fn(part, shared=shared) for part in parts]``, each call a task on the cluster;
+    ``shared`` is sent to every worker once."""
+    if cluster == "local":
+        return _run(_local(workers), fn, shared, parts)
+    from distributed import Client
+
+    try:
+        dask = Client(cluster, timeout=10)
+    except OSError as exc:
+        raise SpecError(f"--cluster: no Dask scheduler answered at {cluster} ({exc})"
+                        ) from None
+    with dask:
+        return _run(dask, fn, shared, parts)
+
+
+def _run(dask: object, fn: Callable, shared: tuple, parts: list) -> list:
+    [common] = dask.scatter([shared], broadcast=True, hash=False)
+    return dask.gather(dask.map(fn, parts, shared=common, pure=False))
+
+
+@atexit.register
+def _close() -> None:
+    for dask, local in _LOCAL.values():
+        dask.close()
+        local.close()
+    _LOCAL.clear()
