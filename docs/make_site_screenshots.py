@@ -1,5 +1,5 @@
 """Screenshots of the built site (home, a command page, the API reference) into docs/img/site/
-with Debian's headless chromium; 128-colour PNGs, to keep them small.
+with Debian's headless chromium; 256-colour PNGs, to keep them small.
 
     PYTHONPATH=. python docs/make_site_screenshots.py
 """
@@ -29,8 +29,9 @@ def main() -> None:
                             "--hide-scrollbars", "--window-size=1280,900",
                             f"--screenshot={shot}", (site / page).as_uri()],
                            check=True, capture_output=True)
-            Image.open(shot).convert("RGB").quantize(colors=128).save(OUT / f"{name}.png",
-                                                                      optimize=True)
+            image = Image.open(shot).convert("RGB")
+            image.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(
+                OUT / f"{name}.png", optimize=True)
             print(f"docs/img/site/{name}.png: {(OUT / f'{name}.png').stat().st_size // 1024} KB")
 
 
