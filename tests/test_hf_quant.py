@@ -47,7 +47,9 @@ def test_shipped_quantized_configs(case):
     file, name, method, dtype, group, scale, kept, per_weight = case
     model = pm.model(str(DATA / file))
     assert model.name == name
-    assert model.quantization == Quantization(method, dtype, group, scale, kept)
+    q = model.quantization
+    assert (q.method, q.weights_dtype, q.group_size, q.scale_bytes, q.unquantized) == \
+        (method, dtype, group, scale, kept)
     assert model.quantization.bytes_per_weight == pytest.approx(per_weight)
 
 
@@ -131,20 +133,20 @@ def test_cli_estimates_a_quantized_config():
 LLAMA = json.loads((DATA / "llama-awq.json").read_text())
 BAD = [
     ({"quant_method": "hqq", "nbits": 4}, "quantization_config.quant_method: unsupported "
-     "'hqq', expected one of fp8, awq, gptq, bitsandbytes, mxfp4, compressed-tensors"),
+     "'hqq', expected one of fp8, awq, gptq, bitsandbytes, mxfp4, compressed-tensors, modelopt"),
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "quantization_config.bits: "
      "expected 4 or 8"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128,
       "modules_to_not_convert": ["model.layers.0.self_attn"]},
      "quantization_config.modules_to_not_convert: names only some attention modules "
-     "(4 of 8"),
+     "(3 of 6"),
     ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size: expected "
      "[rows, cols]"),
     ({"quant_method": "compressed-tensors", "config_groups": {
         "a": {"targets": ["re:.*self_attn.*"], "weights": {"num_bits": 8, "type": "float"}},
         "b": {"targets": ["re:.*mlp.*"], "weights": {"num_bits": 4, "type": "int",
                                                     "strategy": "group", "group_size": 128}}}},
-     "config_groups: 2 different weights schemes"),
+     "config_groups: the mlp class's weights (int4, groups of 128) differ from the others'"),
     ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"],
       "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}},
       "ignore": ["re:("]}, "quantization_config.ignore: 're:(' is not a valid regex"),

@@ -165,7 +165,8 @@ def test_gptq_lm_head_from_hf(tmp_path):
     default of the model's workloads; weights asked for explicitly start from a 16-bit
     head, as they start from the workload's own group size."""
     model = _gptq(tmp_path, True)
-    assert model.quantization == Quantization("gptq", "int4", 128, 2.5, (), True)
+    assert model.quantization == Quantization("gptq", "int4", 128, 2.5, (), True,
+                                              "int4-awq-g128", "fp16")
     assert pm.Workload.for_model(model).quantize_lm_head is True
     assert pm.Workload.for_model(model, quantize_lm_head=False).quantize_lm_head is False
     assert pm.Workload.for_model(model, weights_dtype="int8").quantize_lm_head is False

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 import perfmodel as pm
 from perfmodel.cli.app import app
 from perfmodel.cost.memory import kv_bytes_per_element, kv_bytes_per_token
-from perfmodel.specs.dtypes import CODE, KV_PER_VECTOR, WEIGHT_FORMATS, scaled_bytes, weight_bytes
+from perfmodel.specs.dtypes import CODE, KV_PER_VECTOR, scaled_bytes, weight_bytes
+from perfmodel.specs.formats import weight_format
 
 runner = CliRunner()
 H100, B200, LLAMA3 = pm.hardware("h100-sxm"), pm.hardware("b200"), pm.model("llama-3-8b")
@@ -57,7 +58,7 @@ def test_llama3_8b_int4_kv_per_token_with_scales():
     ("nvfp4", 0.5 + 1 / 16), ("mxfp4", 0.5 + 1 / 32), ("mxfp8", 1 + 1 / 32),
     ("w4a16-g128", 0.5 + 2.5 / 128), ("fp8-block128", 1 + 4 / 16384), ("w8a16", 1.0)])
 def test_weight_formats(name, per_weight):
-    dtype, group, scale = WEIGHT_FORMATS[name]
+    dtype, group, scale = weight_format(name).scheme
     w = pm.Workload(weights_dtype=dtype, weight_group_size=group, weight_scale_bytes=scale)
     assert w.weight_bytes_per_param == per_weight
 

@@ -196,3 +196,24 @@ def _one_step_guess(init):
         init(self)
         self.lookahead = 1
     return patched
+
+
+def test_trtllm_needs_only_the_prompt_to_fit_max_num_tokens():
+    """Chunked prefill off: TensorRT-LLM refuses only a prompt longer than max_num_tokens
+    (``llmapi/llm.py`` ``_check_arguments``: prompt + query length, never the output), so a
+    budget of 64 serves 60-token prompts with 20 output tokens (80 in all), where vLLM's
+    rule (prompt + output within the budget) refuses it; a 70-token prompt is refused."""
+    import perfmodel as pm
+    from perfmodel.serving import simulate as sim
+    from perfmodel.serving.requests import Requests
+
+    model, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
+    reqs = Requests.of(np.zeros(2), [60, 60], [20, 20])
+    engine = TRTLLMConfig(max_num_tokens=64)
+    res = sim.simulate(model, hw, reqs, engine=engine)
+    assert np.all(res.finish_s > res.first_token_s)
+    with pytest.raises(SpecError, match="max-num-batched-tokens"):
+        sim.simulate(model, hw, reqs, engine=EngineConfig(
+            max_num_seqs=2, max_num_batched_tokens=64, chunked_prefill=False))
+    with pytest.raises(SpecError, match="prompt of 70 tokens"):
+        sim.simulate(model, hw, Requests.of(np.zeros(1), [70], [5]), engine=engine)

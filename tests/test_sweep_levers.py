@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 import perfmodel as pm
 from perfmodel.cli.app import app
 from perfmodel.schedules.sweep import rows, series, sweep
-from perfmodel.specs.dtypes import WEIGHT_FORMATS
 from perfmodel.specs.errors import SpecError
+from perfmodel.specs.formats import weight_format
 
 runner = CliRunner()
 BASE = ["-m", "llama-3-8b", "-H", "h100-sxm", "--prompt", "1024", "--gen", "16"]
@@ -63,7 +63,7 @@ def _matches(row: dict, flags: list[str]) -> bool:
     wanted = dict(zip(flags[::2], flags[1::2], strict=True))
     if "--weights-format" in wanted:
         fmt = wanted.pop("--weights-format")
-        wanted |= {"--weights-dtype": WEIGHT_FORMATS[fmt][0]}
+        wanted |= {"--weights-dtype": weight_format(fmt).scheme[0]}
         if row["workload_weights_format"] != fmt:
             return False
     keys = {"--batch": "workload_batch", "--weights-dtype": "workload_weights_dtype",

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 import perfmodel as pm
-from perfmodel.cli.common import WEIGHT_FORMATS
 from perfmodel.specs.dtypes import weight_bytes
+from perfmodel.specs.formats import format_names, weight_format
 
 TORCHAO = {"bf16": 132.41, "int4wo-g64": 268.88, "int8": 216.38, "fp8": 213.88}
 
@@ -25,8 +25,8 @@ def _workload(weights: str) -> pm.Workload:
     """TorchAO generate.py defaults: "Hello, my name is" (6 tokens with BOS), 200 new
     tokens, batch 1, compiled decode (CUDA graphs); the LM head quantized as the rest."""
     kw: dict = {"weights_dtype": weights}
-    if weights in WEIGHT_FORMATS:
-        dtype, group, scale = WEIGHT_FORMATS[weights]
+    if weights in format_names():
+        dtype, group, scale = weight_format(weights).scheme
         kw = {"weights_dtype": dtype, "weight_group_size": group, "weight_scale_bytes": scale}
     return pm.Workload(batch=1, prompt_len=6, gen_len=200, cuda_graphs=True,
                        quantize_lm_head=True, **kw)
@@ -50,7 +50,7 @@ def test_torchao_model_size() -> None:
 def test_tinygemm_bytes() -> None:
     """bf16 over int4 with a bf16 scale and zero per 64: 2 / (0.5 + 4/64) = 3.5556, the
     issue's "about 3.5x with scales included"."""
-    _, group, scale = WEIGHT_FORMATS["int4wo-g64"]
+    _, group, scale = weight_format("int4wo-g64").scheme
     assert 2.0 / float(weight_bytes(pm.specs.dtypes.CODE["int4"], group, scale)) == \
         pytest.approx(32 / 9, rel=1e-12)
 

@@ -31,6 +31,7 @@ CORE = {"estimate": ("perfmodel.cli.estimate", "estimate"),
         "plan": ("perfmodel.cli.plan", "plan_cmd"),
         "compare-serving": ("perfmodel.cli.serving_compare", "compare_serving_cmd"),
         "calibrate-serving": ("perfmodel.cli.serving_calibrate", "calibrate_serving_cmd"),
+        "compare-inferencex": ("perfmodel.cli.inferencex", "compare_inferencex_cmd"),
         "ui": ("perfmodel.ui.command", "ui_cmd")}   # the optional page: its own package
 # command group -> (module, Typer): its subcommands (``perfmodel kernels import ...``)
 GROUPS = {"kernels": ("perfmodel.cli.kernels", "app")}

@@ -15,7 +15,8 @@ import typer
 
 from perfmodel.cli.errors import fail, raising
 from perfmodel.cli.outputs import out_dir, out_file, save, writing
-from perfmodel.specs.dtypes import DTYPES, WEIGHT_FORMATS
+from perfmodel.specs.dtypes import DTYPES
+from perfmodel.specs.formats import format_names, weight_format
 
 # re-exported: their homes are cli.errors and cli.outputs
 __all__ = ["fail", "out_dir", "out_file", "raising", "save", "writing"]
@@ -54,7 +55,7 @@ def workload(model: Any, batch: int, prompt: int, gen: int, weights_dtype: str |
 def weights_format(name: str | None, weights_dtype: str | None,
                    group_size: int | None) -> tuple[str | None, int | None, dict[str, Any]]:
     """(weights dtype, group size, further Workload fields) of ``--weights-format`` (a
-    ``WEIGHT_FORMATS`` preset), or the options as given when it is not set; a one-line error
+    ``specs.formats`` name), or the options as given when it is not set; a one-line error
     when it is set beside --weights-dtype or --group-size."""
     if name is None:
         return weights_dtype, group_size, {}
@@ -63,7 +64,7 @@ def weights_format(name: str | None, weights_dtype: str | None,
     if given:
         fail(f"--weights-format {name} sets the weights' dtype, group size and scale bytes; "
              f"drop {' and '.join(given)}")
-    dtype, group, scale = WEIGHT_FORMATS[name]
+    dtype, group, scale = weight_format(name).scheme
     return dtype, group, {"weight_scale_bytes": scale}
 
 
@@ -98,7 +99,7 @@ def _dtype(value: str) -> str:
 
 def _bad_format(value: str) -> str:
     raise typer.BadParameter(f"unknown weights format {value!r}, expected one of "
-                             f"{', '.join(WEIGHT_FORMATS)}")
+                             f"{', '.join(format_names())}")
 
 
 # options shared by estimate, roofline, sweep and report: same bounds, same messages
@@ -128,9 +129,10 @@ GroupSize = Annotated[int | None, typer.Option(
     min=1, help="weight quantization group size (adds a 16-bit scale per group)")]
 WeightsFormatOpt = Annotated[str | None, typer.Option(
     "--weights-format",
-    callback=lambda v: v if v is None or v in WEIGHT_FORMATS else _bad_format(v),
-    help=f"weights as a kernel stores them, one of {', '.join(WEIGHT_FORMATS)}: sets the "
-         "dtype, group size and scale bytes (instead of --weights-dtype / --group-size)")]
+    callback=lambda v: v if v is None or v in format_names() else _bad_format(v),
+    help=f"weights as a kernel stores them, one of {', '.join(format_names())} "
+         "(docs/checkpoints.md): sets the dtype, group size and scale bytes (instead of "
+         "--weights-dtype / --group-size) of every class the checkpoint quantizes")]
 KvGroupSize = Annotated[int | None, typer.Option(
     min=0, show_default="a scale per (token, head) for int8/int4, none otherwise",
     help="KV-cache elements per scale (0: none)")]

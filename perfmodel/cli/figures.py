@@ -15,7 +15,6 @@ import typer
 
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
-    WEIGHT_FORMATS,
     AttentionDp,
     DraftHeads,
     DraftK,
@@ -46,6 +45,7 @@ from perfmodel.cli.common import (
     writing,
 )
 from perfmodel.cli.devices import EngineOpt, devices
+from perfmodel.specs.formats import format_names
 
 MAX_DPI = 1200   # a 12 x 8 inch figure at 1200 dpi is already 138 megapixels
 DEFAULT_KV_MODELS = "llama-2-13b,llama-3-70b,falcon-7b,deepseek-v3,mistral-7b,gemma-2-9b"
@@ -120,7 +120,7 @@ def sweep_cmd(
         show_default="bf16", help="weight dtypes, comma list")] = None,
     weights_formats: Annotated[str | None, typer.Option(
         "--weights-format", help="weights formats, comma list, each one of "
-             f"{', '.join(WEIGHT_FORMATS)}: sets the dtype, group size and scale bytes "
+             f"{', '.join(format_names())}: sets the dtype, group size and scale bytes "
              "(instead of --weights-dtype / --group-size)")] = None,
     group_size: Annotated[str | None, typer.Option(
         help="weight quantization group sizes, comma list")] = None,
@@ -277,10 +277,11 @@ def _formats(text: str | None, weights_dtype: str | None, group_size: str | None
     from perfmodel.specs.errors import did_you_mean
 
     out = names("--weights-format", text)
+    known = format_names()
     for f in out:
-        if f not in WEIGHT_FORMATS:
+        if f not in known:
             fail(f"--weights-format: unknown format {f!r}, expected one of "
-                 f"{', '.join(WEIGHT_FORMATS)}{did_you_mean(f, WEIGHT_FORMATS)}")
+                 f"{', '.join(known)}{did_you_mean(f, known)}")
     given = [o for o, v in (("--weights-dtype", weights_dtype), ("--group-size", group_size))
              if v is not None]
     if given:

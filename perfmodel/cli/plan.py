@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from perfmodel.cli.common import ModelOpt, fail, out_dir, save, writing
+from perfmodel.cli.common import ModelOpt, WeightsFormatOpt, fail, out_dir, save, writing
 from perfmodel.cli.devices import EngineOpt, devices
 from perfmodel.cli.host import HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
 from perfmodel.cli.plan_text import explain, text
@@ -91,6 +91,7 @@ def plan_cmd(
     engine_mode: ModeOpt = None,
     engine_profile: ProfileOpt = None,
     host_time: HostOnOpt = True,
+    weights_format_name: WeightsFormatOpt = None,
 ) -> None:
     """Plan a deployment: device, parallelism (TP in a node, wide EP across nodes),
     precision recipe, max batch, replicas, aggregated or disaggregated prefill/decode,
@@ -101,6 +102,7 @@ def plan_cmd(
     from perfmodel.serving.planner import plans as planner
     from perfmodel.specs import load
     from perfmodel.specs.errors import SpecError
+    from perfmodel.specs.formats import with_weights_format
 
     start = time.perf_counter()
     if out is not None:
@@ -112,7 +114,7 @@ def plan_cmd(
             typer.echo(f"[{time.perf_counter() - start:5.1f} s] {stage}", err=True)
 
     try:
-        m = load.model(model)
+        m = with_weights_format(load.model(model), weights_format_name)
         hws = devices("--hardware", hardware, engine)
         target = _target(gpus, slo_ttft, slo_tpot, input_len, output_len, trace, rate,
                          length_dist.value, spread)

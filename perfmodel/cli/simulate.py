@@ -22,6 +22,7 @@ from perfmodel.cli.common import (
     Pp,
     QuantizeHead,
     Tp,
+    WeightsFormatOpt,
     WeightsOpt,
     fail,
     out_dir,
@@ -146,6 +147,7 @@ def simulate_cmd(
     turn_growth: Annotated[int | None, Opt(rich_help_panel=_FLEET, help=(
         "mean new tokens a later turn adds (default --input-len)"))] = None,
     weights_dtype: WeightsOpt = None,
+    weights_format_name: WeightsFormatOpt = None,
     quantize_lm_head: QuantizeHead = None,
     act_dtype: DtypeOpt = "bf16",
     kv_dtype: DtypeOpt = "bf16",

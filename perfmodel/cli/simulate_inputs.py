@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from perfmodel.cli.common import fail, numbers, plan, workload
+from perfmodel.cli.common import fail, numbers, plan, weights_format, workload
 from perfmodel.cli.devices import device
 from perfmodel.cli.host import host_profile
 
@@ -24,8 +24,9 @@ def inputs(p: dict[str, Any]) -> tuple:
     from perfmodel.specs import load
 
     m, hw = load.model(p["model"]), device(p["hardware"], p["engine_name"])
-    wl = workload(m, 1, p["input_len"], p["output_len"], p["weights_dtype"], p["act_dtype"],
-                  p["kv_dtype"], quantize_lm_head=p["quantize_lm_head"])
+    dtype, group, fmt = weights_format(p.get("weights_format_name"), p["weights_dtype"], None)
+    wl = workload(m, 1, p["input_len"], p["output_len"], dtype, p["act_dtype"],
+                  p["kv_dtype"], group, quantize_lm_head=p["quantize_lm_head"], **fmt)
     layout = plan(p["tp"], p.get("pp", 1), p["ep"], p["dp"], p["attention_dp"], 0)
     engine = replace(_engine(p["engine_name"], p), host=host_profile(
         p["engine_name"], p["engine_version"], p["engine_mode"], p["engine_profile"],

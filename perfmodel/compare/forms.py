@@ -6,7 +6,7 @@ row has one primary record (its class, regime and size come from it) and, where 
 measured call ran more than one kernel, companion records whose times add to it:
 
 - ``gemm``: optional ``weight_dtype`` (weights stored narrower than ``dtype``: the
-  weight-only path of ``cost.dequant``), ``weight_format`` (a ``specs.dtypes.WEIGHT_FORMATS``
+  weight-only path of ``cost.dequant``), ``weight_format`` (a ``specs.formats``
   name: the weights' bytes with their scales) and ``act_quant`` (``tensor``: the call
   quantizes its 16-bit activations with a per-tensor dynamic scale, a reduction and a
   quantizing pass; ``token``: per token or per 128-element group, one pass;
@@ -35,8 +35,9 @@ import numpy as np
 from perfmodel.cost.ops import AllReduce, AllToAll, Attention, Gemm, KvWrite, OpRecord, pointwise
 from perfmodel.cost.quantize import ActQuant
 from perfmodel.cost.routing import expected_distinct, zipf_popularity
-from perfmodel.specs.dtypes import BYTES, CODE, WEIGHT_FORMATS, weight_bytes
+from perfmodel.specs.dtypes import BYTES, CODE, weight_bytes
 from perfmodel.specs.errors import SpecError
+from perfmodel.specs.formats import weight_formats
 from perfmodel.specs.hardware import Hardware
 
 Part = tuple[OpRecord, bool]
@@ -80,12 +81,13 @@ def _weights(rows: Sequence[dict], dtype: np.ndarray, where: str, line: Sequence
     """(bytes per stored weight, stored dtype code or -1) of GEMM / MoE rows."""
     stored = _codes(rows, "weight_dtype", dtype, where, line)
     wb = BYTES[stored].astype(float)
+    formats = weight_formats()
     for i, name in enumerate(_text(rows, "weight_format")):
         if name:
-            if name not in WEIGHT_FORMATS:
+            if name not in formats:
                 raise SpecError(f"{where}: row {line[i]}: column weight_format: unknown "
-                                f"{name!r}, expected one of {', '.join(WEIGHT_FORMATS)}")
-            fmt, group, scale = WEIGHT_FORMATS[name]
+                                f"{name!r}, expected one of {', '.join(formats)}")
+            fmt, group, scale = formats[name].scheme
             stored[i] = CODE[fmt]
             wb[i] = float(weight_bytes(CODE[fmt], group or 0, scale))
     narrower = BYTES[stored] < BYTES[dtype]

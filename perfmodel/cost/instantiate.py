@@ -91,6 +91,9 @@ class Values:
     head: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=bool))  # (N,)
     pairs: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (token, expert) here
     absorbed_groups: np.ndarray | None = None       # (N, G): MLA groups in latent form
+    # classes stored in another format (``params.other_formats``): format name ->
+    # (bytes per weight, stored dtype code, compute dtype codes (N,))
+    formats: dict = field(default_factory=dict)
     _table: np.ndarray | None = None                 # every row quantity, filled on first use
 
     def moe(self, n_experts: int, top_k: int, skew: np.ndarray | float = 0.0,
@@ -192,6 +195,9 @@ def compile_template(specs: list) -> tuple[Block, ...]:
                                         for s in group])[:, None]
             const["act"] = np.array([s.weights == "act" for s in group])[:, None]
             const["head"] = np.array([s.weights == "head" for s in group])[:, None]
+            const["format"] = np.array([s.weights.removeprefix("format:")
+                                        if s.weights.startswith("format:") else ""
+                                        for s in group], dtype=object)[:, None]
         if kind is PointwiseSpec:
             const["code"] = np.array([POINTWISE_CODE[s.kind] for s in group])[:, None]
         if kind is AttentionSpec:
@@ -219,9 +225,15 @@ def _gemms(b: Block, v: Values) -> Gemm:
                                                                  c["groups"])
     act = c["act"] | (c["head"] & ~v.head) if c["head"].any() else c["act"]
     stored = -1 if v.weights is None else np.where(act, -1, v.weights)
-    return weight_gemm(np.where(act, 0.0, v.outliers), m=rows, n=c["n"], k=c["k"],
-                       groups=groups, weight_bytes=np.where(act, v.ab, v.wb),
-                       act_bytes=v.ab, bias=c["bias"], dtype=np.where(act, v.act, v.matmul),
+    wb, dtype, outliers = np.where(act, v.ab, v.wb), np.where(act, v.act, v.matmul), \
+        np.where(act, 0.0, v.outliers)
+    for name, (fb, code, compute) in v.formats.items():     # classes in another format
+        at = c["format"] == name
+        wb, dtype, stored = np.where(at, fb, wb), np.where(at, compute, dtype), \
+            np.where(at, code, stored)
+        outliers = np.where(at, 0.0, outliers)
+    return weight_gemm(outliers, m=rows, n=c["n"], k=c["k"], groups=groups,
+                       weight_bytes=wb, act_bytes=v.ab, bias=c["bias"], dtype=dtype,
                        count=count, weight_dtype=stored)
 
 

@@ -148,8 +148,8 @@ def _attention(model: Model, tp: int) -> list[Spec]:
                               cache_elems=2 * hd)
     if gate:
         out.append(PointwiseSpec("attn_gate", "sigmoid_mul", gate, L))
-    out.append(GemmSpec("o_proj", model.d_model, heads * hd, L, weights=w,
-                        bias=model.linear_bias))
+    out.append(GemmSpec("o_proj", model.d_model, heads * hd, L,
+                        weights=weights_of(model, "o_proj"), bias=model.linear_bias))
     return out
 
 
@@ -269,7 +269,8 @@ def _mla(model: Model, tp: int) -> list[Spec]:
                         a.kv_lora_rank, L, rows="expanded_context", weights=w, context=True))
     out.append(AttentionSpec("attention_expanded", heads, heads, qk, a.v_head_dim,
                              qk + a.v_head_dim, L, from_cache=False, form="expanded"))
-    out.append(GemmSpec("o_proj", d, heads * a.v_head_dim, L, weights=w))
+    out.append(GemmSpec("o_proj", d, heads * a.v_head_dim, L,
+                        weights=weights_of(model, "o_proj")))
     return out
 
 

@@ -24,15 +24,17 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from perfmodel.cost.params import (
-    LINEAR_CLASSES,
+    class_params,
     kv_heads_per_device,
     mamba_conv_channels,
+    other_formats,
     param_counts,
     stage_layers,
     unquantized,
 )
-from perfmodel.specs.dtypes import BYTES, DTYPE_BYTES, kv_group, scaled_bytes
+from perfmodel.specs.dtypes import BYTES, CODE, DTYPE_BYTES, kv_group, scaled_bytes
 from perfmodel.specs.errors import SpecError
+from perfmodel.specs.formats import weight_format
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workloads
@@ -70,7 +72,8 @@ def weights_bytes(model: Model, tp: int, weight_bytes: np.ndarray,
                   replicas: int = 0, head_bytes: np.ndarray | None = None) -> np.ndarray:
     """Bytes of weights on one device: matmul weights at ``weight_bytes`` per element (with
     group scales); embedding, norms and the linear classes the checkpoint keeps
-    unquantized (``params.unquantized``) at ``act_bytes``; the LM head at ``head_bytes``
+    unquantized (``params.unquantized``) at ``act_bytes``; those it stores in another
+    format at that format's bytes (``params.other_formats``); the LM head at ``head_bytes``
     (None: ``act_bytes``; ``head_bytes_of``). Under pipeline parallelism, the fullest
     stage's (``stage_weights``)."""
     return stage_weights(model, tp, weight_bytes, act_bytes, pp, ep, replicas,
@@ -86,16 +89,24 @@ def stage_weights(model: Model, tp: int, weight_bytes: np.ndarray, act_bytes: np
     under expert parallelism its experts, ``replicas`` redundant copies included
     (``params.param_counts``)."""
     counts = param_counts(model, tp, ep, replicas)
-    kept = unquantized(model)
-    linear = sum(getattr(counts, c) for c in LINEAR_CLASSES if c not in kept)
+    kept, other = unquantized(model), other_formats(model)
+    per = class_params(model, counts, tp)
+    linear = sum(n for c, n in per.items() if c not in kept and c not in other)
     layers = linear * np.asarray(weight_bytes) + (counts.norms + sum(
-        getattr(counts, c) for c in kept)) * np.asarray(act_bytes)
+        per[c] for c in kept)) * np.asarray(act_bytes) \
+        + sum(per[c] * format_bytes(f) for c, f in other.items())
     head = counts.lm_head if counts.lm_head or pp == 1 else counts.embedding
     share = stage_layers(model.n_layers, pp) / model.n_layers
     out = share.reshape((pp,) + (1,) * np.ndim(layers)) * layers
     out[0] = out[0] + counts.embedding * np.asarray(act_bytes)
     out[-1] = out[-1] + head * np.asarray(act_bytes if head_bytes is None else head_bytes)
     return out
+
+
+def format_bytes(name: str) -> float:
+    """Bytes per weight of format ``name`` (``specs.formats``), its scales included."""
+    f = weight_format(name)
+    return float(scaled_bytes(CODE[f.weights], f.group_size or 0, f.scale_bytes))
 
 
 def quantized_head(model: Model, quantize: np.ndarray | bool,

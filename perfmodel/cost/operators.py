@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from perfmodel.cost.params import unquantized
-from perfmodel.specs.model import Model, MoE
+from perfmodel.cost.params import other_formats, unquantized
+from perfmodel.specs.model import SUBCLASSES, Model, MoE
 
 ROW_QUANTITIES = ("tokens", "seqs", "logits", "expert_rows", "expert_act_rows", "absorbed",
                   "expanded_context")
@@ -150,5 +150,12 @@ Spec = GemmSpec | PointwiseSpec | AttentionSpec | EmbeddingSpec | KvWriteSpec \
 
 def weights_of(model: Model, linear_class: str) -> str:
     """A GemmSpec's ``weights`` for a layer of ``linear_class`` (``params.LINEAR_CLASSES``):
-    "act" when the model's quantization leaves that class unquantized, else "matmul"."""
-    return "act" if linear_class in unquantized(model) else "matmul"
+    "act" when the model's quantization leaves that class unquantized, "format:NAME" when
+    it stores the class in another format (``params.other_formats``), else "matmul"."""
+    kept, formats = unquantized(model), other_formats(model)
+    if linear_class in SUBCLASSES and linear_class not in kept and linear_class not in formats:
+        linear_class = SUBCLASSES[linear_class]      # a part not named follows its class
+    if linear_class in kept:
+        return "act"
+    other = formats.get(linear_class)
+    return "matmul" if other is None else f"format:{other}"

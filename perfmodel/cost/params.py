@@ -62,6 +62,32 @@ def unquantized(model: Model) -> tuple[str, ...]:
     return model.quantization.unquantized if model.quantization is not None else ()
 
 
+def other_formats(model: Model) -> dict[str, str]:
+    """The linear classes the checkpoint stores in another format than its main one
+    (``Quantization.formats``: an fp8 attention beside NVFP4 experts), class -> format
+    name; they keep it whatever weights the workload asks for, as the 16-bit ones do."""
+    return dict(model.quantization.formats) if model.quantization is not None else {}
+
+
+def class_params(model: Model, counts: ParamCounts, tp: int = 1) -> dict[str, float]:
+    """``counts`` by linear class, with a part of a class the checkpoint stores otherwise
+    (``specs.model.SUBCLASSES``: o_proj) counted on its own and taken off its class."""
+    out = {c: float(getattr(counts, c)) for c in LINEAR_CLASSES}
+    named = set(unquantized(model)) | set(other_formats(model))
+    if "o_proj" in named:
+        out["o_proj"] = out_proj_params(model, tp)
+        out["attention"] -= out["o_proj"]
+    return out
+
+
+def out_proj_params(model: Model, tp: int = 1) -> float:
+    """The attention layers' output projections on one device: heads / tp x value width x
+    d_model each (MLA's v_head_dim), with the output bias (``linear_bias``)."""
+    v = model.mla.v_head_dim if model.mla is not None else model.head_dim
+    bias = model.d_model if model.linear_bias and model.mla is None else 0
+    return model.attention_layers * (model.n_heads // tp * v * model.d_model + bias)
+
+
 def check_tp(model: Model, tp: int) -> None:
     """TP must split heads evenly and KV heads evenly (or replicate them whole); Mamba-2's
     B/C groups evenly, or one group replicated on every device (``mamba_groups``)."""

@@ -20,8 +20,9 @@ from perfmodel.cost import instantiate
 from perfmodel.cost.band import class_seconds
 from perfmodel.cost.error_class import error_code
 from perfmodel.cost.layers import step_template
-from perfmodel.cost.memory import kv_bytes_per_element, quantized_head
+from perfmodel.cost.memory import format_bytes, kv_bytes_per_element, quantized_head
 from perfmodel.cost.ops import ByteCounts, OpRecord
+from perfmodel.cost.params import other_formats
 from perfmodel.cost.roofline import op_time
 from perfmodel.cost.timebase import GRAPH, HOST, STREAM, timing_code
 from perfmodel.specs.dtypes import (
@@ -34,8 +35,10 @@ from perfmodel.specs.dtypes import (
     weight_bytes,
 )
 from perfmodel.specs.errors import SpecError
+from perfmodel.specs.formats import weight_format
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import op_class
+from perfmodel.specs.matmul_path import matmul_codes
 from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism
 
@@ -309,7 +312,7 @@ def _build(model: Model, hw: Hardware | None, plan: Parallelism, step: Step, dty
         t = timing_code(timing)
     else:
         t = default_timing(hw) if hw is not None else STREAM
-    values = _values(model, step, dtypes, plan)
+    values = _values(model, step, dtypes, plan, hw)
     built = [(block, instantiate.build(block, values, step, hw, t)) for block in blocks]
     return names, kinds, positions, t, built
 
@@ -350,9 +353,11 @@ def _priced(out: np.ndarray, rec: object, hw: Hardware, timing: np.ndarray | int
         out[7 + j] = x
 
 
-def _values(model: Model, step: Step, dtypes: Dtypes,
-            plan: Parallelism | None = None) -> instantiate.Values:
-    """The step quantities and per-row dtype figures the template's records need."""
+def _values(model: Model, step: Step, dtypes: Dtypes, plan: Parallelism | None = None,
+            hw: Hardware | None = None) -> instantiate.Values:
+    """The step quantities and per-row dtype figures the template's records need; the
+    quantized linears' compute dtype and activation quantization as ``hw``'s engines run
+    them (``specs.matmul_path``; ``hw`` None: the wider operand's dtype, weight-only)."""
     count, new, _ctx = step.count, step.new_tokens, step.context
     tokens = (count * new).sum(axis=1).astype(float)
     seqs = count.sum(axis=1).astype(float)
@@ -360,8 +365,17 @@ def _values(model: Model, step: Step, dtypes: Dtypes,
         tokens=tokens, seqs=seqs, logits=tokens if step.logits_all else seqs,
         ab=BYTES[dtypes.acts], kvb=dtypes.kv_bytes(model), wb=dtypes.quantized_bytes,
         outliers=np.asarray(dtypes.outlier_fraction, dtype=float), act=dtypes.acts,
-        matmul=compute_codes(dtypes.weights, dtypes.acts), weights=dtypes.weights,
+        matmul=compute_codes(dtypes.weights, dtypes.acts) if hw is None else
+        matmul_codes(hw, dtypes.weights, dtypes.group_size, dtypes.acts),
+        weights=dtypes.weights,
         attention=compute_codes(dtypes.kv, dtypes.acts), head=dtypes.quantized_head(model))
+    for name in set(other_formats(model).values()):
+        f = weight_format(name)
+        code = np.full(np.shape(dtypes.acts), CODE[f.weights])
+        group = np.full(np.shape(dtypes.acts), f.group_size or 0)
+        compute = compute_codes(code, dtypes.acts) if hw is None else \
+            matmul_codes(hw, code, group, dtypes.acts)
+        values.formats[name] = (format_bytes(name), CODE[f.weights], compute)
     if model.moe is not None:
         ep = plan.ep if plan is not None else 1
         spread = ep if plan is not None and plan.attention_dp else 1

@@ -11,6 +11,7 @@ from typing import TextIO
 import numpy as np
 
 from perfmodel.schedules.estimate import Estimate, OpSummary
+from perfmodel.schedules.weight_paths import class_formats
 from perfmodel.specs.dtypes import DTYPE_BYTES, KV_SCALED
 from perfmodel.specs.units import fmt_bytes, fmt_count, fmt_rate, fmt_time
 from perfmodel.specs.workload import Workload, Workloads
@@ -32,6 +33,8 @@ def rows(e: Estimate) -> list[tuple[str, str]]:
                      f"weights {wl.weights_dtype}{_groups(wl)}, activations {wl.act_dtype}, "
                      f"KV {wl.kv_dtype}{_kv_scales(wl)}"
                      + (f"; expert skew {wl.expert_skew:g}" if wl.expert_skew else "")),
+        ("weights by class", "; ".join(f"{what}: {', '.join(c)}" for what, c in
+                                       class_formats(e.hardware, e.model, wl))),
         ("weights / device", fmt_bytes(mem.weights_bytes)),
         ("KV cache / token", fmt_bytes(mem.kv_cache_bytes_per_token)),
         ("KV cache (batch)", fmt_bytes(mem.kv_cache_bytes)),

@@ -15,6 +15,7 @@ from perfmodel.cost.instantiate import remote_share
 from perfmodel.cost.memory import kv_vector_elems
 from perfmodel.cost.routing import token_reach
 from perfmodel.schedules.speculative import Speculation
+from perfmodel.schedules.weight_paths import path_assumptions
 from perfmodel.specs.dtypes import BYTES, CODE, DTYPES, KV_PER_VECTOR, KV_SCALED, compute_codes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
@@ -66,7 +67,7 @@ def assumptions(hw: Hardware, model: Model, w: Workloads,
                 plan: Parallelism | None = None) -> list[Assumption]:
     """Every assumption that applies to at least one configuration of ``w``."""
     out = _rates(hw, w) + _narrow_acts(w) + _checkpoint(model, w) + _quant_formats(model, w)
-    out += _dispatch_reach(hw, model, w, plan)
+    out += path_assumptions(hw, model, w) + _dispatch_reach(hw, model, w, plan)
     if hw.engine_warning:
         out.append((np.ones(np.shape(w.batch), dtype=bool), hw.engine_warning))
     ways = plan.attention_ways if plan is not None else 1

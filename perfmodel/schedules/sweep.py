@@ -29,8 +29,8 @@ from perfmodel.cost.memory import (
     memory_estimate,
 )
 from perfmodel.schedules.estimates import Estimates, estimate_many
-from perfmodel.specs.dtypes import WEIGHT_FORMATS
-from perfmodel.specs.errors import SpecError, did_you_mean
+from perfmodel.specs.errors import SpecError
+from perfmodel.specs.formats import weight_format
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import OP_CLASSES
 from perfmodel.specs.model import Model
@@ -52,7 +52,7 @@ def sweep(models: Sequence[Model], hardware: Sequence[Hardware], batches: Iterab
     one more dimension, after the plans; ``levers`` maps further workload fields
     (shared_prefix, prefix_hit_rate, expert_skew, weight_group_size, outlier_fraction,
     quantize_lm_head, kv_group_size, kv_scale_bytes, ...) to their values.
-    ``weights_formats`` (names of ``dtypes.WEIGHT_FORMATS``) take the weights dtype's place:
+    ``weights_formats`` (names of ``specs.formats``) take the weights dtype's place:
     each sets the dtype, group size and scale bytes of its points, and adds the column
     ``workload_weights_format``.
     ``base`` supplies every other workload field (gen_len, act dtype, ...); the dtype lists
@@ -78,7 +78,7 @@ def sweep_blocks(models: Sequence[Model], hardware: Sequence[Hardware],
     base = base or Workload()
     formats = _check_formats(weights_formats, weights_dtypes, levers)
     axes = {**{k: list(v) for k, v in (levers or {}).items()},
-            "weights_dtype": [WEIGHT_FORMATS[f][0] for f in formats]
+            "weights_dtype": [weight_format(f).weights for f in formats]
             or list(weights_dtypes or [base.weights_dtype]),
             "kv_dtype": list(kv_dtypes or [base.kv_dtype]),
             "prompt_len": list(prompts), "batch": list(batches)}
@@ -109,9 +109,7 @@ def _check_formats(formats: Sequence[str] | None, weights_dtypes: Iterable[str] 
     weights dtypes or a lever of the fields a format sets."""
     out = list(formats or [])
     for f in out:
-        if f not in WEIGHT_FORMATS:
-            raise SpecError(f"weights format: unknown {f!r}, expected one of "
-                            f"{', '.join(WEIGHT_FORMATS)}{did_you_mean(f, WEIGHT_FORMATS)}")
+        weight_format(f, "weights format")
     clash = [k for k in _FORMAT_FIELDS if k in (levers or {})]
     if out and (weights_dtypes is not None or clash):
         raise SpecError("weights format: it sets the weights' dtype, group size and scale "
@@ -126,7 +124,7 @@ def _formatted(w: Workloads, formats: list[str], sizes: list[int],
     the format of every point."""
     inner = int(np.prod(sizes[axis + 1:], dtype=np.int64))
     at = np.arange(len(w)) // inner % len(formats)
-    specs = [WEIGHT_FORMATS[f] for f in formats]
+    specs = [weight_format(f).scheme for f in formats]
     arrays = {f.name: getattr(w, f.name) for f in fields(w)}
     arrays["weight_group_size"] = np.array([g or 0 for _, g, _ in specs], dtype=np.int64)[at]
     arrays["weight_scale_bytes"] = np.array([s for _, _, s in specs], dtype=float)[at]

@@ -221,9 +221,11 @@ def fcfs(arrival_s: np.ndarray, work_s: np.ndarray) -> np.ndarray:
 
 def admitted(requests: Requests, host: HostTime) -> Requests:
     """The requests as the engine sees them: after the API server (``HostTime.admit``);
-    a closed loop's think times are left as they are."""
+    a closed loop's users after their round trip (``serving.closed_loop``)."""
     if requests.closed_loop:
-        return requests
+        from perfmodel.serving import closed_loop
+
+        return closed_loop.admitted(requests, host)
     seen = host.admit(requests.arrival_s, requests.input_tokens)
     return replace(requests, arrival_s=seen) if (seen != requests.arrival_s).any() \
         else requests
@@ -271,6 +273,9 @@ def client_side(res: SimResult, client: Requests, seen: Requests, host: HostTime
     delay = seen.arrival_s - client.arrival_s if not client.closed_loop else 0.0
     sent = res.arrival_s - delay
     if client.closed_loop:      # a closed loop's sends are not queued for the API server
+        from perfmodel.serving import closed_loop
+
+        sent = closed_loop.sent_s(res.arrival_s, client, host)
         at, work = sent, np.zeros(len(sent))
     else:
         at, work = host.intake(sent, client.input_tokens)

@@ -47,11 +47,14 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         raise SpecError(f"simulate: a request of {longest} tokens (input + output) is longer "
                         f"than the context limit {limit} (--max-model-len / the model's "
                         "max_position_embeddings)")
-    if not engine.chunked_prefill and longest > engine.max_num_batched_tokens and \
+    whole = _whole_len(engine, requests, longest)
+    if not engine.chunked_prefill and whole > engine.max_num_batched_tokens and \
             engine.name != "sglang":      # SGLang always takes a prefill batch's first prompt
         raise SpecError(f"--max-num-batched-tokens: {engine.max_num_batched_tokens} cannot hold "
-                        f"a request of {longest} tokens whole, which chunked prefill off needs"
-                        " (vLLM refuses a budget below max_model_len without chunking)")
+                        f"a {'prompt' if engine.name == 'trtllm' else 'request'} of {whole} "
+                        "tokens whole, which chunked prefill off needs (vLLM refuses a budget "
+                        "below max_model_len without chunking; TensorRT-LLM a prompt longer "
+                        "than max_num_tokens)")
     engines = plan.dp * plan.attention_ways     # more than requests: the rest idle
     one = replace(plan, dp=1)
     pool = kv_pool(model, hw, one, workload, engine)
@@ -74,3 +77,12 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         res = pipeline.with_stages(res, runs[0])
     return sessions.client_side(host_time.client_side(res, client, requests, engine.host),
                                 res.arrival_s, client, api_s)
+
+
+def _whole_len(engine: EngineConfig, requests: Requests, longest: int) -> int:
+    """The tokens one step must hold whole with chunked prefill off: vLLM's rule is the
+    longest request (prompt + output: its budget must reach max_model_len); TensorRT-LLM's
+    is the longest prompt alone (``tensorrt_llm/llmapi/llm.py`` ``_check_arguments``:
+    prompt length + query length against ``max_num_tokens``, the output never counted; a
+    generating request costs one token of the step)."""
+    return int(requests.input_tokens.max()) if engine.name == "trtllm" else longest

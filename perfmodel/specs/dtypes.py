@@ -73,22 +73,6 @@ def weight_bytes(codes: np.ndarray | int, group_size: np.ndarray | int,
     return mixed_bytes(scaled_bytes(codes, group_size, scale_bytes), outlier_fraction)
 
 
-# Weight formats as the kernels store them: (weights dtype, group size or None, bytes of
-# scale per group); data for ``--weights-format``. NVFP4: E2M1 in blocks of 16 with an fp8
-# E4M3 scale each (and one fp32 per tensor, negligible); MXFP4/MXFP8: OCP Microscaling
-# Formats v1.0, blocks of 32 with an E8M0 scale; fp8-block128: DeepSeek-V3's 128x128 blocks
-# with an fp32 scale; w4a16-g128: AWQ/GPTQ int4, a 16-bit scale and a 4-bit zero per 128;
-# int4wo-g64/g128: TorchAO's Int4WeightOnlyConfig for the tinygemm kernel, a bf16 scale and
-# a bf16 zero per group (pytorch/ao torchao/quantization/utils.py,
-# pack_tinygemm_scales_and_zeros); w8a16: int8 with a 16-bit scale per output row
-# (negligible: no group).
-WEIGHT_FORMATS: dict[str, tuple[str, int | None, float]] = {
-    "nvfp4": ("fp4", 16, 1.0), "mxfp4": ("fp4", 32, 1.0), "mxfp8": ("fp8", 32, 1.0),
-    "fp8-block128": ("fp8", 128 * 128, 4.0), "w4a16-g128": ("int4", 128, 2.5),
-    "w4a16-g64": ("int4", 64, 2.5), "int4wo-g64": ("int4", 64, 4.0),
-    "int4wo-g128": ("int4", 128, 4.0), "w8a16": ("int8", None, 2.0),
-}
-
 KV_PER_VECTOR = -1   # kv_group_size: one scale per cached vector (token, head)
 KV_SCALED = ("int8", "int4")   # KV dtypes stored with a scale per vector unless told
 

@@ -217,6 +217,20 @@ def _efficiency(f: Fields, sources: dict[str, str], scan_kernel: str) -> Efficie
     return out
 
 
+def _with_modelopt(data: dict, path: Path) -> dict:
+    """A config.json without ``quantization_config`` beside a ModelOpt
+    ``hf_quant_config.json``: that file's ``quantization`` block as a ``modelopt`` config,
+    as vLLM's ModelOpt configs and TensorRT-LLM read it."""
+    beside = path.with_name("hf_quant_config.json")
+    if "quantization_config" in data or not beside.is_file():
+        return data
+    block = read_mapping(beside, "a ModelOpt hf_quant_config.json").get("quantization")
+    if not isinstance(block, dict):
+        raise SpecError(f"{beside}: expected a 'quantization' mapping (ModelOpt's "
+                        f"hf_quant_config.json)")
+    return {**data, "quantization_config": {"quant_method": "modelopt", **block}}
+
+
 def load_model(path: str | Path) -> Model:
     """Read a model YAML (perfmodel/models/README.md; .yaml or .yml) or a .json file: a Hugging Face
     config.json, or the perfmodel/models/README.md schema in JSON when it has ``version`` and no
@@ -227,7 +241,7 @@ def load_model(path: str | Path) -> Model:
     if path.suffix == ".json" and ("model_type" in data or "version" not in data):
         from perfmodel.specs.hf import model_from_hf_config
 
-        return model_from_hf_config(data, str(path))
+        return model_from_hf_config(_with_modelopt(data, path), str(path))
     f = Fields(data, str(path), allowed=MODEL_KEYS)
     check_version(f)
     model = model_from_fields(f)

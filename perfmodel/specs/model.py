@@ -14,6 +14,11 @@ from perfmodel.specs.dtypes import CODE, weight_bytes
 # the classes of linear-layer weights (``cost.params`` counts each; a checkpoint may keep
 # some at 16 bits while quantizing the rest)
 LINEAR_CLASSES = ("attention", "mlp", "experts", "shared_experts", "router")
+# parts of a class a checkpoint may store otherwise than the rest of it: the attention's
+# output projection (nvidia/DeepSeek-R1-FP4-v2 quantizes o_proj and keeps q/kv 16-bit); a
+# part not named in a ``Quantization`` follows its class
+SUBCLASSES = {"o_proj": "attention"}
+QUANT_CLASSES = (*LINEAR_CLASSES, *SUBCLASSES)
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,14 @@ class Quantization:
     per ``group_size`` weights (None: one per tensor or output channel, negligible); the
     ``unquantized`` linear classes (``LINEAR_CLASSES``) stay at 16 bits. ``lm_head``: the
     checkpoint quantizes its LM head too (GPTQ's ``"lm_head": true``), the default of its
-    workloads' ``quantize_lm_head``. Embedding and norms are always 16-bit in this model."""
+    workloads' ``quantize_lm_head``. Embedding and norms are always 16-bit in this model.
+
+    Per class: ``formats`` gives the classes stored in another format than the main one
+    ((class, ``specs.formats`` name) pairs: an fp8 attention beside NVFP4 experts); they,
+    like the ``unquantized`` ones, keep their format whatever weights a workload asks for
+    (``--weights-format`` sets the main one). ``format``: the main format's name (""
+    where none of the table fits), ``scale_dtype`` its scales' dtype, ``act_dtype`` the
+    dtype the checkpoint quantizes activations to (None: not said, or weight-only)."""
 
     method: str
     weights_dtype: str
@@ -78,12 +90,29 @@ class Quantization:
     scale_bytes: float = 2.0
     unquantized: tuple[str, ...] = ()
     lm_head: bool = False
+    format: str = ""
+    scale_dtype: str = ""
+    act_dtype: str | None = None
+    formats: tuple[tuple[str, str], ...] = ()
 
     @property
     def bytes_per_weight(self) -> float:
         """Bytes per quantized weight, scales included (``dtypes.weight_bytes``)."""
         return float(weight_bytes(CODE[self.weights_dtype], self.group_size or 0,
                                   self.scale_bytes))
+
+    def class_formats(self, classes: tuple[str, ...] = QUANT_CLASSES) -> dict[str, str]:
+        """Each of ``classes``: its format's name (the main one, ``format`` or its dtype,
+        for the classes not listed otherwise), or "16-bit"; a part of a class
+        (``SUBCLASSES``) not listed follows its class."""
+        other = dict(self.formats)
+        main = self.format or self.weights_dtype
+
+        def one(c: str) -> str:
+            if c in SUBCLASSES and c not in self.unquantized and c not in other:
+                return one(SUBCLASSES[c])
+            return "16-bit" if c in self.unquantized else other.get(c, main)
+        return {c: one(c) for c in classes}
 
 
 @dataclass(frozen=True)

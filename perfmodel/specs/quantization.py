@@ -20,25 +20,28 @@ The key names follow the writers and readers of these configs:
   ``llm_int8_skip_modules``; 4-bit blocks of 64 weights with an fp32 absmax each (double
   quantization: an 8-bit absmax plus an fp32 scale per 256 of them);
 - ``mxfp4`` (gpt-oss; transformers ``Mxfp4Config``): ``modules_to_not_convert``; 4-bit
-  floats with one 8-bit (E8M0) shared scale per 32 elements.
+  floats with one 8-bit (E8M0) shared scale per 32 elements;
+- ``modelopt`` (NVIDIA Model Optimizer; vLLM ``ModelOptFp8Config`` / ``ModelOptNvFp4Config``,
+  read from ``hf_quant_config.json`` beside a config.json too): ``quant_algo`` FP8 | NVFP4 |
+  MIXED_PRECISION with ``quantized_layers`` {module: {quant_algo, group_size}},
+  ``exclude_modules`` (or ``ignore``) globs (``specs.quant_groups``).
 
-Which linear classes stay at 16 bits is decided by matching the skip patterns against the
-model's module names (``model.layers.N.self_attn.q_proj`` ...) the way the engines do: a
-substring (vLLM ``is_layer_skipped_awq``), a regex matched at the start (transformers
-``should_convert_module``) or ``re:``-prefixed (compressed-tensors). A pattern that keeps only
-some modules of a class (one layer, one projection) is an error: one dtype per class here.
+Each linear class gets one format (``specs.formats``) or stays 16-bit; a checkpoint whose
+classes differ (NVFP4 experts beside an fp8 attention) keeps the second format per class
+(``Quantization.formats``). Which classes a skip list names: ``specs.quant_modules``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
+from perfmodel.specs import quant_groups
 from perfmodel.specs.fields import Fields
-from perfmodel.specs.model import LINEAR_CLASSES, Quantization
+from perfmodel.specs.model import Quantization
+from perfmodel.specs.quant_modules import classes, module_names, patterns
+from perfmodel.specs.quant_record import Scheme, record
 
-Scheme = tuple[str, int | None, float]       # weights dtype, group size, scale bytes per group
 _FP32, _HALF = 4.0, 2.0
 
 
@@ -50,24 +53,17 @@ def quantization_from_hf(q: Fields, out: dict[str, Any]) -> Quantization | None:
     if method not in METHODS:
         raise q.error("quant_method", f"unsupported {method!r}, expected one of "
                       f"{', '.join(METHODS)} (or drop quantization_config and pass "
-                      "--weights-dtype)")
+                      "--weights-format)")
     names = module_names(out)
-    if method == "compressed-tensors":
-        return _compressed_tensors(q, names)
-    dtype, group, scale = _SCHEMES[method](q)
+    if method in quant_groups.READERS:
+        return quant_groups.READERS[method](q, names)
+    scheme = _SCHEMES[method](q)
     key = next((k for k in _SKIP_KEYS if q.has(k)), _SKIP_KEYS[0])
-    kept = _classes(q, key, _patterns(q, key), names)
+    kept = classes(q, key, patterns(q, key), names)
     head = method == "gptq" and q.flag("lm_head", False) and not out.get("tie_embeddings")
-    return _record(method, (dtype, group, scale), [c for c in kept if kept[c]], names, head)
-
-
-def _record(method: str, scheme: Scheme, kept: list[str],
-            names: dict[str, list[str]], lm_head: bool = False) -> Quantization:
-    """The record, with an MoE router always at 16 bits: the engines build it unquantized
-    whatever the config says (vLLM's Mixtral and DeepSeek gates: ``quant_config=None``)."""
-    kept = [*kept, "router"] if names["router"] else kept
-    return Quantization(method, *scheme, tuple(c for c in LINEAR_CLASSES if c in kept),
-                        lm_head)
+    per_class = {c: None if kept[c] else scheme for c in kept}
+    acts = "fp8" if method == "fp8" and q.text("activation_scheme", "dynamic") else None
+    return record(q, method, per_class, names, head, acts, named=method != "bitsandbytes")
 
 
 def _fp8(q: Fields) -> Scheme:
@@ -130,118 +126,5 @@ def _mxfp4(q: Fields) -> Scheme:
 
 _SCHEMES: dict[str, Callable[[Fields], Scheme]] = {
     "fp8": _fp8, "awq": _awq, "gptq": _gptq, "bitsandbytes": _bitsandbytes, "mxfp4": _mxfp4}
-METHODS = (*_SCHEMES, "compressed-tensors")
+METHODS = (*_SCHEMES, "compressed-tensors", "modelopt")
 _SKIP_KEYS = ("modules_to_not_convert", "ignored_layers", "llm_int8_skip_modules")
-_CT_TYPES = {("int", 4): "int4", ("int", 8): "int8", ("float", 8): "fp8", ("float", 4): "fp4"}
-
-
-def _compressed_tensors(q: Fields, names: dict[str, list[str]]) -> Quantization | None:
-    """One weights scheme over the ``targets`` of its config groups, less ``ignore``."""
-    groups = q.sub("config_groups")
-    schemes, targets = set(), []
-    for name in list(groups.data):
-        g = groups.sub(name)
-        w = g.sub("weights", required=False)
-        if w is not None:
-            schemes.add(_ct_scheme(w))
-            targets += _patterns(g, "targets")
-    if not schemes:
-        return None
-    if len(schemes) > 1:
-        raise groups.error("", f"{len(schemes)} different weights schemes; perfmodel models "
-                           "one weights dtype per model")
-    quantized = _classes(groups, "targets", targets, names)
-    ignored = _classes(q, "ignore", _patterns(q, "ignore"), names)
-    kept = [c for c in quantized if not quantized[c] or ignored[c]]
-    return _record("compressed-tensors", schemes.pop(), kept, names)
-
-
-def _ct_scheme(w: Fields) -> Scheme:
-    kind, bits = w.text("type", "int", ("int", "float")), w.integer("num_bits")
-    if (kind, bits) not in _CT_TYPES:
-        raise w.error("num_bits", f"expected 4 or 8 (with type {kind}), got {bits}")
-    dtype = _CT_TYPES[kind, bits]
-    strategy = w.text("strategy", "tensor", ("tensor", "channel", "group", "block",
-                                             "tensor_group", "token"))
-    zero = 0.0 if w.flag("symmetric", True) else bits / 8
-    if strategy in ("group", "tensor_group"):
-        scale = 1.0 if kind == "float" and bits == 4 else _HALF    # NVFP4: fp8 scales
-        return dtype, w.integer("group_size"), scale + zero
-    if strategy == "block":
-        block = w.raw("block_structure")
-        if not isinstance(block, list) or len(block) != 2 or \
-                not all(isinstance(b, int) and b > 0 for b in block):
-            raise w.error("block_structure", f"expected [rows, cols], got {block!r}")
-        return dtype, block[0] * block[1], _HALF + zero
-    return dtype, None, _HALF + zero            # per tensor or per channel: negligible
-
-
-def _patterns(q: Fields, key: str) -> list[str]:
-    value = q.raw(key, []) or []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise q.error(key, f"expected a list of module names or patterns, got {value!r}")
-    return value
-
-
-def module_names(out: dict[str, Any]) -> dict[str, list[str]]:
-    """The Hugging Face module names of each linear class of a translated config (the
-    first and last expert of each MoE layer stand for all of them)."""
-    layers, moe, mla = out["n_layers"], out.get("moe"), out.get("mla")
-    if mla is not None:
-        q = ["q_a_proj", "q_b_proj"] if mla.get("q_lora_rank") else ["q_proj"]
-        attn = [*q, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
-    else:
-        attn = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    dense = ["gate_proj", "up_proj", "down_proj"]
-    first = moe.get("first_dense_layers", 0) if moe else layers
-    step = moe.get("layer_step", 1) if moe else 1
-    names: dict[str, list[str]] = {c: [] for c in LINEAR_CLASSES}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        names["attention"] += [f"{p}self_attn.{n}" for n in attn]
-        if i < first or (i + 1) % step:
-            names["mlp"] += [f"{p}mlp.{n}" for n in dense]
-            continue
-        block, mats = ("block_sparse_moe", ["w1", "w2", "w3"]) \
-            if out["family"] == "mixtral" else ("mlp", dense)
-        names["router"].append(f"{p}{block}.gate")
-        names["experts"] += [f"{p}{block}.experts.{j}.{n}"
-                             for j in sorted({0, moe["n_experts"] - 1}) for n in mats]
-        if moe.get("n_shared_experts"):
-            names["shared_experts"] += [f"{p}mlp.shared_experts.{n}" for n in dense]
-    return names
-
-
-def _matches(pattern: str, name: str) -> bool:
-    if pattern == "Linear":                  # compressed-tensors: a module class
-        return True
-    if pattern.startswith("re:"):
-        return re.match(pattern[3:], name) is not None
-    if pattern in name:
-        return True
-    try:
-        return re.match(pattern, name) is not None
-    except re.error:
-        return False
-
-
-def _classes(q: Fields, key: str, patterns: list[str],
-             names: dict[str, list[str]]) -> dict[str, bool]:
-    """For each linear class the model has: whether ``patterns`` name all its modules.
-    Naming only some of them is an error."""
-    for p in patterns:
-        if p.startswith("re:"):
-            try:
-                re.compile(p[3:])
-            except re.error as exc:
-                raise q.error(key, f"{p!r} is not a valid regex: {exc}") from None
-    result = {}
-    for cls, modules in names.items():
-        hit = [n for n in modules if any(_matches(p, n) for p in patterns)]
-        if hit and len(hit) < len(modules):
-            raise q.error(key, f"names only some {cls} modules ({len(hit)} of "
-                          f"{len(modules)}, e.g. {hit[0]!r}); perfmodel models one dtype "
-                          "per linear class")
-        if modules:
-            result[cls] = bool(hit)
-    return result

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.fields import Fields
+from perfmodel.specs.formats import WeightFormat
 from perfmodel.specs.model import (
     LAYER_KINDS,
-    LINEAR_CLASSES,
     MLA,
     QK_NORMS,
+    QUANT_CLASSES,
     LinearAttention,
     Mamba,
     Model,
@@ -306,21 +307,59 @@ def _mtp(f: Fields | None) -> int:
 
 
 def _quantization(f: Fields | None) -> Quantization | None:
-    """The ``quantization:`` block (perfmodel/models/README.md): weights_dtype, group_size,
-    scale_bytes per group, the linear classes left unquantized, whether the LM head is
-    quantized too (``lm_head``), and a free-text method."""
+    """The ``quantization:`` block (perfmodel/models/README.md): a weight ``format`` name
+    (``specs.formats``: dtype, group or block, scale dtype and bytes) or weights_dtype,
+    group_size and scale_bytes per group; the linear classes left unquantized and those in
+    another format (``formats``: class -> format name); the activations the checkpoint
+    quantizes (``act_dtype``); whether the LM head is quantized too (``lm_head``); a
+    free-text method."""
     if f is None:
         return None
     kept = f.raw("unquantized", [])
-    if not isinstance(kept, list) or any(k not in LINEAR_CLASSES for k in kept):
-        raise f.error("unquantized", f"expected a list of {', '.join(LINEAR_CLASSES)}, "
+    if not isinstance(kept, list) or any(k not in QUANT_CLASSES for k in kept):
+        raise f.error("unquantized", f"expected a list of {', '.join(QUANT_CLASSES)}, "
                       f"got {kept!r}")
+    f.text("source", "")                # where the block is transcribed from (any text)
+    fmt = _format(f, "format") if f.has("format") else None
+    if fmt is not None and any(f.has(k) for k in ("weights_dtype", "group_size",
+                                                  "scale_bytes")):
+        raise f.error("format", "sets weights_dtype, group_size and scale_bytes; drop them")
     out = Quantization(method=f.text("method", "declared"),
-                       weights_dtype=f.text("weights_dtype", choices=QUANTIZED_DTYPES),
-                       group_size=size(f, "group_size", None),
-                       scale_bytes=f.quantity("scale_bytes", "number", 2.0, positive=False,
-                                              maximum=64.0),
-                       unquantized=tuple(k for k in LINEAR_CLASSES if k in kept),
-                       lm_head=f.flag("lm_head", False))
+                       weights_dtype=fmt.weights if fmt else
+                       f.text("weights_dtype", choices=QUANTIZED_DTYPES),
+                       group_size=fmt.group_size if fmt else size(f, "group_size", None),
+                       scale_bytes=fmt.scale_bytes if fmt else
+                       f.quantity("scale_bytes", "number", 2.0, positive=False, maximum=64.0),
+                       unquantized=tuple(k for k in QUANT_CLASSES if k in kept),
+                       lm_head=f.flag("lm_head", False),
+                       format=fmt.name if fmt else "",
+                       scale_dtype=fmt.scale_dtype if fmt else "",
+                       act_dtype=f.text("act_dtype", None, ("fp8", "fp4", "int8")),
+                       formats=_class_formats(f, kept))
     f.finish()
     return out
+
+
+def _format(f: Fields, key: str) -> WeightFormat:
+    from perfmodel.specs.formats import format_names, weight_format
+
+    name = f.text(key)
+    if name not in format_names():
+        raise f.error(key, f"unknown weights format {name!r}, expected one of "
+                      f"{', '.join(format_names())}")
+    return weight_format(name)
+
+
+def _class_formats(f: Fields, kept: list[str]) -> tuple[tuple[str, str], ...]:
+    """``formats:`` {linear class: format name} of the classes stored in another format."""
+    sub = f.sub("formats", required=False)
+    if sub is None:
+        return ()
+    out = []
+    quantized = [c for c in QUANT_CLASSES if c not in kept]
+    for cls in list(sub.data):
+        if cls not in quantized:
+            raise sub.error(cls, f"expected a quantized linear class ({', '.join(quantized)})")
+        out.append((cls, _format(sub, cls).name))
+    sub.finish()
+    return tuple(sorted(out, key=lambda p: QUANT_CLASSES.index(p[0])))

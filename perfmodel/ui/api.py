@@ -19,13 +19,14 @@ def choices() -> dict[str, Any]:
     """Shipped models and devices (with a one-line description), dtypes, weight formats
     and engines: the page's pick lists."""
     from perfmodel.specs import load
-    from perfmodel.specs.dtypes import DTYPES, WEIGHT_FORMATS
+    from perfmodel.specs.dtypes import DTYPES
     from perfmodel.specs.engines import ENGINES
+    from perfmodel.specs.formats import format_names
 
     return {"models": load.known("model"),
             "hardware": [{"name": n, "description": load.hardware(n).description}
                          for n in load.known("hardware")],
-            "dtypes": list(DTYPES), "weights_formats": list(WEIGHT_FORMATS),
+            "dtypes": list(DTYPES), "weights_formats": list(format_names()),
             "engines": list(ENGINES)}
 
 

@@ -8,7 +8,7 @@ No torch and no GPU: the measurements are the committed CSVs (reports/<device>/p
 validate/probe_cuda.py, reports/<device>/steps.csv from validate/probe_steps.py). Records come
 from the cost model's own constructors: ``compare.row_op`` for a row, with the stored weights of
 a weight-only GEMM (``Gemm.weight_dtype``, bytes with group scales from ``specs.dtypes``'s
-``WEIGHT_FORMATS``) as ``cost.instantiate`` builds them, priced by ``roofline.op_time``; steps
+``specs.formats``) as ``cost.instantiate`` builds them, priced by ``roofline.op_time``; steps
 are priced as ``validate.report`` prices the harness's steps (``step_seconds``). Nothing is
 fitted here and no constant changes: the README reports how far each file is from each kernel.
 
@@ -35,7 +35,8 @@ from perfmodel.compare import read_measurements, row_op
 from perfmodel.cost.error_class import error_class
 from perfmodel.cost.ops import OpRecord
 from perfmodel.cost.roofline import op_time
-from perfmodel.specs.dtypes import CODE, WEIGHT_FORMATS, compute_codes, scaled_bytes
+from perfmodel.specs.dtypes import CODE, compute_codes, scaled_bytes
+from perfmodel.specs.formats import weight_format
 from validate.report import step_seconds
 from validate.suites import Step
 
@@ -106,8 +107,8 @@ def probe_record(row: dict) -> OpRecord:
     weights = row.get("weight_dtype") or ""
     if not weights:
         return base
-    dtype, group, scale = WEIGHT_FORMATS[PROBE_FORMATS[(weights, str(row.get("group_size")
-                                                                     or ""))]]
+    dtype, group, scale = weight_format(PROBE_FORMATS[(weights, str(row.get("group_size")
+                                                                    or ""))]).scheme
     code = CODE[dtype]
     return dataclasses.replace(base, weight_bytes=float(scaled_bytes(code, group or 0, scale)),
                                weight_dtype=code,

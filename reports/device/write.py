@@ -32,7 +32,7 @@ How rows are priced: kernels as the probe timed them (CUDA events around back-to
 calls: the longer of device time and host launch, the model's `stream` timing; the
 one-element add eager: `host`, replayed from a CUDA graph: `kernel`); quantized GEMMs as the
 model's weight-only GEMM (`Gemm.weight_dtype` int4 / int8 with tinygemm's bf16 scale + zero
-per 128 weights, `WEIGHT_FORMATS["int4wo-g128"]`, and `"w8a16"`: `cost/dequant.py` applies
+per 128 weights, `weight_formats.yaml`'s `int4wo-g128`, and `"w8a16"`: `cost/dequant.py` applies
 where the file lists a kernel) and W8A8 fp8 as an fp8 GEMM (`compare.row_op`); whole steps
 as `validate/report.py` prices the harness's steps (`step_seconds` over
 `Step.records`): CUDA-graph replays with `--cuda-graphs` pricing (`kernel`), eager steps with

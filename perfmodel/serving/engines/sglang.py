@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel.serving.engines.sglang_budget import PrefillBudget
 from perfmodel.serving.engines.sglang_policy import POLICIES, sorts
 from perfmodel.serving.engines.sglang_policy import order as policy_order
 from perfmodel.serving.engines.state import Batch, EngineState
@@ -205,9 +206,10 @@ class SGLangState(EngineState):
             return None
         mixed = len(run) if e.enable_mixed_chunk and len(run) else 0
         left = np.minimum(self.output[run] - self.emitted[run], CLIP_MAX_NEW_TOKENS)
-        b = _Budget(float((left * self.ratio).sum()) + mixed, e.max_prefill_tokens - mixed,
-                    e.chunked_prefill_size - mixed if e.chunked_prefill else None, e.page_size,
-                    cur_offset=mixed)
+        b = PrefillBudget(float((left * self.ratio).sum()) + mixed,
+                          e.max_prefill_tokens - mixed,
+                          e.chunked_prefill_size - mixed if e.chunked_prefill else None,
+                          e.page_size, cur_offset=mixed)
         ids, new = [], []
         if self.chunked >= 0:
             self._add_chunked(b, ids, new)
@@ -230,7 +232,7 @@ class SGLangState(EngineState):
         return Batch(ids, new, self.computed[ids] + new, True,
                      (room and not self.waiting and self.chunked < 0) or self._reorders, 0)
 
-    def _add_chunked(self, b: _Budget, ids: list, new: list) -> None:
+    def _add_chunked(self, b: PrefillBudget, ids: list, new: list) -> None:
         r = self.chunked
         rest = int(self.prompt[r] + self.emitted[r] - self.computed[r])
         rem = min(b.chunk, int(b.total(self.pool.free)))
@@ -246,7 +248,7 @@ class SGLangState(EngineState):
             self.chunked = -1
             self.running.append(r)
 
-    def _add_one(self, r: int, b: _Budget, ids: list, new: list) -> bool:
+    def _add_one(self, r: int, b: PrefillBudget, ids: list, new: list) -> bool:
         """``PrefillAdder.add_one_req`` for the head of the queue: False ends the batch."""
         tokens = int(self.prompt[r] + self.emitted[r])
         hit_p, _ = self._hits(r, tokens)
@@ -361,39 +363,3 @@ class SGLangState(EngineState):
         self.computed[r] = self.own[r] = self.shared[r] = 0
         self.preemptions[r] += 1
         self.waiting.append(r)
-
-
-@dataclass(eq=False)
-class _Budget:
-    """``PrefillAdder``'s budgets: tokens left in the pool (``rem_total_tokens``, less the
-    running requests' expected output), prefill tokens (``rem_input_tokens``) and chunk
-    tokens (``rem_chunk_tokens``, None without chunking)."""
-
-    offset: float
-    input: int
-    chunk: int | None
-    page: int
-    cur_offset: int = 0
-    fresh: int = 0          # blocks allocated in this pass (SGLang allocates after it)
-    full: bool = False
-
-    def total(self, free: int) -> float:
-        return (free + self.fresh) * self.page - self.offset      # pool counted in pages
-
-    def ceil(self, tokens: int) -> int:
-        return -(-tokens // self.page) * self.page
-
-    def spend(self, extend: int, max_new: int) -> None:
-        self.offset += extend + max_new + self.page
-        self.cur_offset += extend + self.page
-        self.input -= extend
-        if self.chunk is not None:
-            self.chunk -= extend
-
-    def state(self, free: int) -> str:
-        cur = (free + self.fresh) * self.page - self.cur_offset
-        if self.full or self.total(free) <= 0 or cur <= 0:
-            return "no_token"
-        if self.input <= 0 or (self.chunk is not None and self.chunk <= 0):
-            return "other"
-        return "continue"

@@ -54,6 +54,11 @@ class TRTLLMConfig:
     enable_block_reuse: bool = True
     cuda_graphs: bool = True
     max_seq_len: int = 0
+    # attention_dp_config: enable_balance, timeout_iters, batching_wait_iters
+    # (serving.adp_balance; TensorRT-LLM's AttentionDpConfig defaults)
+    attention_dp_balance: bool = False
+    attention_dp_timeout_iters: int = 50
+    attention_dp_batching_wait_iters: int = 10
     host: HostTime = NO_HOST        # the engine's time outside the GPU (serving.host_time)
 
     name = "trtllm"
@@ -70,6 +75,9 @@ class TRTLLMConfig:
         if not 0 < self.kv_cache_free_gpu_memory_fraction <= 1:
             raise SpecError("--kv-cache-free-gpu-memory-fraction: expected a share in (0, 1], "
                             f"got {self.kv_cache_free_gpu_memory_fraction}")
+        if self.attention_dp_timeout_iters < 0 or self.attention_dp_batching_wait_iters < 0:
+            raise SpecError("attention_dp_config: timeout_iters and batching_wait_iters: "
+                            "expected >= 0")
         if self.max_seq_len < 0:
             raise SpecError(f"--max-seq-len: expected >= 0, got {self.max_seq_len}")
 

@@ -12,9 +12,9 @@ worker gives the same arrays, bit for bit, as in one process (``tests/test_clust
 
 Only routers that read the request alone (round-robin, the affinity hashes) are dealt
 ahead and so can run here. A load-aware router's choice at an arrival depends on every
-replica's state at that instant; ``serving.fleet.lockstep`` keeps it exact by advancing all
-replicas to each arrival in one process, and ``fleet.check`` refuses it with ``--cluster``
-(see ``serving.fleet``'s docstring for why no window of synchronisation would be both exact
+replica's state at that instant; ``fleet.routers.lockstep`` keeps it exact by advancing all
+replicas to each arrival in one process, and ``routers.check`` refuses it with ``--cluster``
+(see ``fleet.routers``' docstring for why no window of synchronisation would be both exact
 and faster).
 
 ``cluster``: "local" starts a ``LocalCluster`` of ``workers`` processes (one thread each)

@@ -291,14 +291,20 @@ def ranks_lockstep(runs: list, record: Callable, progress: Callable | None = Non
 
     one = np.ones(1, np.int64)
     dummy = Batch(np.zeros(1, np.int64), one, one, False, False, 0)
+    from perfmodel.serving import adp_balance
+
     pricer = runs[0].pricer
+    balance = adp_balance.Balance.of(runs[0].state.engine)
     while any(r.done < r.known for r in runs) and runs[0].t < horizon:
         t = runs[0].t
         batches = []
         for run in runs:
             run.state.waiting.extend(run.arrivals.due(run.cutoff))
+        held = balance is not None and balance.hold([run.state for run in runs])
+        for run in runs:
             busy = run.state.running or run.state.waiting
-            batches.append(run.state.schedule() if busy else None)
+            batches.append(adp_balance.schedule_held(run.state) if held else
+                           run.state.schedule() if busy else None)
         if all(b is None for b in batches):
             t = min(r.arrivals.next_time() for r in runs)
             if not np.isfinite(t) and np.isfinite(horizon):

@@ -3,8 +3,8 @@ reproduces it.
 
 Replicas of one engine, each dealt a share of one Poisson stream, are statistically alike
 (a share of a Poisson stream is a Poisson stream), so one replica at rate / dp stands for
-dp aggregated replicas, and (x/g)P + (y/g)D at rate / g for xP + yD (``planner_search.
-unit``). The check simulates that unit in steady state: the requests arriving in the
+dp aggregated replicas, and (x/g)P + (y/g)D at rate / g for xP + yD (``search.unit``).
+The check simulates that unit in steady state: the requests arriving in the
 first ``WARM`` slot-holding times (output length x TPOT) are the warm-up and those of the
 last one the drain, both left out; ``measure`` requests in between are measured. How sure:
 the p90s of ``BATCHES`` consecutive batches of the measured requests (batch means, which

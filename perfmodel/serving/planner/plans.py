@@ -5,10 +5,10 @@ by an objective (fewest GPUs, lowest cost per hour, or most goodput per GPU), wi
 most ``--gpus``.
 
 1. Every candidate is estimated analytically, one ``estimate_many`` call per (device,
-   replica plan) over all precision recipes and batches (``planner_search``); the formulas
-   that turn those times into a steady state are ``planner_search.steady_state``.
+   replica plan) over all precision recipes and batches (``planner.search``); the formulas
+   that turn those times into a steady state are ``planner.search.steady_state``.
 2. Candidates are filtered by the SLOs and ranked by the objective (``OBJECTIVES``); the
-   first few are checked in simulation (``planner_check``: one replica at its share of the
+   first few are checked in simulation (``planner.check``: one replica at its share of the
    rate, warm-up left out, a 95% interval on each p90).
 3. ``PlanResult`` holds every candidate as columns (the CSV), the Pareto front, the checks
    and the winner; ``Plan`` is the winner as a record (what the launch lines need).
@@ -163,7 +163,7 @@ def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def candidates(model: Model, hardware: list[Hardware], target: Target,
                pessimistic: bool = False) -> tuple[dict, list[str]]:
     """Every candidate within ``target.gpus`` as columns, before the SLOs, and what the
-    search left out in words (``planner_search`` builds the rows)."""
+    search left out in words (``planner.search`` builds the rows)."""
     prompt, gen = target.lengths
     cap = target.gpus or 10**6
     parts, notes, over, centred = [], [], [], []

@@ -67,7 +67,9 @@ class Precision:
     def workload(self, model: Model) -> Workload:
         """The workload as ``perfmodel simulate``'s options build it (same memory share and
         KV block, so the plan's KV ceiling is the command's)."""
-        return Workload.for_model(model, weights_dtype=self.weights, act_dtype=self.activations,
+        q = model.quantization      # the checkpoint's dtype: its format (groups, scales) too
+        weights = None if q is not None and q.weights_dtype == self.weights else self.weights
+        return Workload.for_model(model, weights_dtype=weights, act_dtype=self.activations,
                                   kv_dtype=self.kv, usable_memory_fraction=0.9,
                                   kv_block_tokens=16)
 
