@@ -3,7 +3,7 @@
     python benchmarks/bench_core.py [--quick]
     python benchmarks/bench_core.py --sweep-memory     # the 10^6-point sweep's peak memory
 
-Not a test: prints the numbers the README quotes. Every measurement is Llama-3-70B on an
+Not a test: prints the numbers docs/speed.md quotes. Every measurement is Llama-3-70B on an
 H100 SXM, 2,048-token prompts and 256 generated tokens (255 decode steps summed exactly),
 unless said otherwise. Times are medians of repeats; on a shared 2-core machine they move
 by 10-30% between runs.

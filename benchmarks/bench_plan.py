@@ -3,7 +3,7 @@
 
     python benchmarks/bench_plan.py [--quick]
 
-Not a test: prints the numbers the README quotes. On a shared 2-core machine wall times
+Not a test: prints the numbers docs/speed.md quotes. On a shared 2-core machine wall times
 move by 10-30% (more under other load); CPU time is the steadier figure.
 """
 

@@ -4,11 +4,11 @@ kept).
 
     python benchmarks/bench_serving.py [--quick] [--fleet N] [--scale N,N,...] [--band]
 
-Not a test: prints the numbers the README quotes. The headline case is the issue's: 10,000
+Not a test: prints the numbers docs/speed.md quotes. The headline case is the issue's: 10,000
 requests of mixed lengths (log-normal, mean 512 prompt / 256 output tokens, sigma 0.5) on
 Llama-3-8B on one H100 SXM, Poisson arrivals near saturation (the simulated engine serves
 about 34 requests/s). The same 10,000 requests under SGLang's and TensorRT-LLM's schedulers
-follow. ``--fleet N``: N requests (10^6 in the README) over 16 round-robin replicas at half
+follow. ``--fleet N``: N requests (10^6 in docs/speed.md) over 16 round-robin replicas at half
 their capacity, timed with one worker process and with every local core. ``--scale``:
 one replica at half load for each trace length, the CPU time per request (flat: a
 look-ahead's cost follows the requests in flight, not the trace's length). ``--band``: each

@@ -4,7 +4,7 @@ where chromium and chromedriver are installed).
 
     python benchmarks/bench_ui.py [--quick]
 
-Not a test: prints the numbers the README quotes (Llama-3-8B on an H100 SXM, the page's
+Not a test: prints the numbers docs/speed.md quotes (Llama-3-8B on an H100 SXM, the page's
 defaults; the update changes the batch). Medians of repeats; on a shared 2-core machine they
 move by 10-30% between runs.
 """

@@ -1,11 +1,11 @@
 """The accuracy gate (perfmodel.kernels.gate): the committed corpus sample and the shared
 measurement files scored with the shipped hardware files on every run, each group's median
-|error| held to the figure the README quotes (tests/data/accuracy_gate.yaml) plus a margin.
+|error| held to the figure the docs quote (tests/data/accuracy_gate.yaml) plus a margin.
 A worse hardware file must fail it.
 
 After a deliberate change of the hardware files:
 ``PYTHONPATH=. python reports/kernels/make_sample.py figures`` rewrites the figures and the
-README table.
+tables (docs/kernels.md's, the README's headline table).
 """
 
 from __future__ import annotations
@@ -53,9 +53,20 @@ def test_every_sample_group_is_gated(sample: dict) -> None:
     assert len(FIGURES["sample"]) >= 7 * 6          # 7 files x 6 error classes
 
 
-def test_readme_quotes_the_gate_figures() -> None:
-    text = (ROOT / "README.md").read_text()
-    assert gate.readme_table(FIGURES) in text
+def test_docs_and_readme_quote_the_gate_figures() -> None:
+    """Both tables are the figures file's, as reports/kernels/make_sample.py tables writes
+    them."""
+    assert gate.gate_table(FIGURES) in (ROOT / "docs" / "kernels.md").read_text()
+    for page in ("README.md", "docs/index.md"):
+        assert gate.headline_table(FIGURES) in (ROOT / page).read_text(), page
+
+
+def test_headline_table_holds_every_figure_once() -> None:
+    table = gate.headline_table(FIGURES)
+    cells = [c.strip() for line in table.splitlines()[3:-1] for c in line.split("|")[2:-1]]
+    figures = [*FIGURES["sample"].values(), *FIGURES["shared"].values()]
+    assert sorted(c for c in cells if c) == sorted(f"{f:.0%}" for f in figures)
+    assert "| aiconfigurator-core h100-sxm vllm | 28% |" in table    # GEMM first
 
 
 def test_margin_is_the_larger_of_points_and_relative() -> None:

@@ -59,7 +59,7 @@ def test_narrow_activations_without_a_rate_are_stated(hw, dtype, used):
 
 
 def test_hardware_without_a_bf16_rate_says_it_uses_fp16(tmp_path):
-    text = (ROOT / "hardware" / "h100-sxm.yaml").read_text()
+    text = (ROOT / "perfmodel" / "hardware" / "h100-sxm.yaml").read_text()
     lines = text.splitlines()
     # the peak table's bf16 rate (other blocks, per-format kernel tables, name bf16 too)
     at = lines.index("  peak_flops_per_s:")

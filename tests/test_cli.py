@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from perfmodel.cli.app import app
 from perfmodel.cli.common import command_line
-from perfmodel.specs.load import HARDWARE_DIR
+from perfmodel.specs.load import HARDWARE_DIR, MODELS_DIR
 
 runner = CliRunner()
 BASE = ["estimate", "--model", "llama-2-13b", "--hardware", "h100-sxm"]
@@ -76,7 +76,8 @@ def test_breakdown_lists_every_operator():
 
 
 def test_dtypes_and_paths(tmp_path):
-    result = runner.invoke(app, ["estimate", "--model", "models/llama-2-7b.yaml", "--hardware",
+    result = runner.invoke(app, ["estimate", "--model", str(MODELS_DIR / "llama-2-7b.yaml"),
+                                 "--hardware",
                                  str(HARDWARE_DIR / "a100-80gb-sxm.yaml"), "--weights-dtype",
                                  "int4", "--kv-dtype", "fp8", "-f", "json"])
     assert result.exit_code == 0

@@ -1,6 +1,6 @@
 """cost.collectives: hand-derived ring and tree times, properties, and the stated error
-against public nccl-tests and DeepEP figures (tests/data/collectives.csv, hardware/README.md
-"Collectives")."""
+against public nccl-tests and DeepEP figures (tests/data/collectives.csv,
+perfmodel/hardware/README.md "Collectives")."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def error_rows() -> list[tuple[dict, float, float]]:
     return out
 
 
-# The measured worst |error| of each group, rounded up (hardware/README.md explains each).
+# The measured worst |error| of each group, rounded up (perfmodel/hardware/README.md explains each).
 BOUNDS = {"nvlink": 0.17, "ib": 0.03, "tcpxo": 0.90, "tcpxo_large": 0.17,
           "deepep_normal": 0.17, "deepep_ll": 0.20, "deepep_ll_small": 1.65}
 

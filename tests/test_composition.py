@@ -87,7 +87,7 @@ def test_composed_decode_sum_is_exact(model, hw, batch, prompt, gen) -> None:
 
 
 def _yaml(tmp_path: Path, block: str) -> Path:
-    text = (ROOT / "hardware" / "h100-sxm.yaml").read_text()
+    text = (ROOT / "perfmodel" / "hardware" / "h100-sxm.yaml").read_text()
     text = text.split("\ncomposition:")[0] + "\n" + block
     path = tmp_path / "hw.yaml"
     path.write_text(text)

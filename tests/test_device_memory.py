@@ -35,7 +35,8 @@ def one(model, hw, **workload):
     ("b300", 275040), ("gb200", 189471), ("gb300", 284208), ("a30", 24258),
 ])
 def test_capacity_is_the_driver_total(name, mib):
-    """nvidia-smi / rocm-smi totals in MiB (sources in hardware/README.md), not datasheet GB."""
+    """nvidia-smi / rocm-smi totals in MiB (sources in perfmodel/hardware/README.md), not
+    datasheet GB."""
     assert pm.hardware(name).memory_bytes == mib * MiB
 
 

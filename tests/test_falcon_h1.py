@@ -1,5 +1,5 @@
 """Falcon-H1 (arXiv 2507.22448): attention and a Mamba-2 mixer side by side in every layer.
-Golden values derived by hand from the shipped models/falcon-h1-7b.yaml: the parameter
+Golden values derived by hand from the shipped perfmodel/models/falcon-h1-7b.yaml: the parameter
 total, KV cache + recurrent state per sequence, the step's operators under TP (vLLM's
 MambaMixer2 replicating a lone B/C group), the config.json import, the torch module."""
 

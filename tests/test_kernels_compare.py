@@ -83,7 +83,7 @@ def test_cli_writes_the_report_and_fails_in_one_line(corpus, tmp_path):
     ok = runner.invoke(cli, ["kernels", "compare", str(corpus), "--sample", "0", "--out",
                              str(out)])
     assert ok.exit_code == 0, ok.output
-    assert "6 rows scored" in ok.output and "no hardware/b60.yaml" in ok.output
+    assert "6 rows scored" in ok.output and "no perfmodel/hardware/b60.yaml" in ok.output
     errors = pd.read_csv(out / "errors.csv")
     gemm_row = errors[(errors.error_class == "gemm") & (errors.regime == "memory")]
     assert (int(gemm_row.n.iloc[0]), gemm_row.median_abs_error.iloc[0]) == \

@@ -55,7 +55,7 @@ def test_paging_rounds_up_to_whole_blocks():
 
 def test_max_batch_by_hand():
     # llama-2-7b bf16 on A100-80GB, prompt 512 + 128 generated, 90% usable: the driver's
-    # 81,920 MiB x 0.9 less the 1,833 MiB runtime reserve (hardware/a100-80gb-sxm.yaml)
+    # 81,920 MiB x 0.9 less the 1,833 MiB runtime reserve (perfmodel/hardware/a100-80gb-sxm.yaml)
     est = memory(pm.model("llama-2-7b"), pm.hardware("a100-80gb-sxm"), batch=1, prompt_len=512,
                  gen_len=128)
     weights = 6_738_415_616 * 2

@@ -47,7 +47,7 @@ def test_power_block() -> None:
 
 
 def test_power_idle_above_tdp_is_refused(tmp_path: Path) -> None:
-    text = (ROOT / "hardware" / "h20.yaml").read_text().replace(
+    text = (ROOT / "perfmodel" / "hardware" / "h20.yaml").read_text().replace(
         "tdp_watts: 400", "tdp_watts: 400\n  idle_watts: 500")
     path = tmp_path / "h20-bad.yaml"
     path.write_text(text.replace("name: h20", "name: h20-bad"))

@@ -2,6 +2,7 @@
 cost columns and --objective cost."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -35,7 +36,7 @@ def _prices_file(tmp_path, table: dict, source: str = "made up") -> str:
 
 def test_shipped_files_carry_no_price_and_the_example_prices_read():
     assert all(load.hardware(n).price_per_hour is None for n in load.shipped(load.HARDWARE_DIR))
-    example = read_prices(load.HARDWARE_DIR.parent / "docs" / "prices.example.yaml")
+    example = read_prices(Path(__file__).resolve().parents[1] / "docs" / "prices.example.yaml")
     assert example["h100-sxm"] == 2.69 and set(example) <= set(load.shipped(load.HARDWARE_DIR))
 
 

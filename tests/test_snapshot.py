@@ -83,7 +83,7 @@ def _runs_w8a8_now(entry: dict) -> bool:
 def _snapshot_hardware(entry: dict) -> pm.Hardware:
     """The device with the memory the snapshot was priced with: the datasheet's decimal
     capacity and no runtime reserve. The shipped files now hold the driver-reported totals
-    and a reserve (hardware/README.md), input data the core rewrite did not change; the
+    and a reserve (perfmodel/hardware/README.md), input data the core rewrite did not change; the
     memory rule itself is tested in test_device_memory. Weight-only GEMMs also carry their
     kernel's dequantization now (a modelling change after the rewrite, tested in
     test_dequant), and Hopper GEMMs may take one of cuBLAS's other tiles (after the rewrite,

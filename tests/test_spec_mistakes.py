@@ -178,12 +178,12 @@ def test_argument_of_the_wrong_type(value):
 # 7. did you mean
 def test_name_typos_suggest_the_closest():
     _raises(lambda: pm.model("llama-2-7"), "unknown model 'llama-2-7'; did you mean "
-            "'llama-2-7b'? (shipped: ", "mixtral-8x7b")
+            "'llama-2-7b'? (known: ", "mixtral-8x7b")
     _raises(lambda: pm.hardware("h100-sxn"), "unknown hardware 'h100-sxn'; did you mean "
             "'h100-sxm'?")
     _cli("llama-2-7", "h100-sxm", "did you mean 'llama-2-7b'?")
     _cli("llama-2-7b", "h100-sxn", "did you mean 'h100-sxm'?")
-    message = _raises(lambda: pm.model("zzzz"), "unknown model 'zzzz' (shipped: ")
+    message = _raises(lambda: pm.model("zzzz"), "unknown model 'zzzz' (known: ")
     assert "did you mean" not in message
 
 

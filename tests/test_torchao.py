@@ -2,7 +2,7 @@
 GPU they were measured on and with the bytes TorchAO stores: evaluation, never fitted.
 
 - The device: TorchAO's roofline code names its H100 "Meta's H100 variant" at 2.4 TB/s
-  (``hardware/h100-sxm-meta.yaml`` cites it); the stock SXM's 3.35 TB/s is what left every
+  (``perfmodel/hardware/h100-sxm-meta.yaml`` cites it); the stock SXM's 3.35 TB/s is what left every
   row ~20% fast (tests/test_dequant.py keeps the ratio check on it).
 - The bytes: tinygemm's int4 groups carry a bf16 scale and a bf16 zero (``int4wo-g64``).
 - The head: ``quantize_`` takes every ``nn.Linear``, the output layer included (its int4wo-64

@@ -1,5 +1,6 @@
 """Zamba2 (arXiv 2411.15242): Mamba-2 layers with shared attention + MLP blocks run at listed
-layers. Golden values by hand from models/zamba2-2.7b.yaml (d 2560, 54 Mamba-2 layers of 80
+layers. Golden values by hand from perfmodel/models/zamba2-2.7b.yaml (d 2560, 54 Mamba-2
+layers of 80
 heads x 64 with d_state 64 and one group; 2 shared blocks, 32 heads of 160 reading the
 5,120-wide concat, a GeGLU MLP of 10,240, a rank-128 gate_up adapter and a 2560 x 2560 linear
 at each of 9 invocations; vocabulary 32,000 tied): parameters, KV cache + state per sequence,
@@ -20,7 +21,7 @@ from perfmodel.cost.step import Dtypes, Step, price_step
 from perfmodel.report.pages import _kv_formula
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hf import model_from_hf_config
-from perfmodel.specs.load import load_model
+from perfmodel.specs.load import MODELS_DIR, load_model
 
 torch_reference = pytest.importorskip("tests.torch_reference")
 
@@ -219,7 +220,7 @@ def test_import_mistakes_are_one_line_errors(change, key):
 def test_yaml_mistakes_are_one_line_errors(tmp_path, edit, field):
     import yaml
 
-    data = yaml.safe_load(Path("models/zamba2-2.7b.yaml").read_text()) | edit
+    data = yaml.safe_load((MODELS_DIR / "zamba2-2.7b.yaml").read_text()) | edit
     path = tmp_path / "z.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError, match=rf"z\.yaml: {field}") as info:

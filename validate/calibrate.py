@@ -10,7 +10,7 @@
    (``suites.calibration_steps``; every kernel shape of those layers is in the sweep):
    ``layer_overhead_s`` = the median over them of measured layer time minus the sum of the
    layer's measured kernel times, floored at 0.
-4. Write the YAML in the hardware/README.md schema with a ``calibration:`` block (how,
+4. Write the YAML in the perfmodel/hardware/README.md schema with a ``calibration:`` block (how,
    where, when, on which shapes) and load it back with
    ``perfmodel.specs.load.load_hardware``.
 """
@@ -209,7 +209,7 @@ def _efficiency_block(eff: Efficiency, source: str) -> dict:
 def hardware_document(hw: Hardware, result: FitResult, rows: list[dict], dev: DeviceInfo,
                       provenance: dict, suite: str, command: str,
                       layer_overhead: dict | None = None) -> dict:
-    """The YAML mapping (hardware/README.md schema) of a calibrated device."""
+    """The YAML mapping (perfmodel/hardware/README.md schema) of a calibrated device."""
     what = "CPU: achieved MKL/oneDNN GEMM rate" if dev.kind == "cpu" else "achieved GEMM rate"
     return {
         "version": 1, "name": hw.name, "vendor": hw.vendor, "description": hw.description,

@@ -80,7 +80,8 @@ def calibrate(
         "--all", help="with --from: every shipped device the tables cover, every engine")
     ] = False,
     write_hardware: Annotated[bool, typer.Option(
-        help="with --from --all: write the fits into the shipped hardware/*.yaml")] = False,
+        help="with --from --all: write the fits into the shipped "
+             "perfmodel/hardware/*.yaml")] = False,
     report: Annotated[Path, typer.Option(help="with --from: report folder")] = Path(
         "runs/calibration"),
 ) -> None:

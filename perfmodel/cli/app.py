@@ -13,7 +13,8 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -64,8 +65,32 @@ def build(only: str | None = None) -> typer.Typer:
     return cli
 
 
-def _root() -> None:
-    pass
+def _version(value: bool) -> None:
+    """``--version``: the installed distribution's version (package metadata), then exit."""
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"perfmodel {version('perfmodel')}")
+        except PackageNotFoundError:   # a checkout run with PYTHONPATH, nothing installed
+            typer.echo("perfmodel (not installed: no package metadata)")
+        raise typer.Exit()
+
+
+Version = Annotated[bool, typer.Option(
+    "--version", callback=_version, is_eager=True, help="Print the version and exit.")]
+Specs = Annotated[list[Path] | None, typer.Option(
+    "--specs", metavar="DIR", help=(
+        "A folder of your own specs (hardware/NAME.yaml, models/NAME.yaml), searched for "
+        "names before PERFMODEL_SPECS_PATH's folders and the shipped specs; repeatable, "
+        "first given first. Give it before the command: perfmodel --specs DIR estimate ..."))]
+
+
+def _root(version: Version = False, specs: Specs = None) -> None:
+    if specs:
+        from perfmodel.specs.places import add_user_dirs
+
+        add_user_dirs(specs)
 
 
 _full: typer.Typer | None = None
@@ -177,13 +202,30 @@ class OneLineErrors(TyperGroup):
 def main() -> None:
     """Console entry point. A core command runs alone, without looking up plugins or
     building the other commands (fast start)."""
-    first = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    first = command_name(sys.argv[1:])
     try:            # Ctrl-C while the command set is built (its modules imported)
-        cli = build(only=first) if first in CORE or first in GROUPS else load_plugins()
+        if first in CORE or first in GROUPS:
+            cli = build(only=first)
+        elif first is None and "--version" in sys.argv[1:]:
+            cli = build(only="")     # no command needed: none built, no plugin looked up
+        else:
+            cli = load_plugins()
     except KeyboardInterrupt:
         typer.echo("error: aborted", err=True)
         sys.exit(ABORTED)
     run(cli)
+
+
+def command_name(args: list[str]) -> str | None:
+    """The command ``args`` name: the first word that is neither an option nor the value of
+    the root's ``--specs``."""
+    words = iter(args)
+    for word in words:
+        if word == "--specs":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 if __name__ == "__main__":

@@ -160,24 +160,36 @@ def compute(model: str, hardware: str, engine: str = "vllm", batch: int = 1,
 
 
 def list_specs() -> None:
-    """List shipped hardware and models, one line each."""
+    """List the hardware and models known by name, one line each: the shipped ones and
+    those of your spec folders (--specs, PERFMODEL_SPECS_PATH), marked with their folder."""
     from perfmodel.cost.params import param_counts
     from perfmodel.specs import load
     from perfmodel.specs.units import fmt_bytes, fmt_count, fmt_rate
 
     typer.echo("hardware:")
-    for name in load.shipped(load.HARDWARE_DIR):
+    for name in load.known("hardware"):
         hw = load.hardware(name)
         bf16 = hw.peak_flops_per_s.get("bf16")
         rate = fmt_rate(bf16, "FLOP/s") if bf16 else "n/a"
         typer.echo(f"  {name:<16} {fmt_bytes(hw.memory_bytes):>9}  "
-                   f"{fmt_rate(hw.memory_bytes_per_s):>11}  bf16 {rate:>13}  {hw.description}")
+                   f"{fmt_rate(hw.memory_bytes_per_s):>11}  bf16 {rate:>13}  {hw.description}"
+                   + _origin(name, "hardware"))
     typer.echo("models:")
-    for name in load.shipped(load.MODELS_DIR):
+    for name in load.known("model"):
         m = load.model(name)
         counts = param_counts(m)
         typer.echo(f"  {name:<16} {fmt_count(counts.total):>7} params "
                    f"({fmt_count(counts.active(m))} active)  {m.n_layers} layers, "
                    f"d={m.d_model}, {m.attention_kind}"
                    + (f", MoE {m.moe.n_experts}x top-{m.moe.top_k}" if m.moe else "")
-                   + (f", window {m.sliding_window}" if m.sliding_window else ""))
+                   + (f", window {m.sliding_window}" if m.sliding_window else "")
+                   + _origin(name, "model"))
+
+
+def _origin(name: str, kind: str) -> str:
+    """"  [from FOLDER]" for a name a user spec folder supplies; "" for a shipped one."""
+    from perfmodel.specs import places
+
+    path = places.find(name, kind)
+    shipped = path is None or path.parent == places.package_dir(kind)
+    return "" if shipped else f"  [from {path.parent}]"

@@ -278,7 +278,7 @@ def compare(runs: list[Run], progress: object = None, simulate: Callable | None 
         try:
             predicted = replay(run, progress, simulate)
         except SpecError as exc:
-            rows.append(dict(row, skipped=str(exc).split(" (shipped:")[0]))
+            rows.append(dict(row, skipped=str(exc).split(" (known:")[0]))
             continue
         row["predicted"], row["measured"] = predicted, run.measured
         row["engine"], row["notes"] = run.kernels, "; ".join(run.notes)

@@ -120,8 +120,8 @@ def score(rows: list[dict], hw) -> list[dict]:
 
 
 def device_for(device: str, engine: str, cache: dict):
-    """``hardware/<device>.yaml`` as ``engine`` runs it (its ``engines.<engine>`` block for
-    vllm, sglang and trtllm; the top-level figures for any other source, e.g. nccl or
+    """``perfmodel/hardware/<device>.yaml`` as ``engine`` runs it (its ``engines.<engine>``
+    block for vllm, sglang and trtllm; the top-level figures for any other source, e.g. nccl or
     vidur); None when the device has no hardware file. Cached in ``cache``."""
     from perfmodel.specs.engines import DEFAULT_ENGINE, ENGINES
     from perfmodel.specs.load import hardware
@@ -152,7 +152,7 @@ def compare_files(folder: str | Path, devices: Iterable[str] | None = None,
         if hw is None:
             if device not in missing:
                 missing.append(device)
-            progress(f"{path.name}: no hardware/{device}.yaml: not scored")
+            progress(f"{path.name}: no perfmodel/hardware/{device}.yaml: not scored")
             continue
         df = read_file(path)
         ok, why = usable(df)

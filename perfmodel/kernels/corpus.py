@@ -6,7 +6,7 @@ shared measurement schema (``compare.rows.SCHEMA``; ``source`` names the source)
 ``PROVENANCE`` (the source's version, the engine and its version that ran the kernel, the
 kernel's name, how it was timed: ``compare.rows.TIMINGS``, and the source table) and the
 op's own columns ``compare.forms`` reads (``EXTRA``). ``device`` is a hardware file name
-(``hardware/<device>.yaml``) where we have one, else the source's own name. A file holds
+(``perfmodel/hardware/<device>.yaml``) where we have one, else the source's own name. A file holds
 only the columns some row of it fills; readers see a missing column as blanks.
 
 Rows whose op the model has no formula for (MLA modules, sparse attention, ...) are kept

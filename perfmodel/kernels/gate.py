@@ -1,5 +1,5 @@
 """The accuracy gate: median |error| per group of a committed corpus sample and of the shared
-measurement files, held against the figures the README quotes (tests/data/accuracy_gate.yaml).
+measurement files, held against the figures the docs quote (tests/data/accuracy_gate.yaml).
 
 A group is ``<device> <engine> <error class>`` of the sample (tests/data/kernel_sample/, a
 seeded, stratified draw of the kernel corpus: reports/kernels/make_sample.py), or
@@ -115,12 +115,46 @@ def gated(medians: dict[str, dict]) -> dict[str, float]:
 
 
 BEGIN, END = "<!-- accuracy-gate:begin -->", "<!-- accuracy-gate:end -->"
+# the README's headline table: the same figures, a row per measured set, a column per class
+HEADLINE_BEGIN = "<!-- accuracy-headline:begin -->"
+HEADLINE_END = "<!-- accuracy-headline:end -->"
+CLASSES = {"gemm": "GEMM", "gemv": "GEMV", "attention_prefill": "attention prefill",
+           "attention_decode": "attention decode", "moe": "MoE", "collective": "collective",
+           "memory": "memory"}
 
 
-def readme_table(data: dict) -> str:
-    """The README's gate table (between its markers) of the figures file's mapping."""
+def gate_table(data: dict) -> str:
+    """The gate's full table (docs/kernels.md, between its markers) of the figures file's
+    mapping: every group, its figure and the limit CI holds it to."""
     lines = [BEGIN, "| group | median abs error (figure) | CI fails above |", "|---|---:|---:|"]
     for part in ("sample", "shared"):
         for group, figure in data[part].items():
             lines.append(f"| {group} | {figure:.1%} | {figure + margin(figure):.1%} |")
     return "\n".join([*lines, END])
+
+
+def headline_table(data: dict) -> str:
+    """The README's table (between its markers) of the same figures: a row per measured set
+    (device and engine of the corpus sample; device of a shared file), a column per error
+    class, each cell the median |error| the gate holds."""
+    rows: dict[str, dict[str, float]] = {}
+    for part, label in (("sample", "aiconfigurator-core {} {}"), ("shared", "{} ({})")):
+        for group, figure in data[part].items():
+            first, second, kind = group.rsplit(" ", 2)
+            rows.setdefault(label.format(first, second), {})[kind] = figure
+    kinds = [k for k in CLASSES if any(k in r for r in rows.values())]
+    lines = [HEADLINE_BEGIN, "| measured kernels | " + " | ".join(CLASSES[k] for k in kinds)
+             + " |", "|---|" + "---:|" * len(kinds)]
+    for name, row in rows.items():
+        cells = [f"{row[k]:.0%}" if k in row else "" for k in kinds]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, HEADLINE_END])
+
+
+def replace_between(text: str, table: str, begin: str, end: str) -> str:
+    """``text`` with the block from ``begin`` to ``end`` replaced by ``table`` (which holds
+    both markers); ValueError when the markers are missing."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"markers {begin} ... {end} not found")
+    return text[:start] + table + text[stop + len(end):]

@@ -204,7 +204,7 @@ def assumptions(e: Estimate) -> list[Block]:
     eff_rows += _per_kind_rows(hw)
     sources = [f"`{k}`: {v}" for k, v in hw.sources.items()]
     return [h2("Assumptions"), bullets(dtypes), table(hw_rows), table(eff_rows),
-            para(f"Sources of the {hw.name} figures (hardware/{hw.name}.yaml):"),
+            para(f"Sources of the {hw.name} figures (perfmodel/hardware/{hw.name}.yaml):"),
             bullets(sources or ["(none given)"]), h2("Definitions"),
             bullets(definitions())]
 

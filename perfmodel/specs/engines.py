@@ -1,5 +1,5 @@
 """Serving engines on one device: the ``calibration:`` provenance block and the ``engines:``
-block of a hardware YAML (hardware/README.md).
+block of a hardware YAML (perfmodel/hardware/README.md).
 
 A device's top-level ``efficiency:`` describes one engine's kernels (its ``calibration.engine``,
 vLLM when it names none). ``engines.<name>`` lays another engine's measured differences over

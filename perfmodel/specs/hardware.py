@@ -1,6 +1,6 @@
 """The accelerator record: peak rates, memory, interconnect and the efficiency model.
 
-Built by ``specs.load`` from a hardware YAML (schema in hardware/README.md) or directly in
+Built by ``specs.load`` from a hardware YAML (schema in perfmodel/hardware/README.md) or directly in
 Python. Rates are dense FLOP/s and decimal SI bytes.
 """
 

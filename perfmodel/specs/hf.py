@@ -1,4 +1,4 @@
-"""Translate a Hugging Face ``config.json`` into the models/README.md schema.
+"""Translate a Hugging Face ``config.json`` into the perfmodel/models/README.md schema.
 
 Supported ``model_type`` values: ``FAMILIES`` (the multimodal gemma3 and llama4 read their
 ``text_config``; kimi_k2 is a deepseek_v3 shape); the keys a family adds are read in

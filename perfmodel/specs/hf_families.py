@@ -1,7 +1,8 @@
 """Per-family parts of the Hugging Face ``config.json`` translation (``specs.hf``).
 
 Each function reads the keys one family adds and writes them into ``out``, the mapping in
-the models/README.md schema that ``specs.hf`` built from the keys all families share. A key
+the perfmodel/models/README.md schema that ``specs.hf`` built from the keys all families
+share. A key
 that changes the cost and is not understood (a layer type, an MoE layout no step rule
 expresses) is an error naming it, never ignored. Key names follow each family's
 ``configuration_*.py`` in huggingface/transformers.

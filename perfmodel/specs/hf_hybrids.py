@@ -2,7 +2,7 @@
 (``specs.hf``): Jamba, Nemotron-H, Qwen3-Next, MiniMax-Text-01, Falcon-H1, Zamba2.
 
 Each function reads the keys one family adds and writes them into ``out`` (the
-models/README.md schema): the per-layer kinds into ``attention.layer_pattern`` (mamba,
+perfmodel/models/README.md schema): the per-layer kinds into ``attention.layer_pattern`` (mamba,
 linear, mlp, global) and the recurrent block (``mamba:`` or ``linear_attention:``; Falcon-H1:
 ``mamba.parallel``, a Mamba-2 mixer beside attention in every layer; Zamba2: a
 ``shared_block``). A layer

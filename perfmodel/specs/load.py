@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from perfmodel.specs import engines
+from perfmodel.specs import engines, places
 from perfmodel.specs.composition import read_composition
 from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.efficiency_block import read_efficiency
@@ -22,9 +22,9 @@ from perfmodel.specs.model import Model
 from perfmodel.specs.schema import MODEL_KEYS, check_version, model_from_fields
 from perfmodel.specs.uncertainty import read_uncertainty
 
-ROOT = Path(__file__).resolve().parents[2]
-HARDWARE_DIR = ROOT / "hardware"
-MODELS_DIR = ROOT / "models"
+# the shipped specs: package data (``specs.places``: the user's folders come first)
+HARDWARE_DIR = places.package_dir("hardware")
+MODELS_DIR = places.package_dir("model")
 
 
 HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
@@ -56,7 +56,7 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def load_hardware(path: str | Path, engine: str = engines.DEFAULT_ENGINE) -> Hardware:
-    """Read one hardware YAML (schema in hardware/README.md; .yaml, .yml, or .json) as
+    """Read one hardware YAML (schema in perfmodel/hardware/README.md; .yaml, .yml, or .json) as
     ``engine`` (vllm, sglang, trtllm) runs it: its ``engines.<engine>`` block laid over the
     top-level figures (``specs.engines``). Every engine's blocks are checked, not only the
     one asked for."""
@@ -139,11 +139,11 @@ def _with_base(data: dict, path: Path) -> dict:
     local = path.parent / base
     try:
         base_path = local if local.suffix in YAML_SUFFIXES and local.is_file() else \
-            _resolve(base, HARDWARE_DIR, "hardware")
+            _resolve(base, "hardware")
     except SpecError:    # the unknown name is the file's text: not quoted
-        names = shipped(HARDWARE_DIR)
-        raise SpecError(f"{path}: base: not a shipped hardware name{did_you_mean(base, names)}"
-                        f" (shipped: {', '.join(names)}; or a hardware YAML's path)") from None
+        names = places.names("hardware")
+        raise SpecError(f"{path}: base: not a known hardware name{did_you_mean(base, names)}"
+                        f" (known: {', '.join(names)}; or a hardware YAML's path)") from None
     if base_path.resolve() == path.resolve():
         raise SpecError(f"{path}: base: names this file itself")
     try:
@@ -244,8 +244,8 @@ def _with_modelopt(data: dict, path: Path) -> dict:
 
 
 def load_model(path: str | Path) -> Model:
-    """Read a model YAML (models/README.md; .yaml or .yml) or a .json file: a Hugging Face
-    config.json, or the models/README.md schema in JSON when it has ``version`` and no
+    """Read a model YAML (perfmodel/models/README.md; .yaml or .yml) or a .json file: a Hugging Face
+    config.json, or the perfmodel/models/README.md schema in JSON when it has ``version`` and no
     ``model_type``."""
     path = _user_path(path, "model", f"a path to {MODEL_EXPECTED}")
     _check_suffix(path, "a model YAML", "a Hugging Face config.json")
@@ -295,9 +295,10 @@ def _check_suffix(path: Path, yaml_what: str, json_what: str) -> None:
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
-def _resolve(name_or_path: object, directory: Path, kind: str) -> Path:
-    """A shipped name (file stem in ``directory``), else a path; an unknown name lists the
-    shipped ones with the closest first ("did you mean")."""
+def _resolve(name_or_path: object, kind: str) -> Path:
+    """A name (a file stem in the user's spec folders, then the shipped ones:
+    ``specs.places``), else a path; an unknown name lists the known ones with the closest
+    first ("did you mean")."""
     path = _user_path(name_or_path, kind, "a shipped model name or a path" if kind == "model"
                       else "a shipped hardware name or a path")
     text = str(name_or_path)
@@ -305,22 +306,24 @@ def _resolve(name_or_path: object, directory: Path, kind: str) -> Path:
         lists = "sweep, roofline and plan" if kind == "hardware" else "sweep and report"
         raise SpecError(f"--{kind}: {text!r}: expected one {kind} name or path, got a "
                         f"comma-separated list ({lists} take lists; this command takes one)")
-    candidate = directory / f"{text}.yaml"
-    if "/" not in text and "\\" not in text and _probe(candidate, "is_file"):
-        return candidate
+    if "/" not in text and "\\" not in text:
+        found = places.find(text, kind)
+        if found is not None:
+            return found
     # a path: a separator, an existing file or folder, or a file-like suffix (".txt")
     if "/" in text or "\\" in text or _probe(path, "exists") \
             or re.fullmatch(r"\.[A-Za-z]+", path.suffix):
         return path
-    raise unknown_name(text, directory, kind)
+    raise unknown_name(text, kind)
 
 
-def unknown_name(text: str, directory: Path, kind: str) -> SpecError:
-    """"--model: unknown model 'x'; did you mean 'y'? (shipped: ...)": a name that is not
-    shipped (the text is the user's argument, not a file's)."""
-    names = shipped(directory)
+def unknown_name(text: str, kind: str) -> SpecError:
+    """"--model: unknown model 'x'; did you mean 'y'? (known: ...)": a name in no spec
+    folder (the text is the user's argument, not a file's)."""
+    names = places.names(kind)
     return SpecError(f"--{kind}: unknown {kind} {text!r}{did_you_mean(text, names)} "
-                     f"(shipped: {', '.join(names)}; or give a path to a file)")
+                     f"(known: {', '.join(names)}; or give a path to a file, or a folder "
+                     f"of specs with --specs or {places.ENV})")
 
 
 def unique_names(names: list[str]) -> list[str]:
@@ -343,16 +346,25 @@ def unique_names(names: list[str]) -> list[str]:
 
 
 def shipped(directory: Path) -> list[str]:
-    """Stems of the shipped YAML files in ``directory``."""
-    return sorted(p.stem for p in directory.glob("*.yaml"))
+    """Stems of the YAML files in ``directory`` (``HARDWARE_DIR``, ``MODELS_DIR``: the
+    shipped ones)."""
+    return places.stems(directory)
+
+
+def known(kind: str) -> list[str]:
+    """Every name ``hardware()`` ("hardware") or ``model()`` ("model") resolves: the user's
+    spec folders' and the shipped ones (``specs.places``)."""
+    return places.names(kind)
 
 
 def hardware(name_or_path: str | Path, engine: str = engines.DEFAULT_ENGINE) -> Hardware:
-    """A shipped hardware name (file stem in hardware/) or a path to a hardware YAML, as
-    ``engine`` (vllm, sglang, trtllm) runs it (``load_hardware``)."""
-    return load_hardware(_resolve(name_or_path, HARDWARE_DIR, "hardware"), engine)
+    """A hardware name (a file stem in the user's spec folders or the shipped
+    ``perfmodel/hardware/``: ``specs.places``) or a path to a hardware YAML, as ``engine``
+    (vllm, sglang, trtllm) runs it (``load_hardware``)."""
+    return load_hardware(_resolve(name_or_path, "hardware"), engine)
 
 
 def model(name_or_path: str | Path) -> Model:
-    """A shipped model name, a path to a model YAML, or a path to a HF config.json."""
-    return load_model(_resolve(name_or_path, MODELS_DIR, "model"))
+    """A model name (the user's spec folders, then the shipped ``perfmodel/models/``:
+    ``specs.places``), a path to a model YAML, or a path to a HF config.json."""
+    return load_model(_resolve(name_or_path, "model"))

@@ -1,7 +1,7 @@
 """The model record: a decoder-only transformer's shape (sizes are element counts).
 
-Built by ``specs.schema`` from a model YAML (models/README.md) or a translated Hugging Face
-config, or directly in Python.
+Built by ``specs.schema`` from a model YAML (perfmodel/models/README.md) or a translated
+Hugging Face config, or directly in Python.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ _FP32, _HALF = 4.0, 2.0
 
 def quantization_from_hf(q: Fields, out: dict[str, Any]) -> Quantization | None:
     """Read ``quantization_config`` (``q``) of a config translated into ``out`` (the
-    models/README.md schema); None when it quantizes no weights."""
+    perfmodel/models/README.md schema); None when it quantizes no weights."""
     method = q.text("quant_method", "bitsandbytes" if q.has("load_in_4bit")
                     or q.has("load_in_8bit") else ...)
     if method not in METHODS:

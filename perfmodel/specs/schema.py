@@ -1,5 +1,5 @@
-"""The model schema (models/README.md): a mapping, from a YAML file or a translated Hugging
-Face config, into a ``Model``. Unknown keys are errors.
+"""The model schema (perfmodel/models/README.md): a mapping, from a YAML file or a translated
+Hugging Face config, into a ``Model``. Unknown keys are errors.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def check_version(f: Fields) -> None:
 
 
 def model_from_fields(f: Fields) -> Model:
-    """Build a Model from a mapping in the models/README.md schema (YAML or translated HF)."""
+    """Build a Model from a mapping in the perfmodel/models/README.md schema (YAML or
+    translated HF)."""
     n_heads = size(f, "n_heads")
     d_model = size(f, "d_model")
     window, chunk, pattern, softcap, sinks, share, gate, nope = _attention(
@@ -184,7 +185,7 @@ def _check_shared(f: Fields, model: Model) -> None:
 
 
 def _shared(f: Fields | None) -> SharedBlock | None:
-    """The ``shared_block:`` block (models/README.md)."""
+    """The ``shared_block:`` block (perfmodel/models/README.md)."""
     if f is None:
         return None
     layers = f.raw("layers")
@@ -227,7 +228,7 @@ def _attention(f: Fields | None) -> tuple:
 
 
 def _mamba(f: Fields | None) -> Mamba | None:
-    """The ``mamba:`` block (models/README.md)."""
+    """The ``mamba:`` block (perfmodel/models/README.md)."""
     if f is None:
         return None
     dt_rank = size(f, "dt_rank", 0, minimum=0)
@@ -246,7 +247,7 @@ def _mamba(f: Fields | None) -> Mamba | None:
 
 
 def _linear(f: Fields | None) -> LinearAttention | None:
-    """The ``linear_attention:`` block (models/README.md)."""
+    """The ``linear_attention:`` block (perfmodel/models/README.md)."""
     if f is None:
         return None
     out = LinearAttention(kind=f.text("kind", choices=("gated_deltanet", "lightning")),
@@ -322,7 +323,7 @@ def _mtp(f: Fields | None) -> int:
 
 
 def _quantization(f: Fields | None) -> Quantization | None:
-    """The ``quantization:`` block (models/README.md): a weight ``format`` name
+    """The ``quantization:`` block (perfmodel/models/README.md): a weight ``format`` name
     (``specs.formats``: dtype, group or block, scale dtype and bytes) or weights_dtype,
     group_size and scale_bytes per group; the linear classes left unquantized and those in
     another format (``formats``: class -> format name); the activations the checkpoint

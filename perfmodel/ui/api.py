@@ -23,9 +23,9 @@ def choices() -> dict[str, Any]:
     from perfmodel.specs.engines import ENGINES
     from perfmodel.specs.formats import format_names
 
-    return {"models": load.shipped(load.MODELS_DIR),
+    return {"models": load.known("model"),
             "hardware": [{"name": n, "description": load.hardware(n).description}
-                         for n in load.shipped(load.HARDWARE_DIR)],
+                         for n in load.known("hardware")],
             "dtypes": list(DTYPES), "weights_formats": list(format_names()),
             "engines": list(ENGINES)}
 

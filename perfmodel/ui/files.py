@@ -71,7 +71,7 @@ def _spec(flag: str, value: str, directory: Path, kind: str, uploads: Any
     if bare and not re.search(r"\.(ya?ml|json)$", value, re.IGNORECASE) and value.strip():
         from perfmodel.specs.load import unknown_name
 
-        raise unknown_name(value, directory, kind)
+        raise unknown_name(value, kind)
     raise SpecError(f"{flag}: {value!r} is not a shipped {kind}, an upload or a file under "
                     f"--root{_root_hint(uploads.root)}")
 

@@ -207,7 +207,7 @@ def write_hardware(res: dict) -> list[Path]:
     measured = {res[k]["name"]: res[k] for k, _ in DEVICES}
     family = float(np.mean([r["overlap"] for r in measured.values()]))
     family_max = float(np.mean([overlap_max(r) for r in measured.values()]))
-    for path in sorted((ROOT / "hardware").glob("*.yaml")):
+    for path in sorted((ROOT / "perfmodel" / "hardware").glob("*.yaml")):
         text = path.read_text()
         if "vendor: nvidia" not in text or re.search(r"^base:", text, re.M):
             continue        # a variant (base:) inherits its base's block

@@ -21,8 +21,8 @@ from the committed measurements: `reports/<device>/probe.csv` (295 kernels,
 `validate/probe_cuda.py`) and `reports/<device>/steps.csv` (26 whole Llama-3-8B and
 Llama-2-13B steps, `validate/probe_steps.py`), measured with torch 2.11.0+cu130 by
 `bash reports/device/run_device.sh` and the probe scripts on one lent GPU each. Every row is
-predicted twice: with the **shipped** hardware file (`hardware/h200-sxm.yaml`,
-`hardware/h100-sxm.yaml`: datasheet roofs, vLLM-kernel efficiencies) and with the device's
+predicted twice: with the **shipped** hardware file (`perfmodel/hardware/h200-sxm.yaml`,
+`perfmodel/hardware/h100-sxm.yaml`: datasheet roofs, vLLM-kernel efficiencies) and with the device's
 **calibrated** file (`perfmodel calibrate --device cuda` on the same GPU:
 `reports/h200/full/hardware.yaml`, `reports/h100/hardware.yaml`). Error = predicted /
 measured - 1; cells read `bias (|error|)`: the median signed error and the median absolute

@@ -2,20 +2,23 @@
 
     PYTHONPATH=. python reports/kernels/make_sample.py sample runs/corpus
     PYTHONPATH=. python reports/kernels/make_sample.py figures [--shared ../shared/measurements]
+    PYTHONPATH=. python reports/kernels/make_sample.py tables
 
 ``sample`` draws tests/data/kernel_sample/ from a corpus (``perfmodel kernels import``):
 ``PER_CLASS`` rows per device x engine x error class of the files of ``PLAN``, seeded, in
 the corpus's own format (so ``perfmodel kernels compare tests/data/kernel_sample --sample 0``
 scores it). ``figures`` scores the sample and the shared measurement files with the shipped
-hardware files and writes their medians to tests/data/accuracy_gate.yaml, and the README's
-gate table between its markers: run it after a deliberate change of the hardware files.
+hardware files and writes their medians to tests/data/accuracy_gate.yaml, then the tables:
+run it after a deliberate change of the hardware files. ``tables`` writes only the tables
+from that file: the full one in docs/kernels.md and the headline table in the README and
+the site's home (docs/index.md), each between its markers (tests/test_accuracy_gate.py
+checks they agree with the file).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "tests" / "data" / "kernel_sample"
 FIGURES = ROOT / "tests" / "data" / "accuracy_gate.yaml"
 README = ROOT / "README.md"
+DOCS = ROOT / "docs" / "kernels.md"
+HOME = ROOT / "docs" / "index.md"      # the site's home quotes the README's table
 SHARED = Path(os.environ.get("PERFMODEL_SHARED", ROOT.parent / "shared")) / "measurements"
 SEED = 0
 # (device, engine): rows per error class
@@ -69,12 +74,20 @@ def figures(shared: Path) -> None:
             "# (figure + max(1.5 points, 10% of it)); written by\n"
             "# PYTHONPATH=. python reports/kernels/make_sample.py figures\n")
     FIGURES.write_text(head + yaml.safe_dump(data, sort_keys=False, width=100))
-    text = README.read_text()
-    table = gate.readme_table(data)
-    text = re.sub(re.escape(gate.BEGIN) + ".*?" + re.escape(gate.END), lambda _: table, text,
-                  flags=re.S)
-    README.write_text(text)
     print(f"{FIGURES.relative_to(ROOT)}: {len(sample)} sample and {len(measured)} shared groups")
+    tables()
+
+
+def tables() -> None:
+    """Write docs/kernels.md's gate table and the README's headline table from the figures
+    file."""
+    data = yaml.safe_load(FIGURES.read_text())
+    for path, table, begin, end in (
+            (DOCS, gate.gate_table(data), gate.BEGIN, gate.END),
+            (README, gate.headline_table(data), gate.HEADLINE_BEGIN, gate.HEADLINE_END),
+            (HOME, gate.headline_table(data), gate.HEADLINE_BEGIN, gate.HEADLINE_END)):
+        path.write_text(gate.replace_between(path.read_text(), table, begin, end))
+        print(f"{path.relative_to(ROOT)}: table written")
 
 
 def main() -> None:
@@ -84,8 +97,15 @@ def main() -> None:
     s.add_argument("corpus", type=Path)
     f = sub.add_parser("figures", help="write tests/data/accuracy_gate.yaml and the README table")
     f.add_argument("--shared", type=Path, default=SHARED)
+    sub.add_parser("tables", help="write docs/kernels.md's and the README's tables from "
+                   "tests/data/accuracy_gate.yaml")
     args = parser.parse_args()
-    draw(args.corpus) if args.what == "sample" else figures(args.shared)
+    if args.what == "sample":
+        draw(args.corpus)
+    elif args.what == "figures":
+        figures(args.shared)
+    else:
+        tables()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODELS = sorted(p.stem for p in (ROOT / "models").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (ROOT / "perfmodel" / "models").glob("*.yaml"))
 # name -> (hardware file or name, whether the A100 append-KV prefill path is switched on)
 DEVICES = {
     "h100-sxm": ("h100-sxm", False),
