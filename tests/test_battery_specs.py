@@ -4,6 +4,7 @@ message now says what is needed (docs/bad-input.md lists each)."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -102,7 +103,7 @@ def test_a_runtime_reserve_above_capacity_is_refused(tmp_path):
 
 
 def _hf(tmp_path, **changes) -> str:
-    data = json.loads((pm.specs.load.ROOT / "tests/data/hf/llama-awq.json").read_text())
+    data = json.loads((Path(__file__).parent / "data" / "hf" / "llama-awq.json").read_text())
     data.pop("quantization_config", None)
     data |= changes
     path = tmp_path / "config.json"

@@ -142,8 +142,8 @@ def _with_base(data: dict, path: Path) -> dict:
             _resolve(base, "hardware")
     except SpecError:    # the unknown name is the file's text: not quoted
         names = places.names("hardware")
-        raise SpecError(f"{path}: base: not a known hardware name{did_you_mean(base, names)}"
-                        f" (known: {', '.join(names)}; or a hardware YAML's path)") from None
+        raise SpecError(f"{path}: base: not a shipped hardware name{did_you_mean(base, names)}"
+                        f" (shipped: {', '.join(names)}; or a hardware YAML's path)") from None
     if base_path.resolve() == path.resolve():
         raise SpecError(f"{path}: base: names this file itself")
     try:
