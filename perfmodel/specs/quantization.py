@@ -67,7 +67,8 @@ def quantization_from_hf(q: Fields, out: dict[str, Any]) -> Quantization | None:
 
 
 def _fp8(q: Fields) -> Scheme:
-    q.text("fmt", "e4m3", ("e4m3", "e5m2"))
+    # torch's dtype names (float8_e4m3fn: MiniMax-M2's config) say the same formats
+    q.text("fmt", "e4m3", ("e4m3", "e5m2", "float8_e4m3fn", "float8_e5m2"))
     block = q.raw("weight_block_size", None)
     if block is None:
         return "fp8", None, _FP32            # one scale per tensor
