@@ -14,6 +14,8 @@ runs, key ``("p", prefix_id)`` for a shared prompt prefix, ``("r", request)`` fo
 chain of a preempted request (its recomputation may hit it) and None for contents no
 request will ask for again (the unique prompts and outputs of finished requests).
 ``active`` holds the prefixes some running request references: prefix -> [blocks, refs].
+``tiers``: the KV offload tiers below the pool (``serving.kvtiers``), None without them;
+the pool tells them what it caches and what it evicts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class KVPool:
     free: int = -1
     runs: list = field(default_factory=list)      # the free queue, head first: [key, n]
     active: dict = field(default_factory=dict)    # prefix id -> [blocks, refs]
+    tiers: object = None                          # ``kvtiers.Tiers``, or None
 
     def __post_init__(self) -> None:
         if self.free < 0:
@@ -35,7 +38,8 @@ class KVPool:
 
     def copy(self) -> KVPool:
         return KVPool(self.total, self.free, [list(r) for r in self.runs],
-                      {k: list(v) for k, v in self.active.items()})
+                      {k: list(v) for k, v in self.active.items()},
+                      None if self.tiers is None else self.tiers.copy())
 
     @property
     def used(self) -> int:
@@ -67,6 +71,8 @@ class KVPool:
         self.free -= blocks
         while blocks:
             run = self.runs[0]
+            if self.tiers is not None and run[0] is not None:
+                self.tiers.evicted(run[0], run[1])
             n = min(run[1], blocks)
             run[1] -= n
             blocks -= n
@@ -79,6 +85,8 @@ class KVPool:
         if blocks <= 0:
             return
         self.free += blocks
+        if self.tiers is not None and key is not None:
+            self.tiers.cached(key, blocks)
         if self.runs and self.runs[-1][0] is None and key is None:
             self.runs[-1][1] += blocks
         else:

@@ -31,6 +31,7 @@ from perfmodel.cost.params import stage_layers
 from perfmodel.cost.step import Dtypes, Step, StepCost, composed_seconds, price_step
 from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
+from perfmodel.serving import kvtiers
 from perfmodel.serving.engines.state import Batch
 from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.dtypes import BYTES
@@ -113,6 +114,8 @@ class StepPricer:
         self.prefill_timing = int(phase_timing(hw, "prefill", False))
         self.decode_timing = int(phase_timing(hw, "decode", engine.cuda_graphs))
         self.host = engine.host
+        off = getattr(engine, "kv_offload", None)
+        self.layers = off.layers if off is not None and off.blocks else 0
         self.last_host = np.zeros(0)    # the host time in the last ``times``' steps
         self.calls = 0
         self.priced = 0
@@ -122,6 +125,8 @@ class StepPricer:
         set) and the engine's host time that shows (``HostTime.step``; ``last_host`` keeps
         the latter; host time has no band)."""
         gpu, _, seqs = self.gpu(batches)
+        if self.layers:             # KV offload tiers' loads (``serving.kvtiers``)
+            gpu = kvtiers.step_seconds(gpu, [b.loads for b in batches], self.layers)
         self.last_host = self.host.step(gpu, seqs)
         return gpu + self.last_host
 

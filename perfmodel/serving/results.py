@@ -169,6 +169,8 @@ class SimResult:
                    engine_time=self.engine_time())
         if self.steps.stage_s is not None:
             out["pipeline"] = self.steps.pipeline(self.duration_s)
+        if "kv_tiers" in self.info:         # KV offload tiers (``serving.kvtiers``)
+            out["kv_tiers"] = self.info["kv_tiers"]
         if slo_ttft_s is not None or slo_tpot_s is not None:
             out["goodput_requests_per_s"] = self.goodput(slo_ttft_s, slo_tpot_s)
         return out

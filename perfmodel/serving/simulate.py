@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from perfmodel.schedules.assumptions import check_plan
-from perfmodel.serving import host_time, pipeline, sessions
+from perfmodel.serving import host_time, kvtiers, pipeline, sessions
 from perfmodel.serving.engine_loop import Progress
 from perfmodel.serving.engines.vllm import EngineConfig, context_limit
 from perfmodel.serving.fleet import routers
@@ -64,6 +64,9 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
         raise SpecError(f"simulate: a request of {longest} tokens needs more KV blocks than "
                         f"the pool's {pool.blocks} on {hw.name}")
     engine = engine.resolved(pool.blocks, limit)
+    if getattr(engine, "kv_offload", None) is not None:     # KV offload tiers
+        engine = replace(engine, kv_offload=kvtiers.resolve(engine.kv_offload, engine,
+                                                            model, hw, pool, plan.pp))
     routers.check(router, workers, requests, engines, plan.attention_ways, cluster)
     if engines > 1 and router != "session-affinity":    # a session's turns run apart
         requests = sessions.at_nominal_times(requests)
@@ -75,6 +78,9 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
                   "engine": engine, "router": router,
                   "steps_priced": sum(r.pricer.priced for r in runs),
                   "price_calls": sum(r.pricer.calls for r in runs)})
+    if getattr(engine, "kv_offload", None) is not None:
+        res.info["kv_tiers"] = kvtiers.summary(runs, int(requests.input_tokens.sum()),
+                                               int(res.prefix_hit_tokens.sum()))
     if plan.pp > 1:
         res = pipeline.with_stages(res, runs[0])
     return sessions.client_side(host_time.client_side(res, client, requests, engine.host),

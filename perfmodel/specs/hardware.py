@@ -225,6 +225,21 @@ class Interconnect:
 
 
 @dataclass(frozen=True)
+class HostLink:
+    """The device's host side, read from the optional ``host:`` block: what a KV-cache
+    offload tier (``serving.kvtiers``) moves blocks over. ``link_bytes_per_s``: host <->
+    device per direction (PCIe x16 of its generation, or NVLink-C2C on Grace parts);
+    ``link``: which (pcie4, pcie5, pcie6, c2c); ``dram_bytes``: host memory per device on the
+    reference system (0: not given); ``nvme_bytes_per_s``: local NVMe read per device (0:
+    not given, so no SSD tier)."""
+
+    link_bytes_per_s: float
+    link: str = "pcie5"
+    dram_bytes: float = 0.0
+    nvme_bytes_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Hardware:
     """One accelerator. FLOP/s are dense; bandwidth and capacity are decimal SI."""
 
@@ -263,6 +278,8 @@ class Hardware:
     # (W); None where the file gives none
     tdp_watts: float | None = None
     idle_watts: float | None = None
+    # the optional ``host:`` block (``HostLink``): None where the file gives none
+    host: HostLink | None = None
     # derived tables the cost model keeps per device (a fresh one for every copy)
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -17,7 +17,7 @@ from perfmodel.specs.dtypes import DTYPES
 from perfmodel.specs.efficiency_block import read_efficiency
 from perfmodel.specs.errors import SpecError, did_you_mean, quoted
 from perfmodel.specs.fields import Fields, read_mapping
-from perfmodel.specs.hardware import Efficiency, Hardware, Interconnect
+from perfmodel.specs.hardware import Efficiency, Hardware, HostLink, Interconnect
 from perfmodel.specs.model import Model
 from perfmodel.specs.schema import MODEL_KEYS, check_version, model_from_fields
 from perfmodel.specs.uncertainty import read_uncertainty
@@ -29,7 +29,7 @@ MODELS_DIR = places.package_dir("model")
 
 HARDWARE_KEYS = ("version", "name", "vendor", "description", "compute", "memory", "on_chip",
                  "interconnect", "efficiency", "calibration", "price", "engines",
-                 "uncertainty", "composition", "power")
+                 "uncertainty", "composition", "power", "host")
 # how a vendor's devices run a recurrent layer's chunked scan when the file does not say
 # (``efficiency.scan_kernel``): mamba_ssm's and FLA's Triton kernels run on CUDA and ROCm;
 # a TPU runs the scan as compiled XLA (or Pallas) programs, no operator dispatched from the
@@ -108,6 +108,7 @@ def _hardware(f: Fields, engine: str) -> Hardware:
     eff = _efficiency(f.sub("efficiency"), sources, SCAN_KERNEL.get(vendor, "unfused"))
     price = _price(f.sub("price", required=False), sources)
     tdp, idle = _power(f.sub("power", required=False), sources)
+    host = _host(f.sub("host", required=False), sources)
     hw = Hardware(
         name=f.text("name"), vendor=vendor,
         description=f.text("description", ""), peak_flops_per_s=peaks,
@@ -118,7 +119,7 @@ def _hardware(f: Fields, engine: str) -> Hardware:
         runtime_reserved_bytes=reserved, price_per_hour=price, engine=engine,
         uncertainty=read_uncertainty(f.sub("uncertainty", required=False)),
         composition=read_composition(f.sub("composition", required=False)),
-        tdp_watts=tdp, idle_watts=idle,
+        tdp_watts=tdp, idle_watts=idle, host=host,
     )
     f.finish()
     return hw
@@ -196,6 +197,21 @@ def _power(f: Fields | None, sources: dict[str, str]) -> tuple[float | None, flo
     _sources(f, "power", sources)
     f.finish()
     return tdp, idle
+
+
+def _host(f: Fields | None, sources: dict[str, str]) -> HostLink | None:
+    """The optional ``host:`` block (``HostLink``): the host link's bytes per second per
+    direction and its kind, and where given the host memory and NVMe read per device."""
+    if f is None:
+        return None
+    out = HostLink(
+        link_bytes_per_s=f.quantity("link_bytes_per_s", "bytes_per_s"),
+        link=f.text("link", "pcie5", ("pcie4", "pcie5", "pcie6", "c2c")),
+        dram_bytes=f.quantity("dram_bytes", "bytes", 0.0, positive=False),
+        nvme_bytes_per_s=f.quantity("nvme_bytes_per_s", "bytes_per_s", 0.0, positive=False))
+    _sources(f, "host", sources)
+    f.finish()
+    return out
 
 
 def _interconnect(f: Fields, sources: dict[str, str]) -> Interconnect:

@@ -76,6 +76,7 @@ class SGLangConfig:
     disable_cuda_graph: bool = False
     context_length: int = 0
     host: HostTime = NO_HOST        # the engine's time outside the GPU (serving.host_time)
+    kv_offload: object = None       # KV offload tiers (``serving.kvtiers.Offload``)
 
     name = "sglang"
     scheduler = "continuous"
@@ -168,6 +169,8 @@ class SGLangConfig:
                 out.append("--" + flag.replace("_", "-"))
         if self.context_length:
             out.append(f"--context-length {self.context_length}")
+        if self.kv_offload is not None and self.kv_offload.blocks:
+            out.append(self.kv_offload.flags(self.name))
         return " ".join(out)
 
 
@@ -231,7 +234,8 @@ class SGLangState(EngineState):
                 ids, new = np.concatenate([ids, run]), np.concatenate([new, more])
         room = len(self.running) < cap and b.state(self.pool.free) == "continue"
         return Batch(ids, new, self.computed[ids] + new, True,
-                     (room and not self.waiting and self.chunked < 0) or self._reorders, 0)
+                     (room and not self.waiting and self.chunked < 0) or self._reorders, 0,
+                     self._loads())
 
     def _add_chunked(self, b: PrefillBudget, ids: list, new: list) -> None:
         r = self.chunked
@@ -253,7 +257,8 @@ class SGLangState(EngineState):
         """``PrefillAdder.add_one_req`` for the head of the queue: False ends the batch."""
         tokens = int(self.prompt[r] + self.emitted[r])
         hit_p, _ = self._hits(r, tokens)
-        done = hit_p * self.engine.block_size
+        lower = self._lower_hits(r, tokens, hit_p)      # HiCache's host hit (kvtiers)
+        done = (hit_p + lower) * self.engine.block_size
         if self.prefilled is not None and not self.preemptions[r]:
             done = max(done, int(self.prefilled[r]))
         extend = tokens - done
@@ -275,6 +280,8 @@ class SGLangState(EngineState):
         fresh = self._allocate(r, n, done)
         if fresh < 0:
             return False
+        if lower:
+            self._load_lower(r, tokens, hit_p)
         b.fresh += fresh
         self.waiting.popleft()
         self.computed[r] = done

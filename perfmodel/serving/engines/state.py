@@ -33,6 +33,7 @@ import numpy as np
 
 from perfmodel.serving.forks import Forkable
 from perfmodel.serving.kvpool import KVPool
+from perfmodel.serving.kvtiers import Tiers
 
 EngineSettings = Any    # an engine's settings (``serving.engines``), which import this module
 LAGS = ("vllm", "sglang")   # engines whose ``schedule_ahead`` is modelled (``engines.sglang``)
@@ -50,6 +51,7 @@ class Batch:
     prefill: bool
     open: bool
     preempted: int
+    loads: tuple = (0.0, 0.0)   # offload tiers' (serial, layered) load seconds (kvtiers)
 
 
 @dataclass(eq=False)
@@ -92,7 +94,11 @@ class EngineState(Forkable):
         full = prefix_tokens // engine.block_size
         lag = engine.name in LAGS and engine.scheduler == "continuous" and \
             bool(getattr(engine.host, "schedule_ahead", False))
-        return cls(engine, prompt, output, prefix, full, KVPool(blocks), *zeros, [], deque(),
+        pool = KVPool(blocks)
+        off = getattr(engine, "kv_offload", None)
+        if off is not None and off.blocks:      # resolved by ``simulate`` (kvtiers)
+            pool.tiers = Tiers(off)
+        return cls(engine, prompt, output, prefix, full, pool, *zeros, [], deque(),
                    np.zeros(n, dtype=bool), bool(full.any()) or grows is not None, prefilled,
                    grows, lag)
 
@@ -143,6 +149,26 @@ class EngineState(Forkable):
         if self.preemptions[r] and (p < 0 or hit_p == self.prefix_full[r]):
             own = min(self.pool.cached(("r", r)), cap - hit_p)
         return hit_p, own
+
+    def _lower_hits(self, r: int, tokens: int, gpu: int) -> int:
+        """Blocks of ``r``'s shared chain the KV offload tiers add past the GPU's ``gpu``
+        (``serving.kvtiers``; 0 without them)."""
+        tiers, p = self.pool.tiers, int(self.prefix[r])
+        if tiers is None or p < 0:
+            return 0
+        limit = min(int(self.prefix_full[r]), (tokens - 1) // self.engine.block_size)
+        return sum(tiers.hits(("p", p), limit, gpu))
+
+    def _load_lower(self, r: int, tokens: int, gpu: int) -> None:
+        """``r`` is admitted with the tiers' hits past ``gpu``: their loads join the step."""
+        if self.pool.tiers is not None and self.prefix[r] >= 0:
+            limit = min(int(self.prefix_full[r]), (tokens - 1) // self.engine.block_size)
+            self.pool.tiers.load(("p", int(self.prefix[r])), limit, gpu,
+                                 self.engine.block_size, not self.preemptions[r])
+
+    def _loads(self) -> tuple:
+        """The offload tiers' load seconds of the step just formed (``Batch.loads``)."""
+        return (0.0, 0.0) if self.pool.tiers is None else self.pool.tiers.due()
 
     def _take_hits(self, r: int, hit_p: int, hit_own: int) -> None:
         if hit_p:

@@ -60,6 +60,7 @@ class TRTLLMConfig:
     attention_dp_timeout_iters: int = 50
     attention_dp_batching_wait_iters: int = 10
     host: HostTime = NO_HOST        # the engine's time outside the GPU (serving.host_time)
+    kv_offload: object = None       # KV offload tiers (``serving.kvtiers.Offload``)
 
     name = "trtllm"
     scheduler = "continuous"

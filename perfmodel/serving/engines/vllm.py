@@ -85,6 +85,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     max_model_len: int = 0
     host: HostTime = NO_HOST
+    kv_offload: object = None       # KV offload tiers (``serving.kvtiers.Offload``)
 
     name = "vllm"
 
@@ -133,6 +134,8 @@ class EngineConfig:
             out.append("--enforce-eager")
         if self.max_model_len:
             out.append(f"--max-model-len {self.max_model_len}")
+        if self.kv_offload is not None and self.kv_offload.blocks:
+            out.append(self.kv_offload.flags(self.name))
         return " ".join(out)
 
 
@@ -163,7 +166,7 @@ class VLLMState(EngineState):
         prefill = tokens > len(ids)     # some request computes more than one token (each
         # computes at least one): not vLLM's uniform-decode batch
         return Batch(ids, new, context, prefill, admit and not self.waiting and room,
-                     preempted)
+                     preempted, self._loads())
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
         run = np.array(self.running, dtype=np.int64)
@@ -226,7 +229,8 @@ class VLLMState(EngineState):
             r = self.waiting[0]
             tokens = int(self.prompt[r] + self.emitted[r])
             hit_p, hit_own = self._hits(r, tokens)
-            done = (hit_p + hit_own) * self.engine.block_size
+            lower = self._lower_hits(r, tokens, hit_p + hit_own)    # offload tiers
+            done = (hit_p + hit_own + lower) * self.engine.block_size
             if self.prefilled is not None and not self.preemptions[r]:
                 done = max(done, int(self.prefilled[r]))     # its KV came with it
             need = tokens - done
@@ -241,6 +245,8 @@ class VLLMState(EngineState):
                 break
             self.admit(r)
             self._take_hits(r, hit_p, hit_own)
+            if lower:
+                self._load_lower(r, tokens, hit_p + hit_own)
             self.pool.allocate(fresh)
             self.own[r] += fresh
             self.computed[r] = done
