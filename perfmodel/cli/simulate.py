@@ -38,6 +38,7 @@ _ENGINE = "engine (vLLM's flag names and defaults)"
 _SGL = "--engine sglang (SGLang's flag names; unset: its defaults)"
 _TRT = "--engine trtllm (TensorRT-LLM's option names; unset: its defaults)"
 _FLEET = "replicas and conversations"
+_OFFLOAD = "KV offload tiers"
 Opt = typer.Option
 
 
@@ -169,6 +170,18 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    kv_offload: Annotated[str | None, Opt(rich_help_panel=_OFFLOAD, help=(
+        "cpu | cpu,ssd: KV tiers below the GPU's prefix cache (vLLM's OffloadingConnector,"
+        " SGLang's --enable-hierarchical-cache), loaded over the device's host: link"))
+                          ] = None,
+    cpu_kv_gb: Annotated[float | None, Opt(rich_help_panel=_OFFLOAD, help=(
+        "CPU tier GB per GPU (default: 2 x the GPU KV pool, SGLang's --hicache-ratio)"))
+                         ] = None,
+    ssd_kv_gb: Annotated[float | None, Opt(rich_help_panel=_OFFLOAD, help=(
+        "SSD tier GB per GPU (with --kv-offload cpu,ssd)"))] = None,
+    kv_offload_write_policy: Annotated[str, Opt(rich_help_panel=_OFFLOAD, help=(
+        "write_through (a chain is stored when cached) | write_back (when the GPU evicts "
+        "it), as --hicache-write-policy"))] = "write_through",
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
@@ -316,6 +329,10 @@ def _show(runs: list, summaries: list[dict], fmt: Format, m: Any, hw: Any, layou
     typer.echo(f"host time: {engine.host.describe()}")
     for (_, s), (_, res) in zip(points, runs, strict=True):
         typer.echo(tables.summary_table(s, res.label))
+        if "kv_tiers" in s:
+            from perfmodel.report.kv_tiers import tiers_table
+
+            typer.echo(tiers_table(s["kv_tiers"]))
     if len(points) > 1:
         typer.echo(tables.load_table(points))
         cap = _capacity(m, hw, layout, wl, engine)

@@ -32,7 +32,7 @@ def inputs(p: dict[str, Any]) -> tuple:
     layout = plan(p["tp"], p.get("pp", 1), p["ep"], p["dp"], p["attention_dp"], 0)
     engine = replace(_engine(p["engine_name"], p), host=host_profile(
         p["engine_name"], p["engine_version"], p["engine_mode"], p["engine_profile"],
-        p["frontend"], p["host_time"]))
+        p["frontend"], p["host_time"]), kv_offload=_offload(p))
     streams = _traffic(p["trace"], p["rate"], p["concurrency"], p["num_requests"],
                        p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
                        p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
@@ -48,6 +48,14 @@ def inputs(p: dict[str, Any]) -> tuple:
                    "pipeline parallelism (vllm/config/vllm.py), so each micro-batch's host "
                    f"time counts in full, without {engine.host.name}'s overlap", err=True)
     return m, hw, wl, layout, engine, streams
+
+
+def _offload(p: dict[str, Any]) -> Any:
+    """The KV offload tiers the options ask for (``serving.kvtiers``), None without."""
+    from perfmodel.serving import kvtiers
+
+    return kvtiers.parse(p.get("kv_offload"), p.get("cpu_kv_gb"), p.get("ssd_kv_gb"),
+                         p.get("kv_offload_write_policy") or "write_through")
 
 
 def _within_limit(streams: list, limit: int, generated: bool) -> list:

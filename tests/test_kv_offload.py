@@ -1,0 +1,214 @@
+"""KV offload tiers (``serving.kvtiers``): a multi-turn trace whose second turns the GPU's
+prefix cache alone misses and the CPU tier hits, checked against a capacity boundary
+derived by hand, and the tiers' own rules (LRU, write policy, load overlap).
+
+The trace (``_trace``): N sessions' first turns of P = 1024 prompt tokens and 1 output
+token, one a second; each leaves a chain of 1024 computed tokens = 64 full blocks of 16
+tokens. Two unshared prompts of (B - 40) x 16 tokens (B: the GPU pool's blocks) then fill
+the pool twice, evicting every cached chain from the GPU. Then all N second turns arrive
+at once, each the 1025 tokens so far plus 14 new ones: 1039 tokens, 64 full blocks of
+which are the session's chain (1039 // 16 = 64, so the chain does not grow and a finished
+second turn stores nothing new). Llama-3-8B in bf16 holds 2 x 32 layers x 8 KV heads x 128
+x 2 bytes = 131,072 bytes per token: 2,097,152 bytes per block.
+
+- GPU only: every second turn misses (0 hit tokens).
+- A CPU tier of 4 x 64 blocks (and half a block: the floor is 256 blocks) holds the four
+  chains of N = 4 sessions exactly: every second turn hits 64 blocks = 1024 tokens from the
+  CPU, loading 4 x 64 x 2,097,152 B = 536,870,912 B over 64 GB/s (H100's PCIe Gen5 x16 per
+  direction): 8.388608 ms.
+- N = 5 with the same tier: storing session 4's chain evicts the least recently used,
+  session 0's, whole (64 blocks over): session 0's second turn misses, the other four hit.
+"""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from perfmodel.cli.app import app
+from perfmodel.serving import kvtiers, sessions
+from perfmodel.serving.engines import engine_config
+from perfmodel.serving.engines.state import Batch
+from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.pricing import StepPricer
+from perfmodel.serving.requests import Requests
+from perfmodel.serving.simulate import simulate
+from perfmodel.specs import load
+from perfmodel.specs.workload import Parallelism, Workload
+
+P, GROWTH, BLOCK_BYTES, LINK = 1024, 14, 2_097_152.0, 64e9
+# the engines' settings that give a small GPU pool (B blocks) on an H100 for Llama-3-8B
+ENGINES = {"vllm": (lambda: EngineConfig(gpu_memory_utilization=0.23), 341),
+           "sglang": (lambda: engine_config("sglang", mem_fraction_static=0.2,
+                                            page_size=16), 497)}
+CPU_4 = (4 * 64 + 0.5) * BLOCK_BYTES        # four chains of 64 blocks
+runner = CliRunner()
+
+
+def _rows(n: int, pool: int) -> list[tuple]:
+    """(arrival_s, input_tokens, output_tokens, session, turn) of the trace above."""
+    rows = [(float(s), P, 1, f"s{s}", 1) for s in range(n)]
+    rows += [(n + f, (pool - 40) * 16, 1, "", 0) for f in (1.0, 2.0)]
+    return rows + [(n + 4.0, P + 1 + GROWTH, 1, f"s{s}", 2) for s in range(n)]
+
+
+def _trace(n: int, pool: int) -> Requests:
+    arr, inp, out, ses, turn = map(list, zip(*_rows(n, pool), strict=True))
+    k = len(arr)
+    none = np.full(k, -1, np.int64)
+    plain = Requests(np.array(arr), np.array(inp, np.int64), np.array(out, np.int64), none,
+                     np.zeros(k, np.int64))
+    return sessions.attach(plain, ses, turn, "test")
+
+
+def _run(engine: str, n: int, off: kvtiers.Offload | None):
+    make, pool = ENGINES[engine]
+    hw = load.hardware("h100-sxm", engine)
+    res = simulate(load.model("llama-3-8b"), hw, _trace(n, pool),
+                   engine=replace(make(), kv_offload=off))
+    assert res.kv_blocks_total == pool       # the trace is built on this pool
+    return res, slice(n + 2, None)          # the second turns
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_gpu_misses_cpu_hits_at_the_boundary(engine):
+    off = kvtiers.Offload(("cpu",), CPU_4)
+    for n, hits in ((4, [P] * 4), (5, [0] + [P] * 4)):
+        alone, second = _run(engine, n, None)
+        tiered, _ = _run(engine, n, off)
+        assert alone.prefix_hit_tokens[second].tolist() == [0] * n
+        assert tiered.prefix_hit_tokens[second].tolist() == hits
+        tiers = tiered.summary()["kv_tiers"]
+        assert tiers["capacity_blocks"] == {"cpu": 256}
+        assert tiers["hit_tokens"] == {"gpu": 0, "cpu": 4 * P}
+        assert tiers["loads"] == 4
+        assert tiers["load_s"] == pytest.approx(4 * 64 * BLOCK_BYTES / LINK, rel=1e-12)
+        assert tiers["hit_rate"]["cpu"] == pytest.approx(
+            4 * P / tiered.requests.input_tokens.sum())
+        # the hits' TTFT is well below a recompute of 1039 tokens, and pays the load
+        assert tiered.ttft_s[second][1:].max() < 0.5 * alone.ttft_s[second].min()
+        assert (tiered.ttft_s[second] > 0).all()
+
+
+def test_vllm_charges_the_load_before_the_step_sglang_overlaps_it():
+    """The second turns' step: the four turns' 15 new tokens each at context 1039, priced
+    alone, plus the load: vLLM adds it; SGLang overlaps it layer by layer over 32 layers,
+    max(C, D) + min(C, D) / 32."""
+    off = kvtiers.Offload(("cpu",), CPU_4)
+    load_s = 4 * 64 * BLOCK_BYTES / LINK
+    m = load.model("llama-3-8b")
+    for engine in ("vllm", "sglang"):
+        res, second = _run(engine, 4, off)
+        step = int(np.flatnonzero(res.steps.start_s == res.scheduled_s[second][0])[0])
+        four = np.arange(4)
+        batch = Batch(four, np.full(4, 15), np.full(4, P + 1 + GROWTH), True, False, 0)
+        pricer = StepPricer(m, load.hardware("h100-sxm", engine), Parallelism(),
+                            Workload.for_model(m), ENGINES[engine][0]())
+        compute = float(pricer.gpu([batch])[0][0])
+        want = compute + load_s if engine == "vllm" else \
+            max(compute, load_s) + min(compute, load_s) / 32
+        assert float(res.steps.gpu_s[step]) == pytest.approx(want, rel=1e-9), engine
+
+
+def test_step_seconds_hand_values():
+    gpu = np.array([10.0, 10.0, 3.0, 5.0])
+    loads = [(0.0, 0.0), (4.0, 0.0), (0.0, 8.0), (1.0, 2.0)]
+    # serial adds; layered: max(C, D) + min(C, D) / L with L = 4
+    assert kvtiers.step_seconds(gpu, loads, 4).tolist() == [10.0, 14.0, 8.75, 1.0 + 5.5]
+
+
+def _tiers(cap: int, policy: str = "write_through") -> kvtiers.Tiers:
+    return kvtiers.Tiers(kvtiers.Offload(("cpu",), write_policy=policy, blocks=(cap,),
+                                         link_bytes_per_s=1.0, block_bytes=1.0))
+
+
+def test_lru_evicts_the_oldest_chains_tail_first():
+    t = _tiers(100)
+    for p, n in ((0, 40), (1, 40)):
+        t.cached(("p", p), n)
+    t.load(("p", 0), 40, 0, 16, True)       # a hit touches chain 0: chain 1 is now oldest
+    t.cached(("p", 2), 50)                  # 30 blocks over: chain 1 keeps its first 10
+    assert t.hits(("p", 1), 40, 0) == [10]
+    assert t.hits(("p", 0), 40, 0) == [40]
+    assert t.hits(("p", 0), 40, 25) == [15]     # past the GPU's 25 blocks
+    assert t.used == [100]
+    t.cached(("r", 7), 10)                  # a preempted request's chain is not stored
+    assert t.used == [100] and t.hit_tokens == [640]
+
+
+def test_write_back_stores_only_on_eviction():
+    t = _tiers(100, "write_back")
+    t.cached(("p", 0), 40)
+    assert t.hits(("p", 0), 40, 0) == [0]
+    t.evicted(("p", 0), 40)
+    assert t.hits(("p", 0), 40, 0) == [40]
+    off = kvtiers.Offload(("cpu",), CPU_4, write_policy="write_back")
+    res, second = _run("vllm", 4, off)      # the flushers evict every chain: stored then
+    assert res.prefix_hit_tokens[second].tolist() == [P] * 4
+
+
+def test_offload_that_never_hits_changes_nothing():
+    """No shared prefix: the tiers store nothing and every time is the GPU-only one."""
+    n = 12
+    plain = Requests(np.arange(n) * 0.05, np.full(n, 700, np.int64), np.full(n, 20, np.int64),
+                     np.full(n, -1, np.int64), np.zeros(n, np.int64))
+    m, hw = load.model("llama-3-8b"), load.hardware("h100-sxm")
+    a = simulate(m, hw, plain)
+    b = simulate(m, hw, plain, engine=EngineConfig(kv_offload=kvtiers.Offload()))
+    assert np.array_equal(a.token_s, b.token_s)
+    assert b.summary()["kv_tiers"]["loads"] == 0
+
+
+def _csv(tmp_path, n: int) -> str:
+    path = tmp_path / "turns.csv"
+    lines = ["arrival_s,input_tokens,output_tokens,session_id,turn"]
+    lines += [f"{a},{i},{o},{s},{t if s else ''}" for a, i, o, s, t in _rows(n, 341)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+BASE = ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--gpu-memory-utilization", "0.23",
+        "--no-band", "--no-progress"]
+
+
+def test_cli_table_and_json(tmp_path):
+    gb = f"{CPU_4 / 1e9:.9f}"
+    trace = _csv(tmp_path, 4)
+    out = runner.invoke(app, [*BASE, "--trace", trace, "--kv-offload", "cpu",
+                              "--cpu-kv-gb", gb])
+    assert out.exit_code == 0, out.output
+    assert "num_cpu_blocks\":256" in out.output
+    assert "cpu  hit        4,096 tokens" in out.output
+    js = runner.invoke(app, [*BASE, "--trace", trace, "--kv-offload", "cpu", "--cpu-kv-gb",
+                             gb, "--format", "json"])
+    tiers = json.loads(js.output)["kv_tiers"]
+    assert tiers["hit_tokens"] == {"gpu": 0, "cpu": 4096} and tiers["loads"] == 4
+    off = runner.invoke(app, [*BASE, "--trace", trace, "--format", "json"])
+    assert "kv_tiers" not in json.loads(off.output)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--kv-offload", "gpu"], "--kv-offload: expected cpu or cpu,ssd"),
+    (["--kv-offload", "cpu,ssd"], "--ssd-kv-gb: --kv-offload cpu,ssd needs"),
+    (["--cpu-kv-gb", "4"], "--cpu-kv-gb: applies with --kv-offload"),
+    (["--kv-offload", "cpu", "--cpu-kv-gb", "-1"], "--cpu-kv-gb: expected a positive"),
+    (["--kv-offload", "cpu", "--kv-offload-write-policy", "lazy"],
+     "--kv-offload-write-policy: expected one of"),
+    (["--kv-offload", "cpu", "--engine", "trtllm"], "modelled for --engine vllm and sglang"),
+    (["--kv-offload", "cpu", "--no-prefix-caching"], "turn prefix caching on"),
+])
+def test_cli_bad_options_one_line(args, says):
+    out = runner.invoke(app, [*BASE, "--num-requests", "4", "--rate", "1", *args])
+    assert out.exit_code != 0
+    assert says in out.output and "Traceback" not in out.output
+    assert len(out.output.strip().splitlines()) == 1, out.output
+
+
+def test_cli_device_without_host_block():
+    out = runner.invoke(app, ["simulate", "-m", "llama-3-8b", "-H", "l4", "--num-requests",
+                              "2", "--rate", "1", "--no-band", "--no-progress",
+                              "--max-model-len", "2048", "--kv-offload", "cpu"])
+    assert out.exit_code != 0
+    assert "hardware l4 has no host: block" in out.output
