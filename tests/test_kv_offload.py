@@ -196,8 +196,10 @@ def test_cli_table_and_json(tmp_path):
     (["--kv-offload", "cpu", "--cpu-kv-gb", "-1"], "--cpu-kv-gb: expected a positive"),
     (["--kv-offload", "cpu", "--kv-offload-write-policy", "lazy"],
      "--kv-offload-write-policy: expected one of"),
-    (["--kv-offload", "cpu", "--engine", "trtllm"], "modelled for --engine vllm and sglang"),
-    (["--kv-offload", "cpu", "--no-prefix-caching"], "turn prefix caching on"),
+    (["--kv-offload", "cpu", "--cpu-kv-gb", "9", "--engine", "trtllm"],
+     "modelled for --engine vllm and sglang"),
+    (["--kv-offload", "cpu", "--cpu-kv-gb", "9", "--no-prefix-caching"],
+     "turn prefix caching on"),
 ])
 def test_cli_bad_options_one_line(args, says):
     out = runner.invoke(app, [*BASE, "--num-requests", "4", "--rate", "1", *args])
@@ -212,3 +214,13 @@ def test_cli_device_without_host_block():
                               "--max-model-len", "2048", "--kv-offload", "cpu"])
     assert out.exit_code != 0
     assert "hardware l4 has no host: block" in out.output
+
+
+def test_cli_warns_of_an_assumed_or_oversized_cpu_tier():
+    args = [*BASE, "--num-requests", "2", "--rate", "1", "--kv-offload", "cpu"]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 0 and "the CPU tier is 2 x the GPU's KV pool" in out.output
+    big = runner.invoke(app, [*args, "--cpu-kv-gb", "300"])
+    assert "more than h100-sxm's reference host memory per GPU (250 GB" in big.output
+    fits = runner.invoke(app, [*args, "--cpu-kv-gb", "100"])
+    assert "warning: --cpu-kv-gb" not in fits.output and "warning: --kv-off" not in fits.output

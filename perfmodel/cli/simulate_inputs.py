@@ -32,7 +32,7 @@ def inputs(p: dict[str, Any]) -> tuple:
     layout = plan(p["tp"], p.get("pp", 1), p["ep"], p["dp"], p["attention_dp"], 0)
     engine = replace(_engine(p["engine_name"], p), host=host_profile(
         p["engine_name"], p["engine_version"], p["engine_mode"], p["engine_profile"],
-        p["frontend"], p["host_time"]), kv_offload=_offload(p))
+        p["frontend"], p["host_time"]), kv_offload=_offload(p, hw))
     streams = _traffic(p["trace"], p["rate"], p["concurrency"], p["num_requests"],
                        p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
                        p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
@@ -50,12 +50,25 @@ def inputs(p: dict[str, Any]) -> tuple:
     return m, hw, wl, layout, engine, streams
 
 
-def _offload(p: dict[str, Any]) -> Any:
-    """The KV offload tiers the options ask for (``serving.kvtiers``), None without."""
+def _offload(p: dict[str, Any], hw: Any) -> Any:
+    """The KV offload tiers the options ask for (``serving.kvtiers``), None without; the
+    CPU tier's size, when assumed or past the host memory per device, said on stderr."""
     from perfmodel.serving import kvtiers
 
-    return kvtiers.parse(p.get("kv_offload"), p.get("cpu_kv_gb"), p.get("ssd_kv_gb"),
-                         p.get("kv_offload_write_policy") or "write_through")
+    off = kvtiers.parse(p.get("kv_offload"), p.get("cpu_kv_gb"), p.get("ssd_kv_gb"),
+                        p.get("kv_offload_write_policy") or "write_through")
+    if off is None:
+        return None
+    dram = hw.host.dram_bytes if hw.host is not None else 0.0
+    if not off.cpu_bytes:
+        typer.echo(f"warning: --kv-offload: no --cpu-kv-gb, so the CPU tier is "
+                   f"{kvtiers.DEFAULT_RATIO:g} x the GPU's KV pool per GPU (SGLang's "
+                   "--hicache-ratio default)", err=True)
+    elif dram and off.cpu_bytes > dram:
+        typer.echo(f"warning: --cpu-kv-gb {off.cpu_bytes / 1e9:g}: more than {hw.name}'s "
+                   f"reference host memory per GPU ({dram / 1e9:g} GB, its host: block)",
+                   err=True)
+    return off
 
 
 def _within_limit(streams: list, limit: int, generated: bool) -> list:
