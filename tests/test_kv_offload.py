@@ -110,6 +110,11 @@ def test_vllm_charges_the_load_before_the_step_sglang_overlaps_it():
         want = compute + load_s if engine == "vllm" else \
             max(compute, load_s) + min(compute, load_s) / 32
         assert float(res.steps.gpu_s[step]) == pytest.approx(want, rel=1e-9), engine
+        other = "layered" if engine == "vllm" else "serial"      # --kv-offload-overlap
+        flip, _ = _run(engine, 4, replace(off, overlap=other))
+        want = compute + load_s if other == "serial" else \
+            max(compute, load_s) + min(compute, load_s) / 32
+        assert float(flip.steps.gpu_s[step]) == pytest.approx(want, rel=1e-9), other
 
 
 def test_step_seconds_hand_values():
@@ -196,6 +201,8 @@ def test_cli_table_and_json(tmp_path):
     (["--kv-offload", "cpu", "--cpu-kv-gb", "-1"], "--cpu-kv-gb: expected a positive"),
     (["--kv-offload", "cpu", "--kv-offload-write-policy", "lazy"],
      "--kv-offload-write-policy: expected one of"),
+    (["--kv-offload", "cpu", "--kv-offload-overlap", "async"],
+     "--kv-offload-overlap: expected one of"),
     (["--kv-offload", "cpu", "--cpu-kv-gb", "9", "--engine", "trtllm"],
      "modelled for --engine vllm and sglang"),
     (["--kv-offload", "cpu", "--cpu-kv-gb", "9", "--no-prefix-caching"],

@@ -56,7 +56,8 @@ def _offload(p: dict[str, Any], hw: Any) -> Any:
     from perfmodel.serving import kvtiers
 
     off = kvtiers.parse(p.get("kv_offload"), p.get("cpu_kv_gb"), p.get("ssd_kv_gb"),
-                        p.get("kv_offload_write_policy") or "write_through")
+                        p.get("kv_offload_write_policy") or "write_through",
+                        p.get("kv_offload_overlap"))
     if off is None:
         return None
     dram = hw.host.dram_bytes if hw.host is not None else 0.0

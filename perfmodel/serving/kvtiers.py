@@ -28,8 +28,16 @@ What the engines do, from their sources:
   vLLM would not hold. SGLang's load-back runs on a separate stream layer by layer
   (``HiCacheController.start_loading`` and ``LayerDoneCounter``: layer i's attention waits
   for layer i's copy), so with L layers, load D and compute C the step takes
-  ``max(C, D) + min(C, D) / L`` (``layered``). An SSD hit is first read into host memory
-  (``bytes / nvme_bytes_per_s``, before the step) in both engines.
+  ``max(C, D) + min(C, D) / L`` (``layered``). LMCache under vLLM
+  (``LMCacheConnectorV1Impl`` in ``lmcache_integration/vllm_v1_adapter.py``) retrieves a
+  step's hits in ``start_load_kv`` before the forward and reports no asynchronous load
+  (``get_finished`` returns none), so its load holds the whole step: ``serial`` exactly;
+  with ``use_layerwise`` it retrieves layer by layer (``retrieve_layer``,
+  ``wait_for_layer_load``): ``layered``. It stores each step's new tokens in
+  ``wait_for_save`` (write-through), and its CPU backend evicts LRU
+  (``cache_policy/lru.py``). ``--kv-offload-overlap`` picks either rule; the default is the
+  engine's own connector's. An SSD hit is first read into host memory
+  (``bytes / nvme_bytes_per_s``, before the step) in every case.
 
 Bandwidths are the device's ``host:`` block (``specs.hardware.HostLink``): PCIe per
 generation or NVLink-C2C per direction, NVMe read; stores go device -> host, the opposite
@@ -51,7 +59,8 @@ from perfmodel.specs.model import Model
 TIERS = ("cpu", "ssd")
 POLICIES = ("write_through", "write_back")
 DEFAULT_RATIO = 2.0     # SGLang's --hicache-ratio: host pool = 2 x the device pool
-ENGINES = {"vllm": "serial", "sglang": "layered"}
+ENGINES = {"vllm": "serial", "sglang": "layered"}    # each engine's own connector's rule
+OVERLAPS = ("serial", "layered")
 
 
 @dataclass(frozen=True)
@@ -65,12 +74,12 @@ class Offload:
     cpu_bytes: float = 0.0
     ssd_bytes: float = 0.0
     write_policy: str = "write_through"
+    overlap: str = ""           # "serial" or "layered"; "": the engine's (``ENGINES``)
     blocks: tuple[int, ...] = ()
     link_bytes_per_s: float = 0.0
     nvme_bytes_per_s: float = 0.0
     block_bytes: float = 0.0
     layers: int = 1
-    overlap: str = "serial"
 
     def flags(self, engine: str) -> str:
         """The engine's own flags for the CPU tier (SGLang: the storage backend too)."""
@@ -86,9 +95,9 @@ class Offload:
 
 
 def parse(tiers: str | None, cpu_gb: float | None, ssd_gb: float | None,
-          policy: str = "write_through") -> Offload | None:
-    """``--kv-offload cpu[,ssd]``, ``--cpu-kv-gb``, ``--ssd-kv-gb`` and the write policy
-    (None: no offload; SpecError naming the option)."""
+          policy: str = "write_through", overlap: str | None = None) -> Offload | None:
+    """``--kv-offload cpu[,ssd]``, ``--cpu-kv-gb``, ``--ssd-kv-gb``, the write policy and
+    ``--kv-offload-overlap`` (None: no offload; SpecError naming the option)."""
     if tiers is None:
         for name, value in (("--cpu-kv-gb", cpu_gb), ("--ssd-kv-gb", ssd_gb)):
             if value is not None:
@@ -97,6 +106,9 @@ def parse(tiers: str | None, cpu_gb: float | None, ssd_gb: float | None,
     names = tuple(t.strip() for t in tiers.split(","))
     if names not in (("cpu",), ("cpu", "ssd")):
         raise SpecError(f"--kv-offload: expected cpu or cpu,ssd, got {tiers!r}")
+    if overlap not in (None, *OVERLAPS):
+        raise SpecError(f"--kv-offload-overlap: expected one of {', '.join(OVERLAPS)}, got "
+                        f"{overlap!r}")
     if policy not in POLICIES:
         raise SpecError(f"--kv-offload-write-policy: expected one of {', '.join(POLICIES)}, "
                         f"got {policy!r}")
@@ -107,7 +119,8 @@ def parse(tiers: str | None, cpu_gb: float | None, ssd_gb: float | None,
         raise SpecError("--ssd-kv-gb: --kv-offload cpu,ssd needs the SSD tier's GB per GPU")
     if "ssd" not in names and ssd_gb is not None:
         raise SpecError("--ssd-kv-gb: applies with --kv-offload cpu,ssd")
-    return Offload(names, (cpu_gb or 0.0) * 1e9, (ssd_gb or 0.0) * 1e9, policy)
+    return Offload(names, (cpu_gb or 0.0) * 1e9, (ssd_gb or 0.0) * 1e9, policy,
+                   overlap or "")
 
 
 def resolve(off: Offload, engine: object, model: Model, hw: Hardware, pool: object,
@@ -135,7 +148,7 @@ def resolve(off: Offload, engine: object, model: Model, hw: Hardware, pool: obje
     return replace(off, cpu_bytes=cpu, blocks=tuple(int(b // per) for b in sizes),
                    link_bytes_per_s=host.link_bytes_per_s,
                    nvme_bytes_per_s=host.nvme_bytes_per_s, block_bytes=per,
-                   layers=int(model.n_layers), overlap=ENGINES[engine.name])
+                   layers=int(model.n_layers), overlap=off.overlap or ENGINES[engine.name])
 
 
 @dataclass(eq=False)
