@@ -92,36 +92,55 @@ def test_gpu_misses_cpu_hits_at_the_boundary(engine):
         assert (tiered.ttft_s[second] > 0).all()
 
 
-def test_vllm_charges_the_load_before_the_step_sglang_overlaps_it():
-    """The second turns' step: the four turns' 15 new tokens each at context 1039, priced
-    alone, plus the load: vLLM adds it; SGLang overlaps it layer by layer over 32 layers,
-    max(C, D) + min(C, D) / 32."""
-    off = kvtiers.Offload(("cpu",), CPU_4)
-    load_s = 4 * 64 * BLOCK_BYTES / LINK
+def _compute(engine: str, seqs: int) -> float:
+    """GPU seconds of a step of ``seqs`` second turns' 15 new tokens at context 1039."""
     m = load.model("llama-3-8b")
+    batch = Batch(np.arange(seqs), np.full(seqs, 15), np.full(seqs, P + 1 + GROWTH), True,
+                  False, 0)
+    pricer = StepPricer(m, load.hardware("h100-sxm", engine), Parallelism(),
+                        Workload.for_model(m), ENGINES[engine][0]())
+    return float(pricer.gpu([batch])[0][0])
+
+
+def _second_steps(res, second) -> np.ndarray:
+    """GPU seconds of the steps from the second turns' first, two of them."""
+    first = int(np.flatnonzero(res.steps.start_s == res.scheduled_s[second].min())[0])
+    return res.steps.gpu_s[first:first + 2]
+
+
+def test_each_engines_load_rule_on_the_second_turns_step():
+    """D: one chain's load, 64 x 2,097,152 B / 64 GB/s = 2.097152 ms.
+
+    - vLLM (async, its OffloadingConnector): nothing runs when the four arrive, so the
+      first is loaded before its step (D + its compute C1) and the other three load while
+      that step runs, out of it: the step lasts D + max(C1, 3 D); they run the next step
+      (C3) with nothing to load.
+    - SGLang (layered): all four in one step, max(C4, 4 D) + min(C4, 4 D) / 32.
+    - Either engine with --kv-offload-overlap serial: C4 + 4 D in one step.
+    """
+    off = kvtiers.Offload(("cpu",), CPU_4)
+    d = 64 * BLOCK_BYTES / LINK
+    res, second = _run("vllm", 4, off)
+    c1, c3 = _compute("vllm", 1), _compute("vllm", 3)
+    assert _second_steps(res, second) == pytest.approx([d + max(c1, 3 * d), c3], rel=1e-9)
+    assert res.ttft_s[second][0] < res.ttft_s[second][1]        # the rest waited a step
+    res, second = _run("sglang", 4, off)
+    c4 = _compute("sglang", 4)
+    assert _second_steps(res, second)[0] == pytest.approx(
+        max(c4, 4 * d) + min(c4, 4 * d) / 32, rel=1e-9)
     for engine in ("vllm", "sglang"):
-        res, second = _run(engine, 4, off)
-        step = int(np.flatnonzero(res.steps.start_s == res.scheduled_s[second][0])[0])
-        four = np.arange(4)
-        batch = Batch(four, np.full(4, 15), np.full(4, P + 1 + GROWTH), True, False, 0)
-        pricer = StepPricer(m, load.hardware("h100-sxm", engine), Parallelism(),
-                            Workload.for_model(m), ENGINES[engine][0]())
-        compute = float(pricer.gpu([batch])[0][0])
-        want = compute + load_s if engine == "vllm" else \
-            max(compute, load_s) + min(compute, load_s) / 32
-        assert float(res.steps.gpu_s[step]) == pytest.approx(want, rel=1e-9), engine
-        other = "layered" if engine == "vllm" else "serial"      # --kv-offload-overlap
-        flip, _ = _run(engine, 4, replace(off, overlap=other))
-        want = compute + load_s if other == "serial" else \
-            max(compute, load_s) + min(compute, load_s) / 32
-        assert float(flip.steps.gpu_s[step]) == pytest.approx(want, rel=1e-9), other
+        res, second = _run(engine, 4, replace(off, overlap="serial"))
+        assert _second_steps(res, second)[0] == pytest.approx(
+            _compute(engine, 4) + 4 * d, rel=1e-9), engine
 
 
 def test_step_seconds_hand_values():
-    gpu = np.array([10.0, 10.0, 3.0, 5.0])
-    loads = [(0.0, 0.0), (4.0, 0.0), (0.0, 8.0), (1.0, 2.0)]
-    # serial adds; layered: max(C, D) + min(C, D) / L with L = 4
-    assert kvtiers.step_seconds(gpu, loads, 4).tolist() == [10.0, 14.0, 8.75, 1.0 + 5.5]
+    gpu = np.array([10.0, 10.0, 3.0, 5.0, 3.0, 10.0])
+    loads = [(0.0, 0.0, 0.0), (4.0, 0.0, 0.0), (0.0, 8.0, 0.0), (1.0, 2.0, 0.0),
+             (0.0, 0.0, 5.0), (1.0, 0.0, 5.0)]
+    # serial adds; layered: max(C, D) + min(C, D) / L with L = 4; apart: at least D
+    assert kvtiers.step_seconds(gpu, loads, 4).tolist() == \
+        [10.0, 14.0, 8.75, 1.0 + 5.5, 5.0, 11.0]
 
 
 def _tiers(cap: int, policy: str = "write_through") -> kvtiers.Tiers:
@@ -201,8 +220,10 @@ def test_cli_table_and_json(tmp_path):
     (["--kv-offload", "cpu", "--cpu-kv-gb", "-1"], "--cpu-kv-gb: expected a positive"),
     (["--kv-offload", "cpu", "--kv-offload-write-policy", "lazy"],
      "--kv-offload-write-policy: expected one of"),
-    (["--kv-offload", "cpu", "--kv-offload-overlap", "async"],
+    (["--kv-offload", "cpu", "--kv-offload-overlap", "eager"],
      "--kv-offload-overlap: expected one of"),
+    (["--kv-offload", "cpu", "--cpu-kv-gb", "9", "--engine", "sglang", "--kv-offload-overlap",
+      "async"], "--kv-offload-overlap async: vLLM's OffloadingConnector's rule"),
     (["--kv-offload", "cpu", "--cpu-kv-gb", "9", "--engine", "trtllm"],
      "modelled for --engine vllm and sglang"),
     (["--kv-offload", "cpu", "--cpu-kv-gb", "9", "--no-prefix-caching"],

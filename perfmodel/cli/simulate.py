@@ -183,9 +183,9 @@ def simulate_cmd(
         "write_through (a chain is stored when cached) | write_back (when the GPU evicts "
         "it), as --hicache-write-policy"))] = "write_through",
     kv_offload_overlap: Annotated[str | None, Opt(rich_help_panel=_OFFLOAD, help=(
-        "serial (the load holds the step: LMCache, and vLLM's connector as an upper bound) "
-        "| layered (layer by layer: HiCache, LMCache use_layerwise); default: the "
-        "engine's"))] = None,
+        "async (vLLM's OffloadingConnector: the request waits out a step while its KV "
+        "loads) | serial (the load holds the step: LMCache) | layered (layer by layer: "
+        "HiCache, LMCache use_layerwise); default: the engine's"))] = None,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""

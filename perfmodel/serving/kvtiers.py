@@ -21,11 +21,13 @@ What the engines do, from their sources:
   ``get_num_new_matched_tokens`` counts offloaded hits after the GPU's hit tokens; SGLang's
   ``match_prefix`` returns the device prefix and the host hit length after it, which
   ``init_load_back`` / ``load_back`` copies back whole ("load it all or not at all").
-- Load time. vLLM returns the hit as an asynchronous load: the request waits
-  (WAITING_FOR_REMOTE_KVS) until the copy is done, then runs; its load is on its own
-  critical path. The simulator charges it before the step that first computes the request
-  (``serial``): exact for the request, an upper bound for the others in that step, which
-  vLLM would not hold. SGLang's load-back runs on a separate stream layer by layer
+- Load time. vLLM's connector returns the hit as an asynchronous load: the scheduler
+  gives the request its blocks and leaves it waiting (WAITING_FOR_REMOTE_KVS, no token
+  budget, no seat) while the copy runs beside the step; once done the request is scheduled
+  as any other (``async``). Here its load overlaps the step it was admitted in, which lasts
+  at least as long as the copy (vLLM would run further steps meanwhile), and the request
+  runs from the next step; when nothing else runs, the load is waited for before the step
+  that computes it. SGLang's load-back runs on a separate stream layer by layer
   (``HiCacheController.start_loading`` and ``LayerDoneCounter``: layer i's attention waits
   for layer i's copy), so with L layers, load D and compute C the step takes
   ``max(C, D) + min(C, D) / L`` (``layered``). LMCache under vLLM
@@ -59,8 +61,8 @@ from perfmodel.specs.model import Model
 TIERS = ("cpu", "ssd")
 POLICIES = ("write_through", "write_back")
 DEFAULT_RATIO = 2.0     # SGLang's --hicache-ratio: host pool = 2 x the device pool
-ENGINES = {"vllm": "serial", "sglang": "layered"}    # each engine's own connector's rule
-OVERLAPS = ("serial", "layered")
+ENGINES = {"vllm": "async", "sglang": "layered"}    # each engine's own connector's rule
+OVERLAPS = ("async", "serial", "layered")
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,9 @@ def resolve(off: Offload, engine: object, model: Model, hw: Hardware, pool: obje
                         "cache; turn prefix caching on")
     if pp > 1:
         raise SpecError("--kv-offload: not modelled under pipeline parallelism (--pp 1)")
+    if off.overlap == "async" and engine.name != "vllm":
+        raise SpecError("--kv-offload-overlap async: vLLM's OffloadingConnector's rule; "
+                        f"--engine {engine.name} loads serial or layered")
     host = hw.host
     if host is None:
         raise SpecError(f"--kv-offload: hardware {hw.name} has no host: block "
@@ -165,7 +170,9 @@ class Tiers:
     loads: int = 0
     load_s: float = 0.0
     serial_s: float = 0.0       # the step being formed: loads before it
-    layered_s: float = 0.0      # and loads overlapped with it layer by layer
+    layered_s: float = 0.0      # loads overlapped with it layer by layer
+    apart_s: float = 0.0        # loads it overlaps whole, their requests not in it
+    loading: dict = field(default_factory=dict)     # request -> tokens its KV loads give
 
     def __post_init__(self) -> None:
         k = len(self.spec.tiers)
@@ -176,7 +183,7 @@ class Tiers:
     def copy(self) -> Tiers:
         return Tiers(self.spec, [OrderedDict(h) for h in self.held], list(self.used),
                      list(self.hit_tokens), self.loads, self.load_s, self.serial_s,
-                     self.layered_s)
+                     self.layered_s, self.apart_s, dict(self.loading))
 
     def cached(self, key: tuple, blocks: int) -> None:
         """The GPU caches ``blocks`` of ``key``'s chain (write-through stores them)."""
@@ -224,18 +231,22 @@ class Tiers:
             top += n
         return out
 
-    def load(self, key: tuple, limit: int, gpu: int, block_size: int, first: bool) -> None:
+    def load(self, key: tuple, limit: int, gpu: int, block_size: int, first: bool,
+             apart: bool = False) -> None:
         """A request admitted with the lower tiers' hits: their load time joins the step
-        being formed, the chains are touched, and (``first``: not a recompute) its hit
-        tokens are counted."""
+        being formed (``apart``: loaded while the step runs without it), the chains are
+        touched, and (``first``: not a recompute) its hit tokens are counted."""
         got = self.hits(key, limit, gpu)
         if not any(got):
             return
         s = self.spec
         link = sum(got) * s.block_bytes / s.link_bytes_per_s
         ssd = got[1] * s.block_bytes / s.nvme_bytes_per_s if len(got) > 1 else 0.0
-        self.serial_s += ssd + (link if s.overlap == "serial" else 0.0)
-        self.layered_s += link if s.overlap == "layered" else 0.0
+        if apart:
+            self.apart_s += ssd + link
+        else:
+            self.serial_s += ssd + (link if s.overlap != "layered" else 0.0)
+            self.layered_s += link if s.overlap == "layered" else 0.0
         self.load_s += ssd + link
         self.loads += 1
         for t, n in enumerate(got):
@@ -244,21 +255,23 @@ class Tiers:
             if first:
                 self.hit_tokens[t] += n * block_size
 
-    def due(self) -> tuple[float, float]:
-        """(serial, layered) load seconds of the step just formed, reset for the next."""
-        out = (self.serial_s, self.layered_s)
-        self.serial_s = self.layered_s = 0.0
+    def due(self) -> tuple[float, float, float]:
+        """(serial, layered, apart) load seconds of the step just formed, reset."""
+        out = (self.serial_s, self.layered_s, self.apart_s)
+        self.serial_s = self.layered_s = self.apart_s = 0.0
         return out
 
 
 def step_seconds(gpu: np.ndarray, loads: list, layers: int) -> np.ndarray:
-    """GPU seconds of each step with its loads (``(serial, layered)`` per step): serial
-    ones before it, layered ones overlapped layer by layer over ``layers`` layers
-    (``max(C, D) + min(C, D) / layers``)."""
-    serial = np.array([s for s, _ in loads])
-    layered = np.array([d for _, d in loads])
-    lay = np.maximum(gpu, layered) + np.minimum(gpu, layered) / layers
-    return serial + np.where(layered > 0, lay, gpu)
+    """GPU seconds of each step with its loads (``(serial, layered, apart)`` per step):
+    serial ones before it; layered ones overlapped layer by layer over ``layers`` layers
+    (``max(C, D) + min(C, D) / layers``); apart ones, of requests not in the step, copied
+    while it runs: it lasts at least as long as they do (the engine would run further
+    steps meanwhile; here the one step is stretched)."""
+    serial, layered, apart = (np.array(col) for col in zip(*loads, strict=True))
+    lay = np.where(layered > 0, np.maximum(gpu, layered) + np.minimum(gpu, layered) / layers,
+                   gpu)
+    return serial + np.maximum(lay, apart)
 
 
 def summary(runs: list, input_tokens: int, total_hits: int) -> dict:

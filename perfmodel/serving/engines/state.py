@@ -51,7 +51,7 @@ class Batch:
     prefill: bool
     open: bool
     preempted: int
-    loads: tuple = (0.0, 0.0)   # offload tiers' (serial, layered) load seconds (kvtiers)
+    loads: tuple = (0.0, 0.0, 0.0)  # offload tiers' (serial, layered, apart) load s (kvtiers)
 
 
 @dataclass(eq=False)
@@ -159,16 +159,50 @@ class EngineState(Forkable):
         limit = min(int(self.prefix_full[r]), (tokens - 1) // self.engine.block_size)
         return sum(tiers.hits(("p", p), limit, gpu))
 
-    def _load_lower(self, r: int, tokens: int, gpu: int) -> None:
-        """``r`` is admitted with the tiers' hits past ``gpu``: their loads join the step."""
+    def _load_lower(self, r: int, tokens: int, gpu: int, apart: bool = False) -> None:
+        """``r`` is admitted with the tiers' hits past ``gpu``: their loads join the step
+        (``apart``: an asynchronous load the step overlaps, ``r`` not in it)."""
         if self.pool.tiers is not None and self.prefix[r] >= 0:
             limit = min(int(self.prefix_full[r]), (tokens - 1) // self.engine.block_size)
             self.pool.tiers.load(("p", int(self.prefix[r])), limit, gpu,
-                                 self.engine.block_size, not self.preemptions[r])
+                                 self.engine.block_size, not self.preemptions[r], apart)
+
+    def _loads_apart(self, others: bool) -> bool:
+        """A lower tier's hit loads asynchronously, its request out of the step (vLLM's
+        OffloadingConnector: WAITING_FOR_REMOTE_KVS), when other requests run the step;
+        with nothing else to run the load is simply waited for (before the step)."""
+        return others and self.pool.tiers.spec.overlap == "async"
+
+    def _start_load(self, r: int, tokens: int, hit_p: int, hit_own: int, lower: int
+                    ) -> bool:
+        """``r`` takes its prefix hits and blocks for the ``lower`` blocks a tier loads for
+        it, and waits in the queue for them (False: the pool cannot give them now)."""
+        cached = hit_own + (hit_p if int(self.prefix[r]) not in self.pool.active else 0)
+        if lower + cached > self.pool.free:
+            return False
+        self.admit(r)
+        self._take_hits(r, hit_p, hit_own)
+        self._load_lower(r, tokens, hit_p + hit_own, apart=True)
+        self.pool.allocate(lower)
+        self.own[r] += lower
+        done = (hit_p + hit_own + lower) * self.engine.block_size
+        self.computed[r] = done
+        if not self.preemptions[r]:
+            self.hit_tokens[r] = done
+        self.pool.tiers.loading[r] = done
+        return True
+
+    def _landed(self, r: int, take: bool = False) -> int:
+        """Tokens whose KV a tier's asynchronous load gave ``r`` (-1: none; ``take``: ``r``
+        is admitted, off the tiers' list)."""
+        tiers = self.pool.tiers
+        if tiers is None or r not in tiers.loading:
+            return -1
+        return tiers.loading.pop(r) if take else tiers.loading[r]
 
     def _loads(self) -> tuple:
         """The offload tiers' load seconds of the step just formed (``Batch.loads``)."""
-        return (0.0, 0.0) if self.pool.tiers is None else self.pool.tiers.due()
+        return (0.0, 0.0, 0.0) if self.pool.tiers is None else self.pool.tiers.due()
 
     def _take_hits(self, r: int, hit_p: int, hit_own: int) -> None:
         if hit_p:

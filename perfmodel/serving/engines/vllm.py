@@ -154,7 +154,7 @@ class VLLMState(EngineState):
         admit = not preempted and (not static or not len(ids))
         context = self.computed[ids] + new
         if admit and self.waiting:
-            more, chunks, budget = self._waiting(budget)
+            more, chunks, budget = self._waiting(budget, bool(len(ids)))
             if len(more):
                 ids, new = np.concatenate([ids, more]), np.concatenate([new, chunks])
                 context = np.concatenate([context, self.computed[more] + chunks])
@@ -221,25 +221,35 @@ class VLLMState(EngineState):
             i += 1
         return np.array(ids, np.int64), np.array(chunks, np.int64), preempted
 
-    def _waiting(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
+    def _waiting(self, budget: int, others: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Waiting requests admitted while the budget lasts (``others``: running requests
+        compute in this step too)."""
         ids, chunks = [], []
         static = self.engine.scheduler == "static"
         skipped = []
         while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             r = self.waiting[0]
             tokens = int(self.prompt[r] + self.emitted[r])
-            hit_p, hit_own = self._hits(r, tokens)
-            lower = self._lower_hits(r, tokens, hit_p + hit_own)    # offload tiers
-            done = (hit_p + hit_own + lower) * self.engine.block_size
+            landed = self._landed(r)        # KV an offload tier loaded for it (kvtiers)
+            hit_p, hit_own = self._hits(r, tokens) if landed < 0 else (0, 0)
+            lower = self._lower_hits(r, tokens, hit_p + hit_own) if landed < 0 else 0
+            done = (hit_p + hit_own + lower) * self.engine.block_size if landed < 0 else landed
             if self.prefilled is not None and not self.preemptions[r]:
                 done = max(done, int(self.prefilled[r]))     # its KV came with it
+            if lower and self._loads_apart(others or bool(ids)):     # an async load
+                if not self._start_load(r, tokens, hit_p, hit_own, lower):
+                    break
+                skipped.append(self.waiting.popleft())    # it waits for its KV
+                continue
             need = tokens - done
             if not self.engine.chunked_prefill and need > budget:
                 skipped.append(self.waiting.popleft())    # vLLM goes on to the next one
                 continue
             new = min(need, budget)
             final = tokens + int(self.output[r] - self.emitted[r]) if static else done + new
-            fresh = int(self.blocks_for(np.int64(final))) - hit_p - hit_own
+            fresh = int(self.blocks_for(np.int64(final))) - hit_p - hit_own \
+                - int(self.own[r] + self.shared[r])     # held: a landed load's blocks
             cached = hit_own + (hit_p if int(self.prefix[r]) not in self.pool.active else 0)
             if fresh + cached > self.pool.free:
                 break
@@ -247,6 +257,8 @@ class VLLMState(EngineState):
             self._take_hits(r, hit_p, hit_own)
             if lower:
                 self._load_lower(r, tokens, hit_p + hit_own)
+            if landed >= 0:
+                self._landed(r, take=True)
             self.pool.allocate(fresh)
             self.own[r] += fresh
             self.computed[r] = done
