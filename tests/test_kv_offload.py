@@ -252,3 +252,51 @@ def test_cli_warns_of_an_assumed_or_oversized_cpu_tier():
     assert "more than h100-sxm's reference host memory per GPU (250 GB" in big.output
     fits = runner.invoke(app, [*args, "--cpu-kv-gb", "100"])
     assert "warning: --cpu-kv-gb" not in fits.output and "warning: --kv-off" not in fits.output
+
+
+OFFLOAD_CASES = {"vllm-async": ("vllm", "async", "write_through"),
+                 "vllm-serial-back": ("vllm", "serial", "write_back"),
+                 "sglang-layered": ("sglang", "layered", "write_through")}
+
+
+@pytest.mark.parametrize("case", sorted(OFFLOAD_CASES))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_protocol_invariants_with_tiers(case, seed):
+    """Seeded bursts of requests sharing prefixes on a pool small enough to evict them
+    (and preempt): every batch non-empty, its context's blocks held, one token a step at
+    most; at the end every output emitted, no load left waiting, the pool whole, each tier
+    within its capacity, and some prefix served from the CPU tier."""
+    name, overlap, policy = OFFLOAD_CASES[case]
+    rng = np.random.default_rng(seed)
+    n = 60
+    prompt, output = rng.integers(80, 600, n), rng.integers(1, 60, n)
+    prefix = np.where(rng.random(n) < 0.7, rng.integers(0, 6, n), -1)
+    prefix_tokens = np.where(prefix >= 0, np.minimum(prompt - 1, 64), 0)
+    cap = 192 // engine_config(name).block_size       # three 64-token prefixes
+    off = kvtiers.Offload(("cpu",), write_policy=policy, overlap=overlap, blocks=(cap,),
+                          link_bytes_per_s=LINK, block_bytes=BLOCK_BYTES, layers=32)
+    engine = replace(engine_config(name), kv_offload=off)
+    blocks = 2560 // engine.block_size
+    engine = engine.resolved(blocks, int((prompt + output).max()))
+    state = engine.state(prompt, output, prefix, prefix_tokens, blocks)
+    state.waiting.extend(range(n))
+    for _ in range(20_000):
+        batch = state.schedule()
+        if batch is None:
+            state.settle()
+            if not (state.running or state.waiting):
+                break
+            continue
+        assert len(batch.ids) and (batch.new >= 1).all()
+        held = (state.own[batch.ids] + state.shared[batch.ids]) * state.engine.block_size
+        assert (held >= batch.context).all()
+        assert all(x >= 0 for x in batch.loads)
+        before = state.emitted.copy()
+        state.commit(batch)
+        assert set((state.emitted - before).tolist()) <= {0, 1}
+    state.settle()
+    tiers = state.pool.tiers
+    assert (state.emitted == state.output).all() and not state.waiting
+    assert state.pool.free == state.pool.total and not tiers.loading
+    assert tiers.used[0] == sum(tiers.held[0].values()) <= cap
+    assert tiers.hit_tokens[0] > 0 and tiers.loads > 0
