@@ -300,3 +300,14 @@ def test_protocol_invariants_with_tiers(case, seed):
     assert state.pool.free == state.pool.total and not tiers.loading
     assert tiers.used[0] == sum(tiers.held[0].values()) <= cap
     assert tiers.hit_tokens[0] > 0 and tiers.loads > 0
+
+
+def test_cli_band_keeps_the_tiers_block(tmp_path):
+    """The 80% band's edge runs band the latencies; the tiers' block stays the centre's."""
+    args = [a for a in BASE if a != "--no-band"]
+    out = runner.invoke(app, [*args, "--trace", _csv(tmp_path, 4), "--kv-offload", "cpu",
+                              "--cpu-kv-gb", f"{CPU_4 / 1e9:.9f}", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    summary = json.loads(out.output)
+    assert "mean_low" in summary["ttft_s"]
+    assert summary["kv_tiers"]["hit_tokens"] == {"gpu": 0, "cpu": 4096}

@@ -94,7 +94,8 @@ def banded_summary(centre: dict, low: dict, high: dict, note: str) -> dict:
     duration: the extremes over the three runs; ``band``: ``note``, whose band it is."""
     out = dict(centre, band=note)
     for key, value in centre.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and not any(isinstance(x, dict) for x in value.values()):
+            # (a block of blocks, ``serving.kvtiers.summary``'s, stays the centre's)
             out[key] = dict(value)
             for stat, x in value.items():
                 edges = (x, low[key][stat], high[key][stat])
