@@ -311,3 +311,16 @@ def test_cli_band_keeps_the_tiers_block(tmp_path):
     summary = json.loads(out.output)
     assert "mean_low" in summary["ttft_s"]
     assert summary["kv_tiers"]["hit_tokens"] == {"gpu": 0, "cpu": 4096}
+
+
+def test_ssd_tier_serves_what_the_cpu_evicted():
+    """Five sessions, the CPU tier of four chains and an SSD tier of eight: session 0's
+    chain, evicted from the CPU, is still on the SSD (the tiers are written together). Its
+    load reads 64 blocks from NVMe at 7 GB/s and moves them over the 64 GB/s link."""
+    off = kvtiers.Offload(("cpu", "ssd"), CPU_4, (8 * 64 + 0.5) * BLOCK_BYTES)
+    res, second = _run("vllm", 5, off)
+    assert res.prefix_hit_tokens[second].tolist() == [P] * 5
+    tiers = res.summary()["kv_tiers"]
+    assert tiers["hit_tokens"] == {"gpu": 0, "cpu": 4 * P, "ssd": P}
+    chain = 64 * BLOCK_BYTES
+    assert tiers["load_s"] == pytest.approx(5 * chain / LINK + chain / 7e9, rel=1e-12)
