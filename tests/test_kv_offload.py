@@ -324,3 +324,23 @@ def test_ssd_tier_serves_what_the_cpu_evicted():
     assert tiers["hit_tokens"] == {"gpu": 0, "cpu": 4 * P, "ssd": P}
     chain = 64 * BLOCK_BYTES
     assert tiers["load_s"] == pytest.approx(5 * chain / LINK + chain / 7e9, rel=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_lookahead_prices_the_same_steps_with_tiers(engine, monkeypatch):
+    """The simulator prices steps ahead on forks of the state (tiers copied with the pool):
+    a run one step at a time gives every token the same time, and the same hits by tier."""
+    from perfmodel.serving import engine_loop, traffic
+
+    reqs = traffic.generate(24, rate=3.0, input_len=700, output_len=60, turns=4,
+                            think_time=5.0, length_dist="uniform", seed=3)
+    e = EngineConfig(gpu_memory_utilization=0.235) if engine == "vllm" else \
+        engine_config("sglang", mem_fraction_static=0.205)
+    e = replace(e, kv_offload=kvtiers.Offload(("cpu",), 8e9))
+    m, hw = load.model("llama-3-8b"), load.hardware("h100-sxm", engine)
+    ahead = simulate(m, hw, reqs, engine=e)
+    monkeypatch.setattr(engine_loop, "LOOKAHEAD", 1)
+    one = simulate(m, hw, reqs, engine=e)
+    assert ahead.summary()["kv_tiers"]["hit_tokens"]["cpu"] > 0
+    assert ahead.summary()["kv_tiers"]["hit_tokens"] == one.summary()["kv_tiers"]["hit_tokens"]
+    assert np.allclose(ahead.token_s, one.token_s, rtol=0, atol=1e-12)

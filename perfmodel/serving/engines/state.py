@@ -200,6 +200,13 @@ class EngineState(Forkable):
             return -1
         return tiers.loading.pop(r) if take else tiers.loading[r]
 
+    def _drained(self) -> bool:
+        """The waiting queue holds nothing a new arrival would wait behind: it is empty, or
+        holds only requests waiting for their KV loads (``kvtiers``), which vLLM passes."""
+        if not self.waiting or self.pool.tiers is None:
+            return not self.waiting
+        return all(r in self.pool.tiers.loading for r in self.waiting)
+
     def _loads(self) -> tuple:
         """The offload tiers' load seconds of the step just formed (``Batch.loads``)."""
         return (0.0, 0.0, 0.0) if self.pool.tiers is None else self.pool.tiers.due()

@@ -165,7 +165,7 @@ class VLLMState(EngineState):
             return None
         prefill = tokens > len(ids)     # some request computes more than one token (each
         # computes at least one): not vLLM's uniform-decode batch
-        return Batch(ids, new, context, prefill, admit and not self.waiting and room,
+        return Batch(ids, new, context, prefill, admit and self._drained() and room,
                      preempted, self._loads())
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
