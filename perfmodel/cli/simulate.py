@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli import simulate_lora as sl
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
     AttentionDp,
@@ -55,7 +56,7 @@ class Scheduler(str, Enum):
 # (--think-time is not one: it re-sends a trace's later turns after their answers)
 _GENERATED = ("num_requests", "input_len", "output_len", "arrival", "burstiness",
               "length_dist", "spread", "lengths_from", "shared_prefix", "seed", "turns",
-              "turn_growth")
+              "turn_growth", "loras", "lora_dist", "lora_skew")
 _ANNOUNCE_AFTER_S = 2.0    # a run still going after this long says how long it will take
 
 
@@ -169,6 +170,16 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    enable_lora: sl.EnableLora = False,
+    max_loras: sl.MaxLoras = None,
+    max_lora_rank: sl.MaxLoraRank = None,
+    max_cpu_loras: sl.MaxCpuLoras = None,
+    max_loras_per_batch: sl.MaxLorasPerBatch = None,
+    lora_paths: sl.LoraPaths = None,
+    lora_target_modules: sl.LoraModules = None,
+    loras: sl.Loras = 0,
+    lora_dist: sl.LoraDist = "zipf",
+    lora_skew: sl.LoraSkew = 1.0,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel.serving.engines import lora
 from perfmodel.serving.engines.sglang_budget import PrefillBudget
 from perfmodel.serving.engines.sglang_policy import POLICIES, sorts
 from perfmodel.serving.engines.sglang_policy import order as policy_order
@@ -76,6 +77,7 @@ class SGLangConfig:
     disable_cuda_graph: bool = False
     context_length: int = 0
     host: HostTime = NO_HOST        # the engine's time outside the GPU (serving.host_time)
+    lora: lora.LoraSettings | None = None   # LoRA's settings (``engines.lora``)
 
     name = "sglang"
     scheduler = "continuous"
@@ -168,6 +170,8 @@ class SGLangConfig:
                 out.append("--" + flag.replace("_", "-"))
         if self.context_length:
             out.append(f"--context-length {self.context_length}")
+        if self.lora is not None:
+            out.append(self.lora.flags())
         return " ".join(out)
 
 
@@ -194,7 +198,7 @@ class SGLangState(EngineState):
         batch = self._extend() if self.waiting or self.chunked >= 0 else None
         batch = self._decode() if batch is None else batch
         self.settle()       # overlap: batch n's finishes are processed after n+1 is formed
-        return batch
+        return self.lora_step(batch)
 
     def _live(self) -> np.ndarray:     # the running that decode: not the ``late``
         run = np.array(self.running, np.int64)
@@ -216,11 +220,18 @@ class SGLangState(EngineState):
             self._add_chunked(b, ids, new)
         if sorts(e.schedule_policy, len(self.waiting)):
             self._sort()
+        adapters, skipped = lora.scheduled(self.lora, [*self.running, *ids]), []
         while self.waiting and len(ids) < cap - len(run):
+            if self.lora is not None and not self.lora.admits(self.waiting[0], adapters):
+                skipped.append(self.waiting.popleft())   # can_run_lora_batch: skipped
+                continue
             if not self._add_one(self.waiting[0], b, ids, new):
                 break
+            if self.lora is not None:
+                self.lora.join(ids[-1], adapters)
             if b.state(self.pool.free) != "continue":
                 break
+        self.waiting.extendleft(reversed(skipped))
         if not ids:
             return None
         ids, new = np.array(ids, np.int64), np.array(new, np.int64)
