@@ -49,7 +49,9 @@ def configure(engine: Any, hw: Any, p: dict[str, Any]) -> Any:
     from perfmodel.serving.engines.lora import LoraSettings, host_link
     from perfmodel.specs.errors import SpecError
 
-    if not any(p.get(f) for f in FLAGS):
+    valued = [f for f in FLAGS if f not in ("enable_lora", "loras")]
+    if not (p.get("enable_lora") or p.get("loras") or
+            any(p.get(f) is not None for f in valued)):
         return engine
     own, other = (SGLANG_FLAGS, VLLM_FLAGS) if engine.name == "sglang" else \
         (VLLM_FLAGS, SGLANG_FLAGS)
