@@ -213,3 +213,22 @@ def test_cli_generated_and_flags():
         bad = _cli("--rate", "5", "--num-requests", "4", *args)
         assert bad.exit_code != 0 and message in bad.output, (args, bad.output)
         assert "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("engine", [
+    EngineConfig(lora=LoraSettings(max_loras=3, max_cpu_loras=6)),
+    SGLangConfig(lora=LoraSettings(max_loras=3, engine="sglang"))])
+def test_look_ahead_matches_one_step_at_a_time(engine, monkeypatch):
+    """Steps priced ahead on forks (the slots copied with the state) give the same run as
+    steps priced one by one: a queue of requests skipped for their adapters stays open to
+    an arrival naming one of the step's."""
+    from perfmodel.serving import engine_loop
+
+    reqs = assign(traffic.generate(150, rate=30.0, input_len=512, output_len=64,
+                                   length_dist="lognormal", seed=1), 12, "zipf")
+    ahead = simulate(M, HW, reqs, engine=engine)
+    monkeypatch.setattr(engine_loop, "LOOKAHEAD", 1)
+    one = simulate(M, HW, reqs, engine=engine)
+    assert np.array_equal(ahead.ttft_s, one.ttft_s) and np.array_equal(ahead.e2e_s, one.e2e_s)
+    assert ahead.summary()["lora"] == one.summary()["lora"]
+    assert ahead.info["price_calls"] < one.info["price_calls"]

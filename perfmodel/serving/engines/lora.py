@@ -31,7 +31,7 @@ The engines' rules:
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,6 +144,7 @@ class LoraSlots:
         self.gpu: OrderedDict[int, None] = OrderedDict()
         self.cpu: OrderedDict[int, None] = OrderedDict()
         self.loads = self.disk_loads = self.evictions = 0
+        self.blocked = False    # the last schedule skipped a request for its adapter
 
     def copy(self) -> LoraSlots:
         new = LoraSlots.__new__(LoraSlots)
@@ -155,6 +156,22 @@ class LoraSlots:
         """Whether request ``r`` may join a step whose adapters so far are ``chosen``."""
         a = int(self.adapter[r])
         return a < 0 or a in chosen or len(chosen) < self.settings.max_loras
+
+    def skip(self, waiting: deque, chosen: set[int], skipped: list) -> bool:
+        """Move the requests at the head of ``waiting`` that a step whose adapters are
+        ``chosen`` (all ``max_loras`` of them: the head was not admitted) cannot take to
+        ``skipped``, up to the first it can, all at once. False, and nothing moved, when it
+        can take none of them: the queue ends the step as it is (the skipped go back ahead
+        of it, in order, as they would after each was tried)."""
+        ids = np.fromiter(waiting, np.int64, len(waiting))
+        a = self.adapter[ids]
+        ok = (a < 0) | np.isin(a, np.fromiter(chosen, np.int64, len(chosen)))
+        self.blocked = True
+        if not ok.any():
+            return False
+        pop = waiting.popleft
+        skipped.extend([pop() for _ in range(int(np.argmax(ok)))])
+        return True
 
     def join(self, r: int, chosen: set[int]) -> None:
         """Request ``r`` was scheduled: its adapter is among the step's."""
@@ -194,9 +211,11 @@ class LoraSlots:
 
 
 def scheduled(slots: LoraSlots | None, running: list) -> set[int]:
-    """The adapters of the running requests: those a step's waiting requests join."""
+    """The adapters of the running requests: those a step's waiting requests join (a
+    schedule begins: nothing skipped yet)."""
     if slots is None:
         return set()
+    slots.blocked = False
     a = slots.adapter[np.asarray(running, np.int64)] if running else np.zeros(0, np.int64)
     return set(a[a >= 0].tolist())
 
@@ -227,6 +246,12 @@ class LoraPricer:
         cost = kernels.step_cost(self.model, self.hw, self.tp, self.settings.modules,
                                  self.settings.max_lora_rank, tokens, adapters, timing)
         return cost.time + loads * self.load_s
+
+
+def open_queue(slots: LoraSlots | None, waiting: deque) -> bool:
+    """Whether a schedule left the queue open to an arrival: empty, or holding only requests
+    skipped for their adapters (an arrival naming one of the step's would join it)."""
+    return not waiting or (slots is not None and slots.blocked)
 
 
 def batch_info(slots: LoraSlots, ids: np.ndarray, new: np.ndarray) -> tuple[int, int, int]:

@@ -223,7 +223,8 @@ class SGLangState(EngineState):
         adapters, skipped = lora.scheduled(self.lora, [*self.running, *ids]), []
         while self.waiting and len(ids) < cap - len(run):
             if self.lora is not None and not self.lora.admits(self.waiting[0], adapters):
-                skipped.append(self.waiting.popleft())   # can_run_lora_batch: skipped
+                if not self.lora.skip(self.waiting, adapters, skipped):  # can_run_lora_
+                    break                                       # batch false: skipped
                 continue
             if not self._add_one(self.waiting[0], b, ids, new):
                 break
@@ -242,7 +243,8 @@ class SGLangState(EngineState):
                 ids, new = np.concatenate([ids, run]), np.concatenate([new, more])
         room = len(self.running) < cap and b.state(self.pool.free) == "continue"
         return Batch(ids, new, self.computed[ids] + new, True,
-                     (room and not self.waiting and self.chunked < 0) or self._reorders, 0)
+                     (room and lora.open_queue(self.lora, self.waiting) and self.chunked < 0)
+                     or self._reorders, 0)
 
     def _add_chunked(self, b: PrefillBudget, ids: list, new: list) -> None:
         r = self.chunked
@@ -363,7 +365,8 @@ class SGLangState(EngineState):
         ones = np.ones(len(run), np.int64)
         room = len(self.running) < self.engine.max_running_requests
         return Batch(run, ones, self.computed[run] + 1, False,
-                     (not self.waiting and room) or self._reorders, retracted)
+                     (lora.open_queue(self.lora, self.waiting) and room) or self._reorders,
+                     retracted)
 
     def _retract(self, r: int) -> None:
         """``release_req``: its KV freed without saving it to the tree (its shared prefix

@@ -166,8 +166,8 @@ class VLLMState(EngineState):
             return None
         prefill = tokens > len(ids)     # some request computes more than one token (each
         # computes at least one): not vLLM's uniform-decode batch
-        return self.lora_step(Batch(ids, new, context, prefill,
-                                    admit and not self.waiting and room, preempted))
+        return self.lora_step(Batch(ids, new, context, prefill, admit and room and
+                                    lora.open_queue(self.lora, self.waiting), preempted))
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
         run = np.array(self.running, dtype=np.int64)
@@ -230,7 +230,8 @@ class VLLMState(EngineState):
         while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             r = self.waiting[0]
             if self.lora is not None and not self.lora.admits(r, adapters):
-                skipped.append(self.waiting.popleft())    # max_loras in the step: skipped
+                if not self.lora.skip(self.waiting, adapters, skipped):   # max_loras
+                    break                                   # in the step: skipped
                 continue
             tokens = int(self.prompt[r] + self.emitted[r])
             hit_p, hit_own = self._hits(r, tokens)
