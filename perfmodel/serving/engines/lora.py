@@ -145,6 +145,7 @@ class LoraSlots:
         self.cpu: OrderedDict[int, None] = OrderedDict()
         self.loads = self.disk_loads = self.evictions = 0
         self.blocked = False    # the last schedule skipped a request for its adapter
+        self.scan: tuple | None = None  # the queue as ``skip`` found it (``requeue``)
 
     def copy(self) -> LoraSlots:
         new = LoraSlots.__new__(LoraSlots)
@@ -158,20 +159,18 @@ class LoraSlots:
         return a < 0 or a in chosen or len(chosen) < self.settings.max_loras
 
     def skip(self, waiting: deque, chosen: set[int], skipped: list) -> bool:
-        """Move the requests at the head of ``waiting`` that a step whose adapters are
-        ``chosen`` (all ``max_loras`` of them: the head was not admitted) cannot take to
-        ``skipped``, up to the first it can, all at once. False, and nothing moved, when it
-        can take none of them: the queue ends the step as it is (the skipped go back ahead
-        of it, in order, as they would after each was tried)."""
+        """The head of ``waiting`` cannot join a step whose adapters are ``chosen`` (all
+        ``max_loras`` of them, so they stay as they are for the rest of the schedule):
+        ``waiting`` keeps only the requests the step can take, in order, the queue as it was
+        saved for ``requeue``. False when it can take none."""
+        self.blocked = True
         ids = np.fromiter(waiting, np.int64, len(waiting))
         a = self.adapter[ids]
         ok = (a < 0) | np.isin(a, np.fromiter(chosen, np.int64, len(chosen)))
-        self.blocked = True
-        if not ok.any():
-            return False
-        pop = waiting.popleft
-        skipped.extend([pop() for _ in range(int(np.argmax(ok)))])
-        return True
+        self.scan = (ids, ok, len(skipped))
+        waiting.clear()
+        waiting.extend(ids[ok].tolist())
+        return bool(waiting)
 
     def join(self, r: int, chosen: set[int]) -> None:
         """Request ``r`` was scheduled: its adapter is among the step's."""
@@ -215,7 +214,7 @@ def scheduled(slots: LoraSlots | None, running: list) -> set[int]:
     schedule begins: nothing skipped yet)."""
     if slots is None:
         return set()
-    slots.blocked = False
+    slots.blocked, slots.scan = False, None
     a = slots.adapter[np.asarray(running, np.int64)] if running else np.zeros(0, np.int64)
     return set(a[a >= 0].tolist())
 
@@ -246,6 +245,27 @@ class LoraPricer:
         cost = kernels.step_cost(self.model, self.hw, self.tp, self.settings.modules,
                                  self.settings.max_lora_rank, tokens, adapters, timing)
         return cost.time + loads * self.load_s
+
+
+def requeue(slots: LoraSlots | None, waiting: deque, skipped: list) -> None:
+    """The waiting queue after a schedule, as the engine leaves it: the requests it skipped
+    (``skipped``, and those ``skip`` set aside for their adapters) ahead of the rest, in
+    the order they were tried (vLLM's ``prepend_requests(skipped_waiting)``)."""
+    scan = None if slots is None else slots.scan
+    if scan is None:
+        waiting.extendleft(reversed(skipped))
+        return
+    ids, ok, before = scan
+    taken = np.flatnonzero(ok)
+    stop = taken[len(taken) - len(waiting)] if waiting else len(ids)   # the first not tried
+    keep = ~ok
+    if len(skipped) > before:       # tried and skipped for the token budget
+        keep |= np.isin(ids, np.asarray(skipped[before:], np.int64))
+    keep[stop:] = True
+    waiting.clear()
+    waiting.extend(skipped[:before])
+    waiting.extend(ids[keep].tolist())
+    slots.scan = None
 
 
 def open_queue(slots: LoraSlots | None, waiting: deque) -> bool:

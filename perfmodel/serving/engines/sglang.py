@@ -232,7 +232,7 @@ class SGLangState(EngineState):
                 self.lora.join(ids[-1], adapters)
             if b.state(self.pool.free) != "continue":
                 break
-        self.waiting.extendleft(reversed(skipped))
+        lora.requeue(self.lora, self.waiting, skipped)
         if not ids:
             return None
         ids, new = np.array(ids, np.int64), np.array(new, np.int64)

@@ -262,5 +262,5 @@ class VLLMState(EngineState):
             ids.append(r)
             chunks.append(new)
             budget -= new
-        self.waiting.extendleft(reversed(skipped))
+        lora.requeue(self.lora, self.waiting, skipped)
         return np.array(ids, np.int64), np.array(chunks, np.int64), budget
