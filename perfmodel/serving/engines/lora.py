@@ -141,6 +141,7 @@ class LoraSlots:
 
     def __init__(self, settings: LoraSettings, adapter: np.ndarray) -> None:
         self.settings, self.adapter = settings, adapter
+        self.count = int(adapter.max(initial=-1)) + 1     # adapter ids 0 .. count - 1
         self.gpu: OrderedDict[int, None] = OrderedDict()
         self.cpu: OrderedDict[int, None] = OrderedDict()
         self.loads = self.disk_loads = self.evictions = 0
@@ -165,8 +166,10 @@ class LoraSlots:
         saved for ``requeue``. False when it can take none."""
         self.blocked = True
         ids = np.fromiter(waiting, np.int64, len(waiting))
-        a = self.adapter[ids]
-        ok = (a < 0) | np.isin(a, np.fromiter(chosen, np.int64, len(chosen)))
+        member = np.zeros(self.count + 1, dtype=bool)   # by adapter id; the last: none
+        member[-1] = True
+        member[list(chosen)] = True
+        ok = member[self.adapter[ids]]
         self.scan = (ids, ok, len(skipped))
         waiting.clear()
         waiting.extend(ids[ok].tolist())
