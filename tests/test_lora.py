@@ -115,7 +115,7 @@ def _burst(n: int = 16, adapters: int = 8):
     EngineConfig(lora=LoraSettings(max_loras=4, max_cpu_loras=8)),
     SGLangConfig(lora=LoraSettings(max_loras=4, engine="sglang"))])
 def test_eight_adapters_over_four_slots(engine):
-    """16 requests at once naming adapters 0..7 round-robin, 4 slots: the first step takes
+    """16 requests at once naming adapters 0..7 round-robin, 4 slots: the first wave takes
     the requests of adapters 0..3 (0-3 and 8-11: the others are skipped, not blocking), the
     second wave 4..7 when they finish: 4 + 4 loads, 4 evictions."""
     res = simulate(M, HW, _burst(), engine=engine)
