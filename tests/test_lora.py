@@ -224,11 +224,12 @@ def test_look_ahead_matches_one_step_at_a_time(engine, monkeypatch):
     an arrival naming one of the step's."""
     from perfmodel.serving import engine_loop
 
-    reqs = assign(traffic.generate(150, rate=30.0, input_len=512, output_len=64,
+    reqs = assign(traffic.generate(80, rate=40.0, input_len=512, output_len=64,
                                    length_dist="lognormal", seed=1), 12, "zipf")
     ahead = simulate(M, HW, reqs, engine=engine)
     monkeypatch.setattr(engine_loop, "LOOKAHEAD", 1)
     one = simulate(M, HW, reqs, engine=engine)
     assert np.array_equal(ahead.ttft_s, one.ttft_s) and np.array_equal(ahead.e2e_s, one.e2e_s)
     assert ahead.summary()["lora"] == one.summary()["lora"]
+    assert ahead.summary()["lora"]["evictions"] > 0 and ahead.queue_s.max() > 0.1
     assert ahead.info["price_calls"] < one.info["price_calls"]
