@@ -81,7 +81,8 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     acts += (state + conv * float(kvb[0])) * engine.max_num_seqs
     share = stage_layers(model.n_layers, plan.pp) / model.n_layers
     per_stage = float(kv_bytes_per_token(model, plan.tp, kvb)[0]) * engine.block_size * share
-    stages = stages + lora.reserved_bytes(model, plan.tp, getattr(engine, "lora", None))
+    stages = stages + lora.reserved_bytes(model, plan.tp, getattr(engine, "lora", None)) \
+        * share                 # each stage's layers' slots
     lefts = [engine.kv_bytes(hw, float(w_s), acts) for w_s in stages]
     s = int(np.argmin([left_s / b for left_s, b in zip(lefts, per_stage, strict=True)]))
     weights, left, per_block = float(stages.max()), lefts[s], float(per_stage[s])
