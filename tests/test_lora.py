@@ -206,6 +206,7 @@ def test_cli_generated_and_flags():
     for args, message in ((("--engine", "sglang", "--max-loras", "2"), "--max-loras: applies"),
                           (("--max-loras-per-batch", "2"), "--max-loras-per-batch: applies"),
                           (("--max-loras", "0"), "--max-loras: expected an integer >= 1"),
+                          (("--max-lora-rank", "12"), "--max-lora-rank: vLLM takes one of"),
                           (("--loras", "4", "--lora-dist", "pareto"), "--lora-dist: expected"),
                           (("--engine", "trtllm", "--loras", "2"), "LoRA is modelled for"),
                           (("--max-loras", "4", "--max-cpu-loras", "2"),

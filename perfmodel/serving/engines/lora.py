@@ -45,6 +45,8 @@ from perfmodel.specs.model import Model
 LINKS = Path(__file__).parent / "host_links.yaml"
 FALLBACK_LINK = "pcie4"
 ENGINES = ("vllm", "sglang")
+# the ranks vLLM's LoRAConfig accepts (``LoRAConfig.__post_init__``: possible_max_ranks)
+VLLM_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ class LoraSettings:
         if self.max_lora_rank < 1:
             raise SpecError(f"--max-lora-rank: expected an integer >= 1, got "
                             f"{self.max_lora_rank}")
+        if self.engine == "vllm" and self.max_lora_rank not in VLLM_RANKS:
+            raise SpecError(f"--max-lora-rank: vLLM takes one of "
+                            f"{', '.join(map(str, VLLM_RANKS))}, got {self.max_lora_rank}")
         if self.max_cpu_loras and self.max_cpu_loras < self.max_loras:
             raise SpecError(f"--max-cpu-loras: expected at least {slots} "
                             f"({self.max_loras}), got {self.max_cpu_loras} (vLLM refuses it)")
