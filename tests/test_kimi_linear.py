@@ -146,6 +146,26 @@ def test_decode_scan_bytes_and_flops_by_hand() -> None:
     assert float(cost.flops[i, 0]) == pytest.approx(8 * KDA * flops, rel=1e-12)
 
 
+def test_prefill_scan_by_hand() -> None:
+    """An 8,192-token prompt per KDA layer: reads 8,192 x 2 x 16,416 B of inputs, the fp32
+    gate (8,192 x 4,096 x 4), and the chunked path's 128 chunk states (2,097,152 B each) and
+    its q/k L2-norm passes (8,192 x 8,192 x 2) once more; writes the output, the gate, the
+    same intermediates and the final state. FLOPs: 128 chunks of 64 x 32 heads x
+    (11,654,485.33 of the gated delta rule + KDA's 901,248) and the norms 3 x 8,192^2."""
+    cost = price_step(pm.model(NAME), datasheet("h200-sxm"), Parallelism(),
+                      Step.uniform(1, 8192, 8192), Dtypes.of())
+    i = _row(cost, "linear.scan")
+    inter = 128 * 2097152 + 8192 * 8192 * 2
+    gate = 8192 * 4096 * 4
+    assert float(cost.bytes.act_read[i].sum()) == KDA * (8192 * 2 * 16416 + gate + inter)
+    assert float(cost.bytes.act_write[i].sum()) == KDA * (8192 * 4096 * 2 + gate + inter)
+    assert float(cost.bytes.kv_read[i].sum()) == 0          # a fresh prompt has no state
+    assert float(cost.bytes.kv_write[i].sum()) == KDA * 2097152
+    per_head = 6_324_224 + 5_330_261 + 1 / 3 + 901_248
+    flops = KDA * (128 * 32 * per_head + 3 * 8192 * 8192)
+    assert float(cost.flops[i].sum()) == pytest.approx(flops, rel=1e-12)
+
+
 def test_decode_kda_flat_in_context_mla_grows() -> None:
     """From 4K to 128K context at batch 8, every KDA operator costs the same; MLA's
     attention reads 7 x C x 1,152 B of latent per sequence (x 32 from 4K to 128K), and the
