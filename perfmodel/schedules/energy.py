@@ -13,9 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from perfmodel.cost.power import J_PER_KWH, DevicePower, busy_seconds, device_power, energy_j
+from perfmodel.cost.timebase import peak
 from perfmodel.schedules.estimate import Estimate
-from perfmodel.specs.dtypes import CODE, DTYPES, compute_codes
+from perfmodel.schedules.estimates import Estimates
+from perfmodel.specs.dtypes import CODE, compute_codes
+from perfmodel.specs.hardware import Hardware
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -105,6 +110,31 @@ def _tokens(e: Estimate, name: str) -> float:
     return float(w.batch * w.gen_len)            # a diffusion LM's denoising
 
 
+def phase_joules(dev: DevicePower, hw: Hardware, time_s: np.ndarray | float,
+                 flops: np.ndarray | float, nbytes: np.ndarray | float,
+                 weights: np.ndarray | int, acts: np.ndarray | int) -> np.ndarray:
+    """Joules one device spends on a phase of ``time_s`` seconds doing ``flops`` at the
+    matmul compute dtype of (``weights``, ``acts``) codes and moving ``nbytes``."""
+    rate = peak(hw, compute_codes(np.asarray(weights), np.asarray(acts)))
+    return energy_j(dev, time_s, *busy_seconds(hw, flops, nbytes, rate))
+
+
+def estimates_energy(e: Estimates) -> dict[str, np.ndarray] | None:
+    """Per configuration of ``e``: ``joules`` of one replica's request batch, ``watts`` per
+    device over it and ``j_per_output_token`` (``batch x gen_len``), and the device's
+    ``idle_watts``; None without a ``power:`` block."""
+    dev = device_power(e.hardware)
+    if dev is None:
+        return None
+    w = e.workloads
+    devices = e.plan.devices // e.plan.dp
+    joules = sum(phase_joules(dev, e.hardware, p.time, p.total_flops, p.total_bytes.total,
+                              w.weights_dtype, w.act_dtype) for p in e.phases) * devices
+    time = sum(p.time for p in e.phases)
+    return {"joules": joules, "watts": joules / (time * devices),
+            "j_per_output_token": joules / (w.batch * w.gen_len), "idle_watts": dev.idle_w}
+
+
 def estimate_energy(e: Estimate, usd_per_device_hour: float | None = None,
                     usd_per_kwh: float | None = None) -> EnergySummary | None:
     """The energy of ``e`` (None: its device's YAML has no ``power:`` block)."""
@@ -112,17 +142,16 @@ def estimate_energy(e: Estimate, usd_per_device_hour: float | None = None,
     if dev is None:
         return None
     w = e.workload
-    matmul = DTYPES[int(compute_codes(CODE[w.weights_dtype], CODE[w.act_dtype]))]
-    peak = e.hardware.peak(matmul)
     devices = e.plan.devices // e.plan.dp
     phases = []
     for p in e.phases:
-        compute_s, memory_s = busy_seconds(e.hardware, p.flops, p.bytes.total, peak)
-        joules = float(energy_j(dev, p.time_s, compute_s, memory_s)) * devices
+        joules = float(phase_joules(dev, e.hardware, p.time_s, p.flops, p.bytes.total,
+                                    CODE[w.weights_dtype], CODE[w.act_dtype])) * devices
         watts = joules / (p.time_s * devices) if p.time_s > 0 else dev.idle_w
         phases.append(PhaseEnergy(p.name, p.time_s, joules, watts, _tokens(e, p.name)))
     return EnergySummary(dev, devices, tuple(phases), float(w.batch * w.gen_len),
                          usd_per_device_hour, usd_per_kwh)
 
 
-__all__ = ["EnergySummary", "PhaseEnergy", "estimate_energy"]
+__all__ = ["EnergySummary", "PhaseEnergy", "estimate_energy", "estimates_energy",
+           "phase_joules"]

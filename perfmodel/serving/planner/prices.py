@@ -27,10 +27,11 @@ from perfmodel.specs.hardware import Hardware
 
 # --objective: (its column, +1 smallest first / -1 largest first)
 OBJECTIVES = {"gpus": ("gpus", 1), "cost": ("usd_per_hour", 1),
-              "goodput": ("throughput_per_gpu", -1)}
+              "goodput": ("throughput_per_gpu", -1), "energy": ("j_per_output_token", 1)}
 # "devices": GPUs, TPU chips or HPUs alike (the plan's own lines name the unit)
 WORDS = {"gpus": "fewest devices", "cost": "lowest cost per hour",
-         "goodput": "most goodput (output tokens/s within the SLOs) per device"}
+         "goodput": "most goodput (output tokens/s within the SLOs) per device",
+         "energy": "fewest joules per output token (cost/power.py)"}
 SECONDS_PER_HOUR = 3600.0
 MAX_USD = 1000.0            # per GPU-hour: above it is a typo, or a node's price
 MAX_USD_PER_KWH = 10.0      # electricity: above it is a typo (or cents, not dollars)
