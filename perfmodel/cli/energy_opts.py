@@ -43,3 +43,30 @@ def no_power(name: str) -> str:
     """The line shown where a device has no ``power:`` block."""
     return (f"energy: {name} has no power: block (tdp_watts) in its hardware YAML, so no "
             "energy figure")
+
+
+def with_energy(runs: list, summaries: list[dict], m: Any, hw: Any, layout: Any, wl: Any,
+                prices: Path | None) -> list[dict]:
+    """``summaries`` with each run's ``energy`` block (``serving.energy.sim_energy``; None
+    where the device has no ``power:`` block), priced per million output tokens from
+    ``prices`` (device-hours over the run, electricity) where given."""
+    from perfmodel.cost.power import J_PER_KWH
+    from perfmodel.serving.energy import sim_energy
+
+    table, kwh = read_price_file(prices)
+    usd_hour = table.get(hw.name, hw.price_per_hour)
+    out = []
+    for (_, res), s in zip(runs, summaries, strict=True):
+        e = sim_energy(res, m, hw, layout, wl)
+        if e is not None:
+            tokens = float(res.requests.output_tokens.sum())
+            cost = {}
+            if usd_hour is not None:
+                cost["devices"] = usd_hour * e["devices"] * res.duration_s / 3600.0 \
+                    / tokens * 1e6
+            if kwh is not None:
+                cost["electricity"] = kwh * e["joules"] / J_PER_KWH / tokens * 1e6
+            if cost:
+                e["usd_per_million_tokens"] = cost | {"total": sum(cost.values())}
+        out.append(dict(s, energy=e))
+    return out
