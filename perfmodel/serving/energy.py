@@ -66,13 +66,15 @@ def sim_energy(res: SimResult, model: Model, hw: Hardware, plan: Parallelism,
         dynamic = energy_j(dev, gpu, share_c[where] * gpu, share_m[where] * gpu) \
             - dev.idle_w * gpu
     duration = res.duration_s
-    per_device = dev.idle_w * duration + dynamic.sum()
-    joules = per_device * devices * engines
+    # under pipeline parallelism a step's GPU seconds are summed over its stages, each
+    # stage one tensor-parallel group busy its own share: the dynamic joules are a group's
+    joules = (dev.idle_w * duration * devices + dynamic.sum() * plan.group) * engines
+    per_device = joules / (devices * engines)
     tokens = float(res.requests.output_tokens.sum())
     prompt_share = np.divide(log.prefill_tokens, log.tokens, out=np.zeros(len(gpu)),
                              where=log.tokens > 0)
-    step_j = dynamic + dev.idle_w * log.time_s
-    prefill_j = float((step_j * prompt_share).sum()) * devices * engines
+    step_j = dynamic * plan.group + dev.idle_w * log.time_s * devices
+    prefill_j = float((step_j * prompt_share).sum()) * engines
     return {"joules": joules, "watts_per_device": per_device / duration,
             "j_per_output_token": joules / tokens,
             "prefill_j_per_prompt_token": prefill_j / max(float(
