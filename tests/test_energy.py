@@ -203,3 +203,14 @@ def test_simulated_energy_matches_the_estimate_for_one_batch(n):
                                                      cuda_graphs=True), Parallelism()))
     assert sim["j_per_output_token"] == pytest.approx(est.j_per_output_token, rel=0.03)
     assert sim["watts_per_device"] == pytest.approx(est.watts_per_device, rel=0.03)
+
+
+def test_objective_energy_ranks_fewest_joules_among_feasible():
+    from perfmodel.serving.planner.plans import ranking
+
+    cols = {"feasible": np.array([True, False, True, True]),
+            "tpot_s": np.array([0.02, 0.01, 0.03, 0.02]),
+            "throughput_per_gpu": np.array([100.0, 900.0, 50.0, 80.0]),
+            "prefill_replicas": np.array([0, 0, 0, 0]),
+            "j_per_output_token": np.array([0.5, 0.01, 0.2, 0.3])}
+    assert ranking(cols, None, "energy").tolist() == [2, 3, 0]   # the infeasible 0.01 out
