@@ -27,6 +27,9 @@ def energy_lines(s: EnergySummary) -> list[str]:
     out.append(f"  request  {s.watts_per_device:6.0f} W/device  "
                f"{j_per_token(s.j_per_output_token)} (per output token)")
     cost = s.usd_per_million_tokens()
+    if cost and s.usd_per_device_hour is None:
+        out.append(f"  (no usd_per_gpu_hour for {s.power.name} in --prices nor a price: block "
+                   "in its hardware YAML: the devices' cost is left out)")
     if cost:
         parts = ", ".join(f"{k} {usd_per_million(v)}" for k, v in cost.items()
                           if k != "total")
