@@ -38,6 +38,7 @@ _ENGINE = "engine (vLLM's flag names and defaults)"
 _SGL = "--engine sglang (SGLang's flag names; unset: its defaults)"
 _TRT = "--engine trtllm (TensorRT-LLM's option names; unset: its defaults)"
 _FLEET = "replicas and conversations"
+_PD = "disaggregated prefill/decode (--prefill-replicas P; docs/disaggregation.md)"
 Opt = typer.Option
 
 
@@ -169,6 +170,36 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    prefill_replicas: Annotated[int, Opt(min=0, rich_help_panel=_PD, help=(
+        "prefill instances: P > 0 serves prompts and generation on two pools, the KV moved "
+        "between them"))] = 0,
+    decode_replicas: Annotated[int, Opt(min=1, rich_help_panel=_PD,
+                                        help="decode instances")] = 1,
+    prefill_hardware: Annotated[str | None, Opt(rich_help_panel=_PD,
+                                                help="the prefill pool's device (default -H)")
+                                ] = None,
+    decode_hardware: Annotated[str | None, Opt(rich_help_panel=_PD,
+                                               help="the decode pool's device (default -H)")
+                               ] = None,
+    prefill_tp: Annotated[int | None, Opt(min=1, rich_help_panel=_PD,
+                                          help="default --tp")] = None,
+    decode_tp: Annotated[int | None, Opt(min=1, rich_help_panel=_PD,
+                                         help="default --tp")] = None,
+    prefill_ep: Annotated[int | None, Opt(min=1, rich_help_panel=_PD,
+                                          help="default --ep")] = None,
+    decode_ep: Annotated[int | None, Opt(min=1, rich_help_panel=_PD,
+                                         help="default --ep")] = None,
+    prefill_flag: Annotated[list[str] | None, Opt(rich_help_panel=_PD, help=(
+        "NAME=VALUE: an engine flag for the prefill pool alone, named as simulate names it "
+        "(max-num-batched-tokens=16384); repeat for more"))] = None,
+    decode_flag: Annotated[list[str] | None, Opt(rich_help_panel=_PD, help=(
+        "NAME=VALUE: an engine flag for the decode pool alone (max-num-seqs=64)"))] = None,
+    kv_link: Annotated[str, Opt(rich_help_panel=_PD, help=(
+        "what the KV moves over: nixl | mooncake | rdma (each device's NIC, at the share of "
+        "its rate each achieves) | nvlink (one node) | network (the NIC's line rate)"))
+                       ] = "nixl",
+    kv_contention: Annotated[bool, Opt(rich_help_panel=_PD, help=(
+        "transfers leaving one prefill instance queue on its NICs"))] = True,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
@@ -176,6 +207,9 @@ def simulate_cmd(
     from perfmodel.specs.errors import SpecError
 
     check_slos(slo_ttft, slo_tpot)
+    from perfmodel.cli import simulate_disagg
+
+    pd = simulate_disagg.wanted(ctx, options)
     folder = None if out is None else out_dir(Path(out))
     if trace is not None:
         given = [name for name in _GENERATED
@@ -183,6 +217,8 @@ def simulate_cmd(
         if given:
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
+    if pd:
+        return simulate_disagg.run(ctx, options, folder)
     try:
         m, hw, wl, layout, engine, streams = inputs(options)
         fleet = (router, workers, cluster)
