@@ -64,6 +64,7 @@ def run(ctx: typer.Context, p: dict[str, Any], folder: Path | None) -> None:
     except SpecError as exc:
         fail(str(exc))
     summaries = [dict(res.summary(p["slo_ttft"], p["slo_tpot"]), band=NO_BAND,
+                      engine_time=res.info["decode"].engine_time(),   # its steps are logged
                       disaggregated=about(res, p["kv_link"])) for _, res in runs]
     _show(m, runs, summaries, p["fmt"].value == "json")
     if folder is not None:
@@ -85,8 +86,6 @@ def pool(ctx: typer.Context, p: dict[str, Any], side: str, host: Any) -> Any:
 
 def engine_flags(ctx: typer.Context, p: dict[str, Any], side: str) -> dict[str, Any]:
     """The ``--{side}-flag NAME=VALUE`` overrides, each read by the option NAME names."""
-    import click
-
     name = p["engine_name"]
     allowed = _FLAGS[name]
     params = {x.name: x for x in ctx.command.params}
@@ -103,7 +102,7 @@ def engine_flags(ctx: typer.Context, p: dict[str, Any], side: str) -> dict[str, 
                  "one of " + ", ".join(f.replace("_", "-") for f in allowed))
         try:
             got = params[key].type.convert(value.strip(), params[key], ctx)
-        except click.BadParameter as exc:
+        except typer.BadParameter as exc:   # typer's own click
             fail(f"{opt}: {exc.message}")
         out[key] = type(p[key])(got) if isinstance(p[key], Enum) else got
     return out
