@@ -91,6 +91,15 @@ def test_simulate_two_pools_each_with_its_own_device_tp_and_flags():
         assert words in text.stdout, words
 
 
+def test_two_rates_and_the_out_folder(tmp_path):
+    r = _cli(*SIM, "--rate", "10,5", "--prefill-replicas", "1", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    assert "offered" in r.stdout                 # the load table of the two rates
+    summary = json.loads((tmp_path / "o" / "summary-1.json").read_text())
+    assert summary["disaggregated"]["decode_pool"] == "1 x h100-sxm"
+    assert summary["n_requests"] == 40 and (tmp_path / "o" / "requests-0.csv").is_file()
+
+
 def test_contention_makes_the_kv_wait_under_a_burst():
     burst = [*SIM, "--rate", "inf", "--prefill-replicas", "1", "-f", "json"]
     on, off = _cli(*burst), _cli(*burst, "--no-kv-contention")

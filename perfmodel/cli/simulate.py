@@ -218,7 +218,7 @@ def simulate_cmd(
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
     if pd:
-        return simulate_disagg.run(ctx, options, folder)
+        return simulate_disagg.run(ctx, options, folder, _write)
     try:
         m, hw, wl, layout, engine, streams = inputs(options)
         fleet = (router, workers, cluster)

@@ -12,6 +12,7 @@ read as that option reads it.
 Module level: typer and the standard library only (``perfmodel --help`` stays fast).
 """
 
+from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
@@ -46,9 +47,10 @@ def wanted(ctx: typer.Context, p: dict[str, Any]) -> bool:
     return False
 
 
-def run(ctx: typer.Context, p: dict[str, Any], folder: Path | None) -> None:
-    """Simulate every stream of the options on the two pools; print and write as
-    simulate does."""
+def run(ctx: typer.Context, p: dict[str, Any], folder: Path | None,
+        write: Callable[..., None]) -> None:
+    """Simulate every stream of the options on the two pools; print, and ``write`` the
+    files as simulate does (``simulate._write``)."""
     from perfmodel.serving.disagg import simulate_disaggregated
     from perfmodel.specs.errors import SpecError
 
@@ -68,9 +70,7 @@ def run(ctx: typer.Context, p: dict[str, Any], folder: Path | None) -> None:
                       disaggregated=about(res, p["kv_link"])) for _, res in runs]
     _show(m, runs, summaries, p["fmt"].value == "json")
     if folder is not None:
-        from perfmodel.cli.simulate import _write
-
-        _write(folder, runs, summaries, p["dpi"], float("nan"))
+        write(folder, runs, summaries, p["dpi"], float("nan"))
 
 
 def pool(ctx: typer.Context, p: dict[str, Any], side: str, host: Any) -> Any:
@@ -152,3 +152,6 @@ def _show(m: Any, runs: list, summaries: list[dict], as_json: bool) -> None:
         typer.echo(f"KV transfer per request: mean {t['mean'] * 1e3:.3f} ms, p90 "
                    f"{t['p90'] * 1e3:.3f} ms; queued for the NICs: mean {q['mean'] * 1e3:.3f}"
                    f" ms, p90 {q['p90'] * 1e3:.3f} ms, max {q['max'] * 1e3:.3f} ms")
+    if len(runs) > 1:
+        typer.echo(tables.load_table([(r, s) for (r, _), s in zip(runs, summaries,
+                                                                  strict=True)]))
