@@ -11,12 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.app import app
-from perfmodel.serving import host_time
 from perfmodel.serving.disagg import Pool, kv_transfer_s, simulate_disaggregated
 from perfmodel.serving.kv_links import link, queued, round_robin
 from perfmodel.serving.planner import check as planner_check
-from perfmodel.serving.planner import plans as planner
-from perfmodel.serving.planner.plans import Target
 from perfmodel.serving.requests import Requests
 from perfmodel.specs import load
 from perfmodel.specs.workload import Workload
@@ -92,7 +89,8 @@ def test_simulate_two_pools_each_with_its_own_device_tp_and_flags():
 
 
 def test_two_rates_and_the_out_folder(tmp_path):
-    r = _cli(*SIM, "--rate", "10,5", "--prefill-replicas", "1", "--out", str(tmp_path / "o"))
+    r = _cli(*SIM, "--rate", "10,5", "--prefill-replicas", "1", "--out", str(tmp_path / "o"),
+             "--dpi", "20")
     assert r.exit_code == 0, r.output
     assert "offered" in r.stdout                 # the load table of the two rates
     summary = json.loads((tmp_path / "o" / "summary-1.json").read_text())
@@ -140,44 +138,46 @@ def test_concurrency_is_refused_in_one_line():
                                                     "--prefill-replicas"), r.output
 
 
-PLANS = {   # the golden cases' plans (tests/test_serving_golden.py): one of each kind
-    "disaggregated": ("llama-3-70b", "--slo-ttft", "2", "--slo-tpot", "0.03", "--rate",
-                      "10", "--input-len", "4096", "--output-len", "256"),
-    "aggregated": ("llama-3.1-8b", "--slo-ttft", "0.5", "--slo-tpot", "0.05", "--rate",
-                   "20", "--input-len", "512", "--output-len", "64"),
+PLANS = {   # the golden cases' plans (tests/test_serving_golden.py): one of each kind, and
+    # the disaggregated one on SGLang (its batch ceiling is --max-running-requests)
+    "disaggregated": ("vllm", "llama-3-70b", "--slo-ttft", "2", "--slo-tpot", "0.03",
+                      "--rate", "10", "--input-len", "4096", "--output-len", "256"),
+    "disaggregated-sglang": ("sglang", "llama-3-70b", "--slo-ttft", "2", "--slo-tpot", "0.03",
+                             "--rate", "10", "--input-len", "4096", "--output-len", "256"),
+    "aggregated": ("vllm", "llama-3.1-8b", "--slo-ttft", "0.5", "--slo-tpot", "0.05",
+                   "--rate", "20", "--input-len", "512", "--output-len", "64"),
 }
 
 
-@pytest.mark.parametrize("mode", sorted(PLANS))
-def test_the_plans_printed_simulate_command_reproduces_its_check(mode):
+@pytest.mark.parametrize("case", sorted(PLANS))
+def test_the_plans_printed_simulate_command_reproduces_its_check(case, monkeypatch):
     """Issue 35 item 2's must-show: the printed command, run as a user runs it, gives the
-    check's TTFT, TPOT and throughput (the whole run's, to the last digit)."""
-    name, *ask = PLANS[mode]
-    r = _cli("plan", "--no-progress", "-m", name, "-H", "h100-sxm", *ask, "--requests",
-             "100", "-f", "json")
+    check's TTFT, TPOT, ITL, E2E, throughput and goodput (the whole run's, to the last
+    digit)."""
+    runs, real = {}, planner_check.simulated
+
+    def kept(*args):                     # each check's own run, by candidate
+        runs[args[4]] = real(*args)
+        return runs[args[4]]
+
+    monkeypatch.setattr(planner_check, "simulated", kept)
+    engine, name, *ask = PLANS[case]
+    r = _cli("plan", "--no-progress", "-m", name, "-H", "h100-sxm", "--engine", engine,
+             *ask, "--requests", "100", "-f", "json")
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     w, cmd = report["winner"], shlex.split(report["simulate_command"])
-    assert (report["plan"]["prefill_dp"] > 0) == (mode == "disaggregated")
+    assert (report["plan"]["prefill_dp"] > 0) == case.startswith("disaggregated")
     assert cmd[:2] == ["perfmodel", "simulate"]
-    assert ("--prefill-replicas" in cmd) == (mode == "disaggregated")
+    assert ("--prefill-replicas" in cmd) == case.startswith("disaggregated")
+    assert (f"--engine {engine}" in report["simulate_command"]) == (engine != "vllm")
     sim = _cli(*cmd[1:], "-f", "json", "--no-progress")
     assert sim.exit_code == 0, sim.output
     got = json.loads(sim.stdout)
     assert got["n_requests"] == w["requests"]
     assert got["ttft_s"]["p90"] == pytest.approx(w["whole_run_ttft_p90_s"], rel=1e-12)
     assert got["tpot_s"]["p90"] == pytest.approx(w["whole_run_tpot_p90_s"], rel=1e-12)
-    # the check's own run (planner.check.simulated), for every figure of its summary
-    m = load.model(name)
-    v = dict(zip(ask[::2], map(float, ask[1::2]), strict=True))
-    target = Target(None, v["--slo-ttft"], v["--slo-tpot"], v["--input-len"],
-                    v["--output-len"], v["--rate"], host=host_time.resolve("vllm"))
-    result = planner.plan(m, [H100], target, 100, 0)
-    assert result.winner["command"] == report["simulate_command"]      # the plan's own
-    i = result.winner["index"]
-    want = planner_check.simulated(m, H100, planner.record(m, result.candidates, i),
-                                   result.candidates, i, target, 100, 0).summary(
-        target.slo_ttft_s, target.slo_tpot_s)
+    want = runs[w["index"]].summary(float(ask[1]), float(ask[3]))   # the SLOs
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):      # every statistic printed
         centre = {k: v for k, v in got[key].items() if not k.endswith(("_low", "_high"))}
         assert centre == pytest.approx(want[key], rel=1e-12), key

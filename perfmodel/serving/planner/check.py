@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.serving.disagg import Pool, simulate_disaggregated
-from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.engines import engine_config
 from perfmodel.serving.planner.search import unit
 from perfmodel.serving.results import SimResult
 from perfmodel.serving.simulate import simulate
@@ -30,6 +30,8 @@ from perfmodel.specs.model import Model
 Plan = Target = Any     # serving.planner's records (which import this module)
 
 MEASURE = 1000          # requests measured per check
+# each engine's batch ceiling, as its settings and simulate's options name it
+BATCH = {"vllm": "max_num_seqs", "sglang": "max_running_requests", "trtllm": "max_batch_size"}
 WARM = 2.0              # slot-holding times of warm-up
 BATCHES = 10
 T95 = 2.262             # Student t, 9 degrees of freedom, two-sided 95%
@@ -106,14 +108,14 @@ def simulated(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target
     reqs = generate(sum(counts), rate=share, input_len=target.lengths[0],
                     output_len=target.lengths[1], **_lengths(target), seed=seed)
     wl = plan.precision.workload(model)
-    engine = EngineConfig(max_num_seqs=plan.max_num_seqs)
+    engine = engine_config(hw.engine, **{BATCH[hw.engine]: plan.max_num_seqs})
     one = plan.parallelism
     if pre:         # each pool an engine with the host time, as simulate adds it
         return simulate_disaggregated(model, reqs, Pool(hw, replace(one, dp=pre)),
                                       Pool(hw, replace(one, dp=dec),
                                            replace(engine, host=target.host)),
                                       plan.link or "network",
-                                      EngineConfig(host=target.host), wl)
+                                      replace(engine_config(hw.engine), host=target.host), wl)
     return simulate(model, hw, reqs, one, replace(engine, host=target.host), wl)
 
 
@@ -156,10 +158,10 @@ def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float,
         f"--tp {plan.tp}" + (f" --pp {plan.pp}" if plan.pp > 1 else "") + \
         (f" --ep {plan.ep}" if plan.ep > 1 else "")
     engine = f" --engine {hw.engine}" if hw.engine != "vllm" else ""
-    batch = f"--max-num-seqs {plan.max_num_seqs}" if not pre else \
+    flag = BATCH[hw.engine].replace("_", "-")
+    batch = f"--{flag} {plan.max_num_seqs}" if not pre else \
         f"--prefill-replicas {pre} --decode-replicas {dec} --decode-flag " \
-        f"max-num-seqs={plan.max_num_seqs} --kv-link {plan.link or 'network'} " \
-        "--no-kv-contention"
+        f"{flag}={plan.max_num_seqs} --kv-link {plan.link or 'network'} --no-kv-contention"
     host = target.host_flags or ("--no-host-time" if target.host.none else "")
     return (f"perfmodel simulate -m {model.name} -H {hw.name}{engine} {par} "
             f"{plan.precision.simulate_flags()} {batch} "
