@@ -30,6 +30,7 @@ from perfmodel.cli.common import (
     save,
 )
 from perfmodel.cli.devices import EngineOpt
+from perfmodel.cli.energy_opts import EnergyOpt, EstimatePricesOpt, with_energy
 from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt
 from perfmodel.cli.simulate_inputs import inputs
 
@@ -200,10 +201,12 @@ def simulate_cmd(
                        ] = "nixl",
     kv_contention: Annotated[bool, Opt(rich_help_panel=_PD, help=(
         "transfers leaving one prefill instance queue on its NICs"))] = True,
+    energy: EnergyOpt = False,
+    prices: EstimatePricesOpt = None,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
-    options = dict(locals())
+    options = {k: v for k, v in locals().items() if k not in ("energy", "prices")}
     from perfmodel.specs.errors import SpecError
 
     check_slos(slo_ttft, slo_tpot)
@@ -218,6 +221,9 @@ def simulate_cmd(
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
     if pd:
+        if energy or prices is not None:
+            fail("--energy / --prices: not priced for a disaggregated deployment yet; drop "
+                 "them with --prefill-replicas")
         return simulate_disagg.run(ctx, options, folder, _write)
     try:
         m, hw, wl, layout, engine, streams = inputs(options)
@@ -233,6 +239,11 @@ def simulate_cmd(
     except SpecError as exc:
         fail(str(exc))
     summaries = banded_summaries(runs, edges, hw, slo_ttft, slo_tpot)
+    if energy or prices is not None:
+        try:
+            summaries = with_energy(runs, summaries, m, hw, layout, wl, prices)
+        except SpecError as exc:
+            fail(str(exc))
     _show(runs, summaries, fmt, m, hw, layout, wl, engine)
     if folder is not None:
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
