@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli import simulate_disagg_opts as pd_opts
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
     AttentionDp,
@@ -39,7 +40,6 @@ _ENGINE = "engine (vLLM's flag names and defaults)"
 _SGL = "--engine sglang (SGLang's flag names; unset: its defaults)"
 _TRT = "--engine trtllm (TensorRT-LLM's option names; unset: its defaults)"
 _FLEET = "replicas and conversations"
-_PD = "disaggregated prefill/decode (--prefill-replicas P; docs/disaggregation.md)"
 Opt = typer.Option
 
 
@@ -171,36 +171,18 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
-    prefill_replicas: Annotated[int, Opt(min=0, rich_help_panel=_PD, help=(
-        "prefill instances: P > 0 serves prompts and generation on two pools, the KV moved "
-        "between them"))] = 0,
-    decode_replicas: Annotated[int, Opt(min=1, rich_help_panel=_PD,
-                                        help="decode instances")] = 1,
-    prefill_hardware: Annotated[str | None, Opt(rich_help_panel=_PD,
-                                                help="the prefill pool's device (default -H)")
-                                ] = None,
-    decode_hardware: Annotated[str | None, Opt(rich_help_panel=_PD,
-                                               help="the decode pool's device (default -H)")
-                               ] = None,
-    prefill_tp: Annotated[int | None, Opt(min=1, rich_help_panel=_PD,
-                                          help="default --tp")] = None,
-    decode_tp: Annotated[int | None, Opt(min=1, rich_help_panel=_PD,
-                                         help="default --tp")] = None,
-    prefill_ep: Annotated[int | None, Opt(min=1, rich_help_panel=_PD,
-                                          help="default --ep")] = None,
-    decode_ep: Annotated[int | None, Opt(min=1, rich_help_panel=_PD,
-                                         help="default --ep")] = None,
-    prefill_flag: Annotated[list[str] | None, Opt(rich_help_panel=_PD, help=(
-        "NAME=VALUE: an engine flag for the prefill pool alone, named as simulate names it "
-        "(max-num-batched-tokens=16384); repeat for more"))] = None,
-    decode_flag: Annotated[list[str] | None, Opt(rich_help_panel=_PD, help=(
-        "NAME=VALUE: an engine flag for the decode pool alone (max-num-seqs=64)"))] = None,
-    kv_link: Annotated[str, Opt(rich_help_panel=_PD, help=(
-        "what the KV moves over: nixl | mooncake | rdma (each device's NIC, at the share of "
-        "its rate each achieves) | nvlink (one node) | network (the NIC's line rate)"))
-                       ] = "nixl",
-    kv_contention: Annotated[bool, Opt(rich_help_panel=_PD, help=(
-        "transfers leaving one prefill instance queue on its NICs"))] = True,
+    prefill_replicas: pd_opts.Replicas = 0,
+    decode_replicas: pd_opts.DecodeReplicas = 1,
+    prefill_hardware: pd_opts.Hardware = None,
+    decode_hardware: pd_opts.Hardware = None,
+    prefill_tp: pd_opts.Tp = None,
+    decode_tp: pd_opts.Tp = None,
+    prefill_ep: pd_opts.Ep = None,
+    decode_ep: pd_opts.Ep = None,
+    prefill_flag: pd_opts.Flag = None,
+    decode_flag: pd_opts.Flag = None,
+    kv_link: pd_opts.Link = "nixl",
+    kv_contention: pd_opts.Contention = True,
     energy: EnergyOpt = False,
     prices: EstimatePricesOpt = None,
 ) -> None:
