@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli import simulate_disagg_opts as pd_opts
 from perfmodel.cli import simulate_lora as sl
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
@@ -171,6 +172,18 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    prefill_replicas: pd_opts.Replicas = 0,
+    decode_replicas: pd_opts.DecodeReplicas = 1,
+    prefill_hardware: pd_opts.Hardware = None,
+    decode_hardware: pd_opts.Hardware = None,
+    prefill_tp: pd_opts.Tp = None,
+    decode_tp: pd_opts.Tp = None,
+    prefill_ep: pd_opts.Ep = None,
+    decode_ep: pd_opts.Ep = None,
+    prefill_flag: pd_opts.Flag = None,
+    decode_flag: pd_opts.Flag = None,
+    kv_link: pd_opts.Link = "nixl",
+    kv_contention: pd_opts.Contention = True,
     energy: EnergyOpt = False,
     prices: EstimatePricesOpt = None,
     enable_lora: sl.EnableLora = False,
@@ -190,6 +203,9 @@ def simulate_cmd(
     from perfmodel.specs.errors import SpecError
 
     check_slos(slo_ttft, slo_tpot)
+    from perfmodel.cli import simulate_disagg
+
+    pd = simulate_disagg.wanted(ctx, options)
     folder = None if out is None else out_dir(Path(out))
     if trace is not None:
         given = [name for name in _GENERATED
@@ -197,6 +213,11 @@ def simulate_cmd(
         if given:
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
+    if pd:
+        if energy or prices is not None:
+            fail("--energy / --prices: not priced for a disaggregated deployment yet; drop "
+                 "them with --prefill-replicas")
+        return simulate_disagg.run(ctx, options, folder, _write)
     try:
         m, hw, wl, layout, engine, streams = inputs(options)
         fleet = (router, workers, cluster)
