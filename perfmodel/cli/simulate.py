@@ -12,7 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-from perfmodel.cli.atomic import staged
+from perfmodel.cli import simulate_disagg_opts as pd_opts
+from perfmodel.cli import simulate_lora as sl
+from perfmodel.cli import simulate_offload_opts as kv_opts
 from perfmodel.cli.common import (
     AttentionDp,
     DtypeOpt,
@@ -27,10 +29,11 @@ from perfmodel.cli.common import (
     fail,
     out_dir,
     out_path,
-    save,
 )
 from perfmodel.cli.devices import EngineOpt
+from perfmodel.cli.energy_opts import EnergyOpt, EstimatePricesOpt, with_energy
 from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt
+from perfmodel.cli.simulate_files import write as _write
 from perfmodel.cli.simulate_inputs import inputs
 
 _TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
@@ -38,7 +41,6 @@ _ENGINE = "engine (vLLM's flag names and defaults)"
 _SGL = "--engine sglang (SGLang's flag names; unset: its defaults)"
 _TRT = "--engine trtllm (TensorRT-LLM's option names; unset: its defaults)"
 _FLEET = "replicas and conversations"
-_OFFLOAD = "KV offload tiers"
 Opt = typer.Option
 
 
@@ -56,7 +58,7 @@ class Scheduler(str, Enum):
 # (--think-time is not one: it re-sends a trace's later turns after their answers)
 _GENERATED = ("num_requests", "input_len", "output_len", "arrival", "burstiness",
               "length_dist", "spread", "lengths_from", "shared_prefix", "seed", "turns",
-              "turn_growth")
+              "turn_growth", "loras", "lora_dist", "lora_skew")
 _ANNOUNCE_AFTER_S = 2.0    # a run still going after this long says how long it will take
 
 
@@ -170,29 +172,45 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
-    kv_offload: Annotated[str | None, Opt(rich_help_panel=_OFFLOAD, help=(
-        "cpu | cpu,ssd: KV tiers below the GPU's prefix cache (vLLM's OffloadingConnector,"
-        " SGLang's --enable-hierarchical-cache), loaded over the device's host: link"))
-                          ] = None,
-    cpu_kv_gb: Annotated[float | None, Opt(rich_help_panel=_OFFLOAD, help=(
-        "CPU tier GB per GPU (default: 2 x the GPU KV pool, SGLang's --hicache-ratio)"))
-                         ] = None,
-    ssd_kv_gb: Annotated[float | None, Opt(rich_help_panel=_OFFLOAD, help=(
-        "SSD tier GB per GPU (with --kv-offload cpu,ssd)"))] = None,
-    kv_offload_write_policy: Annotated[str, Opt(rich_help_panel=_OFFLOAD, help=(
-        "write_through (a chain is stored when cached) | write_back (when the GPU evicts "
-        "it), as --hicache-write-policy"))] = "write_through",
-    kv_offload_overlap: Annotated[str | None, Opt(rich_help_panel=_OFFLOAD, help=(
-        "async (vLLM's OffloadingConnector: the request waits out a step while its KV "
-        "loads) | serial (the load holds the step: LMCache) | layered (layer by layer: "
-        "HiCache, LMCache use_layerwise); default: the engine's"))] = None,
+    prefill_replicas: pd_opts.Replicas = 0,
+    decode_replicas: pd_opts.DecodeReplicas = 1,
+    prefill_hardware: pd_opts.Hardware = None,
+    decode_hardware: pd_opts.Hardware = None,
+    prefill_tp: pd_opts.Tp = None,
+    decode_tp: pd_opts.Tp = None,
+    prefill_ep: pd_opts.Ep = None,
+    decode_ep: pd_opts.Ep = None,
+    prefill_flag: pd_opts.Flag = None,
+    decode_flag: pd_opts.Flag = None,
+    kv_link: pd_opts.Link = "nixl",
+    kv_contention: pd_opts.Contention = True,
+    energy: EnergyOpt = False,
+    prices: EstimatePricesOpt = None,
+    enable_lora: sl.EnableLora = False,
+    max_loras: sl.MaxLoras = None,
+    max_lora_rank: sl.MaxLoraRank = None,
+    max_cpu_loras: sl.MaxCpuLoras = None,
+    max_loras_per_batch: sl.MaxLorasPerBatch = None,
+    lora_paths: sl.LoraPaths = None,
+    lora_target_modules: sl.LoraModules = None,
+    loras: sl.Loras = 0,
+    lora_dist: sl.LoraDist = "zipf",
+    lora_skew: sl.LoraSkew = 1.0,
+    kv_offload: kv_opts.Tiers = None,
+    cpu_kv_gb: kv_opts.CpuGb = None,
+    ssd_kv_gb: kv_opts.SsdGb = None,
+    kv_offload_write_policy: kv_opts.WritePolicy = "write_through",
+    kv_offload_overlap: kv_opts.Overlap = None,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
-    options = dict(locals())
+    options = {k: v for k, v in locals().items() if k not in ("energy", "prices")}
     from perfmodel.specs.errors import SpecError
 
     check_slos(slo_ttft, slo_tpot)
+    from perfmodel.cli import simulate_disagg
+
+    pd = simulate_disagg.wanted(ctx, options)
     folder = None if out is None else out_dir(Path(out))
     if trace is not None:
         given = [name for name in _GENERATED
@@ -200,6 +218,11 @@ def simulate_cmd(
         if given:
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
+    if pd:
+        if energy or prices is not None:
+            fail("--energy / --prices: not priced for a disaggregated deployment yet; drop "
+                 "them with --prefill-replicas")
+        return simulate_disagg.run(ctx, options, folder, _write)
     try:
         m, hw, wl, layout, engine, streams = inputs(options)
         fleet = (router, workers, cluster)
@@ -214,6 +237,11 @@ def simulate_cmd(
     except SpecError as exc:
         fail(str(exc))
     summaries = banded_summaries(runs, edges, hw, slo_ttft, slo_tpot)
+    if energy or prices is not None:
+        try:
+            summaries = with_energy(runs, summaries, m, hw, layout, wl, prices)
+        except SpecError as exc:
+            fail(str(exc))
     _show(runs, summaries, fmt, m, hw, layout, wl, engine)
     if folder is not None:
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
@@ -333,10 +361,7 @@ def _show(runs: list, summaries: list[dict], fmt: Format, m: Any, hw: Any, layou
     typer.echo(f"host time: {engine.host.describe()}")
     for (_, s), (_, res) in zip(points, runs, strict=True):
         typer.echo(tables.summary_table(s, res.label))
-        if "kv_tiers" in s:
-            from perfmodel.report.kv_tiers import tiers_table
-
-            typer.echo(tiers_table(s["kv_tiers"]))
+        kv_opts.show(s)
     if len(points) > 1:
         typer.echo(tables.load_table(points))
         cap = _capacity(m, hw, layout, wl, engine)
@@ -348,27 +373,6 @@ def _capacity(m: Any, hw: Any, layout: Any, wl: Any, engine: Any) -> float:
     from perfmodel.serving.pricing import capacity_rps
 
     return capacity_rps(m, hw, layout, wl, engine)
-
-
-def _write(out: Path, runs: list, summaries: list[dict], dpi: int, capacity: float) -> None:
-    from perfmodel.report import serving_plots as plots
-    from perfmodel.report import serving_tables as tables
-
-    with staged(out) as folder:   # Ctrl-C leaves no partial file
-        for i, (_, res) in enumerate(runs):
-            tag = "" if len(runs) == 1 else f"-{i}"
-            (folder / f"requests{tag}.csv").write_text(tables.requests_csv(res))
-            (folder / f"steps{tag}.csv").write_text(tables.steps_csv(res))
-            (folder / f"summary{tag}.json").write_text(tables.summary_json(summaries[i]))
-            save(plots.time_series(res), folder / f"timeseries{tag}.png", dpi)
-        results = [res for _, res in runs]
-        save(plots.latency_cdfs(results, [r.label for r in results]),
-             folder / "latency_cdf.png", dpi)
-        if len(runs) > 1:
-            points = [(r, s) for (r, _), s in zip(runs, summaries, strict=True)]
-            save(plots.load_curve(points, capacity), folder / "load.png", dpi)
-            (folder / "load.txt").write_text(tables.load_table(points))
-    typer.echo(f"wrote {out}/")
 
 
 def check_slos(slo_ttft: float | None, slo_tpot: float | None) -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import perfmodel.serving.engines.lora as lora
 from perfmodel.cost.memory import STEP_TOKENS, usable_bytes
 from perfmodel.serving.engines.state import Batch, EngineState
 from perfmodel.serving.host_time import NO_HOST, HostTime
@@ -85,6 +86,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     max_model_len: int = 0
     host: HostTime = NO_HOST
+    lora: lora.LoraSettings | None = None   # --enable-lora's settings (``engines.lora``)
     kv_offload: object = None       # KV offload tiers (``serving.kvtiers.Offload``)
 
     name = "vllm"
@@ -134,6 +136,8 @@ class EngineConfig:
             out.append("--enforce-eager")
         if self.max_model_len:
             out.append(f"--max-model-len {self.max_model_len}")
+        if self.lora is not None:
+            out.append(self.lora.flags())
         if self.kv_offload is not None and self.kv_offload.blocks:
             out.append(self.kv_offload.flags(self.name))
         return " ".join(out)
@@ -165,8 +169,9 @@ class VLLMState(EngineState):
             return None
         prefill = tokens > len(ids)     # some request computes more than one token (each
         # computes at least one): not vLLM's uniform-decode batch
-        return Batch(ids, new, context, prefill, admit and self._drained() and room,
-                     preempted, self._loads())
+        return self.lora_step(Batch(ids, new, context, prefill, admit and room and (
+            lora.open_queue(self.lora, self.waiting) or self._drained()), preempted,
+            loads=self._loads()))
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
         run = np.array(self.running, dtype=np.int64)
@@ -228,8 +233,13 @@ class VLLMState(EngineState):
         ids, chunks = [], []
         static = self.engine.scheduler == "static"
         skipped = []
+        adapters = lora.scheduled(self.lora, self.running)
         while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             r = self.waiting[0]
+            if self.lora is not None and not self.lora.admits(r, adapters):
+                if not self.lora.skip(self.waiting, adapters, skipped):   # max_loras
+                    break                                   # in the step: skipped
+                continue
             tokens = int(self.prompt[r] + self.emitted[r])
             landed = self._landed(r)        # KV an offload tier loaded for it (kvtiers)
             hit_p, hit_own = self._hits(r, tokens) if landed < 0 else (0, 0)
@@ -266,8 +276,10 @@ class VLLMState(EngineState):
                 self.hit_tokens[r] = done
             self.waiting.popleft()
             self.running.append(r)
+            if self.lora is not None:
+                self.lora.join(r, adapters)
             ids.append(r)
             chunks.append(new)
             budget -= new
-        self.waiting.extendleft(reversed(skipped))
+        lora.requeue(self.lora, self.waiting, skipped)
         return np.array(ids, np.int64), np.array(chunks, np.int64), budget
