@@ -32,6 +32,18 @@ from perfmodel.cli.common import (
 from perfmodel.cli.devices import EngineOpt
 from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt
 from perfmodel.cli.simulate_inputs import inputs
+from perfmodel.cli.speculative import (
+    Acceptance,
+    AcceptanceMode,
+    AcceptanceProfile,
+    AcceptanceSeed,
+    SpecAlgorithm,
+    SpecConfig,
+    SpecDraftPath,
+    SpecDraftTokens,
+    SpecSteps,
+    SpecTopk,
+)
 
 _TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
 _ENGINE = "engine (vLLM's flag names and defaults)"
@@ -169,6 +181,16 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    speculative_config: SpecConfig = None,
+    speculative_algorithm: SpecAlgorithm = None,
+    speculative_draft_model_path: SpecDraftPath = None,
+    speculative_num_steps: SpecSteps = None,
+    speculative_eagle_topk: SpecTopk = None,
+    speculative_num_draft_tokens: SpecDraftTokens = None,
+    acceptance: Acceptance = None,
+    acceptance_profile: AcceptanceProfile = None,
+    acceptance_mode: AcceptanceMode = "expected",
+    acceptance_seed: AcceptanceSeed = 0,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""

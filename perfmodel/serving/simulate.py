@@ -13,6 +13,7 @@ from dataclasses import replace
 from perfmodel.schedules.assumptions import check_plan
 from perfmodel.serving import host_time, pipeline, sessions
 from perfmodel.serving.engine_loop import Progress
+from perfmodel.serving.engines import speculation
 from perfmodel.serving.engines.vllm import EngineConfig, context_limit
 from perfmodel.serving.fleet import routers
 from perfmodel.serving.fleet.replicas import merge, run_replicas
@@ -42,6 +43,8 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
     pipeline.check(plan, engine)
+    if engine.speculative is not None:
+        speculation.check(engine, plan, model)
     check_plan(hw, model, plan)
     limit = context_limit(model, engine)
     longest = int((requests.input_tokens + requests.output_tokens).max())
@@ -70,11 +73,12 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     client, (requests, api_s) = requests, sessions.admitted(requests, engine.host)
     parts, runs = run_replicas(model, hw, one, workload, engine, requests, engines,
                                pool.blocks, router, workers, progress, edge, cluster)
-    res = merge(requests, parts, runs, pool.blocks, label,
-                 {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
-                  "engine": engine, "router": router,
-                  "steps_priced": sum(r.pricer.priced for r in runs),
-                  "price_calls": sum(r.pricer.calls for r in runs)})
+    info = {"engines": engines, "kv_pool": pool, "plan": plan.describe(), "engine": engine,
+            "router": router, "steps_priced": sum(r.pricer.priced for r in runs),
+            "price_calls": sum(r.pricer.calls for r in runs)}
+    if engine.speculative is not None:
+        info["speculation"] = speculation.summary([r.state for r in runs])
+    res = merge(requests, parts, runs, pool.blocks, label, info)
     if plan.pp > 1:
         res = pipeline.with_stages(res, runs[0])
     return sessions.client_side(host_time.client_side(res, client, requests, engine.host),
