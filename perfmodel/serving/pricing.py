@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.cost.band import band
 from perfmodel.cost.memory import (
     head_bytes_of,
@@ -31,7 +32,6 @@ from perfmodel.cost.params import stage_layers
 from perfmodel.cost.step import Dtypes, Step, StepCost, composed_seconds, price_step
 from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
-from perfmodel.serving.engines import speculation
 from perfmodel.serving.engines.state import Batch
 from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.dtypes import BYTES
@@ -172,8 +172,8 @@ class StepPricer:
         timing = np.array([self.prefill_timing if b.prefill else self.decode_timing
                            for b in batches])
         drafted = None if self.drafter is None else _drafted(batches, count.shape)
-        step = Step(count, new, ctx, expert_skew=self.skew, logits=None if drafted is None
-                    else speculation.logit_rows(count, drafted))
+        step = Step(count, new, ctx, expert_skew=self.skew, extra_logits=0.0 if drafted is None
+                    else speculation.draft_logits(count, drafted))
         if k not in self.rows:      # every row the one workload's dtypes, made once per k
             self.rows[k] = self.dtypes.take(np.zeros(k, np.int64))
         cost = price_step(self.model, self.hw, self.plan, step, self.rows[k], timing)

@@ -226,9 +226,7 @@ def record_output(run: object, emit: np.ndarray, counts: np.ndarray, done: np.nd
     if getattr(run.state, "spec", None) is None:
         run.token_s[run.token_offsets[emit] + counts - 1] = t
     else:                   # several tokens a step (``engines.speculation``)
-        from perfmodel.serving.engines.speculation import record_tokens
-
-        record_tokens(run, emit, counts, t)
+        _record_chunk(run, emit, counts, t)
     first = emit[np.isnan(run.first_token_s[emit])]
     run.first_token_s[first] = t
     run.last_done, run.last_done_tokens = len(done), 0
@@ -240,3 +238,17 @@ def record_output(run: object, emit: np.ndarray, counts: np.ndarray, done: np.nd
     run.last_done_tokens = int((req.input_tokens[done] + req.output_tokens[done]).sum())
     run.load_tokens -= run.last_done_tokens
     return run.arrivals.finished(t, done)
+
+
+def _record_chunk(run: object, emit: np.ndarray, counts: np.ndarray, t: float) -> None:
+    """Every token a speculative step emitted (a verify's accepted drafts and the target's
+    own) at the step's end ``t``: the client gets them in one chunk (``SimResult.itl_s``
+    counts the gaps between chunks)."""
+    seen = getattr(run, "spec_recorded", None)
+    if seen is None:
+        seen = run.spec_recorded = np.zeros(len(run.token_offsets) - 1, np.int64)
+    size = counts - seen[emit]
+    start = run.token_offsets[emit] + seen[emit]
+    idx = np.repeat(start - np.cumsum(size) + size, size) + np.arange(int(size.sum()))
+    run.token_s[idx] = t
+    seen[emit] = counts

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.schedules.assumptions import check_plan
 from perfmodel.serving import host_time, pipeline, sessions
 from perfmodel.serving.engine_loop import Progress
-from perfmodel.serving.engines import speculation
 from perfmodel.serving.engines.vllm import EngineConfig, context_limit
 from perfmodel.serving.fleet import routers
 from perfmodel.serving.fleet.replicas import merge, run_replicas

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodel.serving.engines import speculation
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.serving.engines.sglang_budget import PrefillBudget
 from perfmodel.serving.engines.sglang_policy import POLICIES, sorts
 from perfmodel.serving.engines.sglang_policy import order as policy_order

@@ -275,9 +275,10 @@ class DraftPricer:
                                self.hw, np.asarray(timing))
 
 
-def logit_rows(count: np.ndarray, drafted: np.ndarray) -> np.ndarray:
-    """(N,) logit rows of each verify step: one per sequence and one per verified draft."""
-    return count.sum(axis=1) + (count * drafted).sum(axis=1)
+def draft_logits(count: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+    """(N,) logit rows each step adds past one a sequence: one per verified draft (the
+    target scores every position it verifies)."""
+    return (count * drafted).sum(axis=1).astype(float)
 
 
 def summary(states: list) -> dict:
@@ -319,20 +320,6 @@ def pool_terms(spec: SpecDecode, target: Model, hw: object, plan: Parallelism,
     weights = float(np.atleast_1d(draft_bytes(target, hw, plan, ws, record)[0])[0])
     layer = spec.draft if spec.method == "draft_model" else head_layer(target, _KIND[spec.method])
     return weights, float(kv_bytes_per_token(layer, plan.tp, kvb)[0])
-
-
-def record_tokens(run: object, emit: np.ndarray, counts: np.ndarray, t: float) -> None:
-    """Every token a step emitted (a verify's accepted drafts and the target's own) at the
-    step's end ``t``: the client gets them in one chunk (``serving.results``' ITL counts
-    the gaps between chunks)."""
-    seen = getattr(run, "spec_recorded", None)
-    if seen is None:
-        seen = run.spec_recorded = np.zeros(len(run.token_offsets) - 1, np.int64)
-    start = run.token_offsets[emit] + seen[emit]
-    size = counts - seen[emit]
-    idx = np.repeat(start - np.cumsum(size) + size, size) + np.arange(int(size.sum()))
-    run.token_s[idx] = t
-    seen[emit] = counts
 
 
 def check(engine: object, plan: Parallelism, target: Model) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from perfmodel.serving.engines import speculation
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.serving.forks import Forkable
 from perfmodel.serving.kvpool import KVPool
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.cost.memory import STEP_TOKENS, usable_bytes
-from perfmodel.serving.engines import speculation
 from perfmodel.serving.engines.state import Batch, EngineState
 from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.specs.errors import SpecError
