@@ -173,3 +173,34 @@ def engine_flags(spec: SpecDecode, engine: str) -> str:
     if spec.checkpoint:
         c["model"] = spec.checkpoint
     return f"--speculative-config '{json.dumps(c)}'"
+
+
+def launch_args(spec: SpecDecode, engine: str) -> list[str]:
+    """``spec`` as the server's arguments (vLLM, SGLang: a list for the command line) or
+    TensorRT-LLM's ``speculative_config`` YAML lines."""
+    if engine == "trtllm":
+        name = {v: k for k, v in _TRT.items()}[spec.method]
+        lines = ["speculative_config:", f"  decoding_type: {name}",
+                 f"  max_draft_len: {spec.k}"]
+        return lines + ([f"  speculative_model_dir: {spec.checkpoint}"] if spec.checkpoint
+                        else [])
+    if engine == "sglang":
+        words = engine_flags(spec, engine).split(" ")
+        return words
+    return ["--speculative-config", engine_flags(spec, engine).split(" ", 1)[1].strip("'")]
+
+
+def simulate_flags(spec: SpecDecode, engine: str) -> str:
+    """The ``perfmodel simulate`` options that reproduce ``spec`` on ``engine``: its own
+    flags and the acceptance (rates, mode, seed)."""
+    if engine == "trtllm":
+        name = {v: k for k, v in _TRT.items()}[spec.method]
+        c = {"decoding_type": name, "max_draft_len": spec.k} | (
+            {"speculative_model_dir": spec.checkpoint} if spec.checkpoint else {})
+        own = f"--speculative-config '{json.dumps(c)}'"
+    else:
+        own = engine_flags(spec, engine)
+    out = f"{own} --acceptance {','.join(f'{a:g}' for a in spec.rates)}"
+    if spec.mode != "expected":
+        out += f" --acceptance-mode {spec.mode} --acceptance-seed {spec.seed}"
+    return out

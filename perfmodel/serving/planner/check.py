@@ -67,7 +67,8 @@ def check(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target: Ta
     reqs = generate(n, rate=share, input_len=target.lengths[0], output_len=target.lengths[1],
                     **_lengths(target), seed=seed)
     wl = plan.precision.workload(model)
-    engine = EngineConfig(max_num_seqs=plan.max_num_seqs)
+    engine = EngineConfig(max_num_seqs=plan.max_num_seqs,
+                          speculative=target.speculative if plan.speculative else None)
     one = plan.parallelism
     if pre:         # each pool an engine with the host time, as simulate adds it
         res = simulate_disaggregated(model, reqs, Pool(hw, replace(one, dp=pre)),
@@ -167,4 +168,5 @@ def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float,
             f"--rate {rate:.6g} --num-requests {n} --input-len {target.lengths[0]} "
             f"--output-len {target.lengths[1]} {lengths} --seed {seed} "
             f"--slo-ttft {target.slo_ttft_s:g} --slo-tpot {target.slo_tpot_s:g}"
-            + (f" {target.host_flags}" if target.host_flags else ""))
+            + (f" {target.host_flags}" if target.host_flags else "")
+            + (f" {target.speculative_flags}" if plan.speculative else ""))

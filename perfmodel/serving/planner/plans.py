@@ -74,6 +74,8 @@ class Target:
     trace_path: str = ""
     host: HostTime = NO_HOST        # the engine's host time in the simulated check
     host_flags: str = ""            # the simulate options that name it
+    speculative: object = None      # ``engines.speculation.SpecDecode``: searched on and off
+    speculative_flags: str = ""     # the simulate options that name it
 
     def __post_init__(self) -> None:
         for flag, value in (("--slo-ttft", self.slo_ttft_s), ("--slo-tpot", self.slo_tpot_s),
@@ -118,6 +120,7 @@ class Plan:
     max_num_seqs: int
     max_num_batched_tokens: int = 8192
     link: str = ""
+    speculative: str = ""           # the speculative method it serves with ("": none)
 
     @property
     def parallelism(self) -> Parallelism:
@@ -170,13 +173,16 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
     for hw in hardware:
         notes += search.left_out(model, hw, cap)
         count = len(parts)
-        for plan in search.replica_plans(model, hw, cap):
+        for plan, spec in _with_speculation(search.replica_plans(model, hw, cap), target):
             try:
-                times = search.replica_times(model, hw, plan, prompt, gen, pessimistic)
+                times = search.replica_times(model, hw, plan, prompt, gen, pessimistic,
+                                             spec)
             except SpecError:       # a split the model's heads or the device cannot take
                 continue
             if not len(times["batch"]):
                 continue
+            if target.speculative is not None:     # a column only when it is searched
+                times["speculative"] = target.speculative.method if spec is not None else ""
             if pessimistic and not times["banded"] and hw.name not in centred:
                 centred.append(hw.name)
             moved = search.transfer_times(model, hw, plan, times["choices"], prompt) \
@@ -215,6 +221,14 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, notes
 
 
+def _with_speculation(plans: list[Parallelism], target: Target) -> list[tuple]:
+    """Every plan without speculation and, where the target offers a drafter the estimate
+    prices (not n-gram lookup) and the plan has one stage (``check_speculation``), with."""
+    spec = None if target.speculative is None else target.speculative.speculation()
+    out = [(p, None) for p in plans]
+    return out + ([(p, spec) for p in plans if p.pp == 1] if spec is not None else [])
+
+
 def _part(hw: Hardware, plan: Parallelism, times: dict, row: np.ndarray, pre: np.ndarray,
           dec: np.ndarray, moved: dict) -> dict:
     n, node = len(row), hw.interconnect.max_devices
@@ -234,6 +248,8 @@ def _part(hw: Hardware, plan: Parallelism, times: dict, row: np.ndarray, pre: np
             "prefill_replicas": pre, "decode_replicas": dec, "gpus": gpus,
             "nodes_per_replica": np.full(n, -(-plan.devices // node)),
             "nodes": -(-gpus // node), "transfer_s": transfer, "link": link}
+    if "speculative" in times:
+        full["speculative"] = np.full(n, times["speculative"])
     full |= {k: times[k][row] for k in ("precision", "weights_dtype", "act_dtype", "kv_dtype",
                                          "batch", "kv_max_batch", "prefill_s", "step_s",
                                          "static_tokens_per_s")}
@@ -290,8 +306,10 @@ def label(cols: dict, i: int) -> str:
     """'h100-sxm TP4 x2 W8A8-fp8 B64', 'h100-sxm TP2 1P+3D bf16 B128'."""
     split = f"{cols['prefill_replicas'][i]}P+{cols['decode_replicas'][i]}D" \
         if cols["prefill_replicas"][i] else f"x{cols['decode_replicas'][i]}"
+    spec = f" +{cols['speculative'][i]}" if "speculative" in cols and \
+        cols["speculative"][i] else ""
     return f"{cols['hardware'][i]} {cols['parallel'][i]} {split} {cols['precision'][i]} " \
-           f"B{cols['batch'][i]}"
+           f"B{cols['batch'][i]}{spec}"
 
 
 def plan(model: Model, hardware: list[Hardware], target: Target, measure: int = MEASURE,
@@ -349,7 +367,8 @@ def record(model: Model, cols: dict, i: int) -> Plan:
                 Precision(str(cols["weights_dtype"][i]), str(cols["act_dtype"][i]),
                           str(cols["kv_dtype"][i])),
                 int(cols["gpus"][i]), int(cols["nodes_per_replica"][i]), int(cols["batch"][i]),
-                link=str(cols["link"][i]))
+                link=str(cols["link"][i]),
+                speculative=str(cols["speculative"][i]) if "speculative" in cols else "")
 
 
 def ranking(cols: dict, target: Target, objective: str = "goodput") -> np.ndarray:
@@ -371,10 +390,11 @@ def ranking(cols: dict, target: Target, objective: str = "goodput") -> np.ndarra
 def distinct(cols: dict, order: np.ndarray, count: int) -> list[int]:
     """The first ``count`` of ``order`` that differ in more than the batch (device, plan,
     split and precision), so the simulations check different deployments."""
-    keys = ("hardware", "tp", "pp", "ep", "attention_dp", "prefill_replicas", "precision")
+    keys = ("hardware", "tp", "pp", "ep", "attention_dp", "prefill_replicas", "precision",
+            "speculative")
     seen, out = set(), []
     for i in order.tolist():
-        key = tuple(str(cols[k][i]) for k in keys)
+        key = tuple(str(cols[k][i]) for k in keys if k in cols)
         if key not in seen and len(out) < count:
             seen.add(key)
             out.append(i)

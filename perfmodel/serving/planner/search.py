@@ -27,7 +27,9 @@ from math import gcd
 import numpy as np
 
 from perfmodel.cost.memory import memory_estimate
+from perfmodel.schedules.draft_memory import with_draft
 from perfmodel.schedules.estimates import estimate_many
+from perfmodel.schedules.speculative import Speculation
 from perfmodel.serving.disagg import Pool, kv_transfer_s
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
@@ -149,21 +151,26 @@ def left_out(model: Model, hw: Hardware, gpus: int) -> list[str]:
 
 
 def replica_times(model: Model, hw: Hardware, plan: Parallelism, prompt: int, gen: int,
-                  pessimistic: bool = False) -> dict:
+                  pessimistic: bool = False, speculation: Speculation | None = None) -> dict:
     """For every precision recipe x batch in ``BATCHES`` (capped at the KV ceiling,
     ``memory.max_batch``; a batch above it is the ceiling's row, a recipe that holds no
     sequence is left out): one request's prefill alone (the estimate's TTFT at batch 1),
     the mean decode step at the batch (its TPOT: the mean context) and the static
     request's throughput at the batch, from one ``estimate_many`` call. ``pessimistic``:
     the slow end of the estimate's 80% band (``ttft_s_high``/``tpot_s_high``) where the
-    estimate carries one (``banded`` says whether it did)."""
+    estimate carries one (``banded`` says whether it did). ``speculation``: decode by its
+    rounds (``schedules.speculate``: TPOT and throughput), the drafter's weights and KV in
+    the ceiling (``schedules.draft_memory.with_draft``)."""
     choices = recipes(model, hw)
     rows = [replace(p.workload(model), batch=b, prompt_len=prompt, gen_len=gen,
                     cuda_graphs=True) for p in choices for b in (1, *BATCHES)]
     ws = Workloads.from_list(rows)
-    ceiling = memory_estimate(model, hw, plan, ws).max_batch
+    mem = memory_estimate(model, hw, plan, ws)
+    if speculation is not None:
+        mem = with_draft(mem, model, hw, plan, ws, speculation)
+    ceiling = mem.max_batch
     ws = replace(ws, batch=np.maximum(np.minimum(ws.batch, ceiling), 1))
-    e = estimate_many(hw, model, ws, plan)
+    e = estimate_many(hw, model, ws, plan, speculation)
     slow_ttft, slow_tpot = getattr(e, "ttft_s_high", None), getattr(e, "tpot_s_high", None)
     banded = pessimistic and slow_ttft is not None and slow_tpot is not None \
         and bool(getattr(e, "has_band", True))
