@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import perfmodel as pm
 from perfmodel.cli.app import app
+from perfmodel.serving import traffic
 from perfmodel.serving.engines import engine_config
 from perfmodel.serving.engines.speculation import SpecDecode
 from perfmodel.serving.engines.speculation_flags import (
@@ -206,3 +207,43 @@ def test_cli_simulate_reports_speculation_in_json_and_table():
     bad = runner.invoke(app, [*args[:-4], "--speculative-num-steps", "3"])
     assert bad.exit_code != 0 and "applies to --engine sglang" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_speed_up_falls_with_load_and_crosses_1():
+    """128-token prompts, 256-token outputs (short contexts), EAGLE k = 4 at 0.7: one user
+    gets about twice the tokens/s; 256 users, a batch past the estimate's break-even batch
+    (205 at this context, ``break_even_batch``), get less than without speculation (each
+    verify's 5 tokens a request make the step compute-bound)."""
+    spec = SpecDecode("eagle", 4, (0.7,) * 4, 5, lookahead=4)
+    ups = []
+    for users in (1, 256):
+        reqs = traffic.generate(max(users, 2), concurrency=users, input_len=128,
+                                output_len=256, seed=0)
+        plain = simulate(M, HW, reqs).throughput_tokens_per_s
+        ups.append(simulate(M, HW, reqs, engine=EngineConfig(speculative=spec))
+                   .throughput_tokens_per_s / plain)
+    assert ups[0] > 1.9 and ups[1] < 1.0
+
+
+def test_planner_searches_speculation_on_and_off_and_launches_with_its_flags():
+    from perfmodel.serving.engines.speculation_flags import simulate_flags
+    from perfmodel.serving.planner import plans
+    from perfmodel.serving.planner.launch import Deployment, Server, launch
+    from perfmodel.serving.planner.launch_data import checkpoint
+
+    spec = from_vllm('{"method": "eagle", "num_speculative_tokens": 3, "model": "e/h"}',
+                     ("0.7", None))
+    target = plans.Target(8, 1.0, 0.02, 1024, 128, rate=2.0, speculative=spec,
+                          speculative_flags=simulate_flags(spec, "vllm"))
+    cols, _ = plans.candidates(M, [HW], target)
+    on = cols["speculative"] == "eagle"
+    assert on.any() and (~on).any()
+    same = (~on) & (cols["tp"] == 1) & (cols["batch"] == 8) & (cols["precision"] == "bf16")
+    fast = on & (cols["tp"] == 1) & (cols["batch"] == 8) & (cols["precision"] == "bf16")
+    assert cols["step_s"][fast].max() < cols["step_s"][same].min()   # faster at batch 8
+    dep = Deployment(checkpoint(M), Server(tp=1), speculative=spec)
+    vllm = launch(dep, "vllm").text()
+    assert '--speculative-config \'{"method": "eagle", "num_speculative_tokens": 3' in vllm
+    assert "--speculative-num-steps 3" in launch(dep, "sglang").text()
+    assert "decoding_type: Eagle" in launch(dep, "trtllm").text()
+    assert "--acceptance 0.7,0.7,0.7" in target.speculative_flags
