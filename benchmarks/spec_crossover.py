@@ -15,6 +15,7 @@ Not a test: prints one row per concurrency and the crossing, interpolated in log
 from __future__ import annotations
 
 import argparse
+from itertools import pairwise
 
 import numpy as np
 
@@ -54,7 +55,7 @@ def main() -> None:
               f"{fast.throughput_tokens_per_s:12.0f} {up:9.3f} "
               f"{plain.tpot_s.mean() * 1e3:14.2f} {fast.tpot_s.mean() * 1e3:13.2f} "
               f"{length:10.3f}", flush=True)
-    for (c0, u0), (c1, u1) in zip(rows, rows[1:]):
+    for (c0, u0), (c1, u1) in pairwise(rows):
         if u0 >= 1 > u1:
             f = (u0 - 1) / (u0 - u1)
             at = np.exp(np.log(c0) + f * (np.log(c1) - np.log(c0)))

@@ -46,6 +46,7 @@ it shared or on the simulator's look-ahead forks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -107,7 +108,7 @@ class SpecDecode:
         if self.method == "draft_model" and self.draft is None:
             raise SpecError("--speculative-config: method draft_model needs its model")
 
-    @property
+    @cached_property
     def tokens_per_verify(self) -> float:
         """Expected tokens a request emits per verify step, E = 1 + a1 + a1 a2 + ..."""
         return float(expected_tokens(list(self.rates), self.k))
@@ -213,10 +214,9 @@ def commit(state: object, batch: object) -> tuple[np.ndarray, np.ndarray]:
     d = batch.drafts if batch.drafts is not None else drafts(state, batch)
     a = accepted(state, ids, d)
     state.computed[ids] = batch.context - (d - a)
-    emit = ids[batch.context >= state.prompt[ids] + state.emitted[ids]]
-    more = (d > 0)[np.isin(ids, emit)]
-    gain = 1 + np.where(more, a[np.isin(ids, emit)], 0)
-    state.emitted[emit] = np.minimum(state.emitted[emit] + gain, state.output[emit])
+    out = batch.context >= state.prompt[ids] + state.emitted[ids]
+    emit = ids[out]
+    state.emitted[emit] = np.minimum(state.emitted[emit] + 1 + a[out], state.output[emit])
     spec = d > 0
     state.spec_steps[ids[spec]] += 1
     state.spec_drafted[ids[spec]] += d[spec]
@@ -227,8 +227,11 @@ def commit(state: object, batch: object) -> tuple[np.ndarray, np.ndarray]:
 class DraftPricer:
     """Seconds of each step's drafting on the target's device, priced by ``price_step`` on
     the drafter's shape: pass 1 over the step's rows as the target ran them, passes 2..k of
-    ``topk`` tokens per drafting row; an EAGLE head's or MTP module's norms and fc
-    (``schedules.speculative.head_extras``) per pass. N-gram lookup: zero."""
+    ``topk`` tokens per drafting row, priced once at their mean context and counted k - 1
+    times (they differ only in context, which their cost follows linearly: the estimate's
+    rule of pricing a span at its middle, ``schedules.speculative.mean_context``); an EAGLE
+    head's or MTP module's norms and fc (``schedules.speculative.head_extras``) per pass.
+    N-gram lookup: zero."""
 
     def __init__(self, spec: SpecDecode, target: Model, hw: object, plan: Parallelism,
                  dtypes: Dtypes, decode_timing: int) -> None:
@@ -242,29 +245,25 @@ class DraftPricer:
     def seconds(self, count: np.ndarray, new: np.ndarray, ctx: np.ndarray,
                 drafted: np.ndarray, timing: np.ndarray, skew: float) -> np.ndarray:
         """(N,) draft seconds of N steps given as the target's (N, G) arrays; ``drafted``
-        (N, G) the drafts each row verified (> 0: it drafts again)."""
+        (N, G) the drafts each row verified (> 0: it drafts again). Pass 1 of every step
+        and passes 2..k of those that draft are priced in one ``price_step`` call."""
         n = len(count)
         if self.model is None:
             return np.zeros(n)
-        first = price_step(self.model, self.hw, self.plan, Step(count, new, ctx,
-                           expert_skew=skew), self.dtypes.take(np.zeros(n, np.int64)),
-                           timing).time
-        out = first + self._extras((count * new).sum(axis=1), timing)
-        rows = np.flatnonzero((drafted > 0).any(axis=1))
-        passes = self.spec.k - 1
-        if passes < 1 or not len(rows):
-            return out
-        live = (drafted[rows] > 0).astype(np.int64)
-        j = np.arange(1, passes + 1)
-        c = np.repeat(live, passes, axis=0)
+        rows = np.flatnonzero((drafted > 0).any(axis=1)) if self.spec.k > 1 else \
+            np.zeros(0, np.int64)
+        c = (drafted[rows] > 0).astype(np.int64)
         t = np.full_like(c, self.spec.topk)
-        x = (np.repeat(ctx[rows], passes, axis=0) + np.tile(j, len(rows))[:, None]
-             * self.spec.topk)
-        dec = np.full(len(c), self.decode_timing)
-        more = price_step(self.model, self.hw, self.plan, Step(c, t, x, expert_skew=skew),
-                          self.dtypes.take(np.zeros(len(c), np.int64)), dec).time
-        more = more + self._extras((c * t).sum(axis=1), dec)
-        np.add.at(out, np.repeat(rows, passes), more)
+        x = ctx[rows] + (self.spec.k * self.spec.topk) // 2    # passes 2..k's middle
+        step = Step(np.concatenate([count, c]), np.concatenate([new, t]),
+                    np.concatenate([ctx, x]), expert_skew=skew)
+        times = np.concatenate([timing, np.full(len(rows), self.decode_timing)])
+        tokens = (step.count * step.new_tokens).sum(axis=1)
+        each = price_step(self.model, self.hw, self.plan, step,
+                          self.dtypes.take(np.zeros(len(times), np.int64)), times).time + \
+            self._extras(tokens, times)
+        out = each[:n]
+        out[rows] += (self.spec.k - 1) * each[n:]
         return out
 
     def _extras(self, tokens: np.ndarray, timing: np.ndarray) -> np.ndarray:
