@@ -229,7 +229,7 @@ def test_planner_searches_speculation_on_and_off_and_launches_with_its_flags():
     from perfmodel.serving.engines.speculation_flags import simulate_flags
     from perfmodel.serving.planner import plans
     from perfmodel.serving.planner.launch import Deployment, Server, launch
-    from perfmodel.serving.planner.launch_data import checkpoint
+    from perfmodel.serving.planner.launch_data import checkpoint, unknown_flags
 
     spec = from_vllm('{"method": "eagle", "num_speculative_tokens": 3, "model": "e/h"}',
                      ("0.7", None))
@@ -247,3 +247,5 @@ def test_planner_searches_speculation_on_and_off_and_launches_with_its_flags():
     assert "--speculative-num-steps 3" in launch(dep, "sglang").text()
     assert "decoding_type: Eagle" in launch(dep, "trtllm").text()
     assert "--acceptance 0.7,0.7,0.7" in target.speculative_flags
+    for engine in ("vllm", "sglang"):      # every flag is one the engine version defines
+        assert unknown_flags(launch(dep, engine)) == []

@@ -231,7 +231,8 @@ class DraftPricer:
     times (they differ only in context, which their cost follows linearly: the estimate's
     rule of pricing a span at its middle, ``schedules.speculative.mean_context``); an EAGLE
     head's or MTP module's norms and fc (``schedules.speculative.head_extras``) per pass.
-    N-gram lookup: zero."""
+    N-gram lookup: zero. A run at its band's edge (``serving.bands``) moves the target's
+    verify; the drafter's passes stay at their centre (a smaller share of the step)."""
 
     def __init__(self, spec: SpecDecode, target: Model, hw: object, plan: Parallelism,
                  dtypes: Dtypes, decode_timing: int) -> None:

@@ -173,7 +173,8 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
     for hw in hardware:
         notes += search.left_out(model, hw, cap)
         count = len(parts)
-        for plan, spec in _with_speculation(search.replica_plans(model, hw, cap), target):
+        for plan, spec in search.with_speculation(search.replica_plans(model, hw, cap),
+                                                  target.speculative):
             try:
                 times = search.replica_times(model, hw, plan, prompt, gen, pessimistic,
                                              spec)
@@ -219,14 +220,6 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
                         + (f" within --gpus {target.gpus}" if target.gpus else "")
                         + " at any searched plan")
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, notes
-
-
-def _with_speculation(plans: list[Parallelism], target: Target) -> list[tuple]:
-    """Every plan without speculation and, where the target offers a drafter the estimate
-    prices (not n-gram lookup) and the plan has one stage (``check_speculation``), with."""
-    spec = None if target.speculative is None else target.speculative.speculation()
-    out = [(p, None) for p in plans]
-    return out + ([(p, spec) for p in plans if p.pp == 1] if spec is not None else [])
 
 
 def _part(hw: Hardware, plan: Parallelism, times: dict, row: np.ndarray, pre: np.ndarray,

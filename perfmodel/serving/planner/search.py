@@ -14,6 +14,7 @@ checks what this builds).
 - A precision recipe (``Precision``): weights, activations and KV cache dtypes, named as
   the engines name them (vLLM ``--quantization fp8`` is W8A8-fp8; ``--kv-cache-dtype fp8``).
 - A batch ceiling (``max_num_seqs``) in ``BATCHES``, capped at what the KV cache holds.
+- Speculative decoding on and off, where the user offers a drafter (``with_speculation``).
 - Replicas: with a rate, the fewest that serve it within the TTFT SLO (aggregated), or
   the fewest copies of each small prefill:decode unit (``RATIOS``); without one, the GPU
   budget filled.
@@ -113,6 +114,16 @@ def replica_plans(model: Model, hw: Hardware, gpus: int) -> list[Parallelism]:
                   if t <= node and t * p <= reach and p <= model.n_layers
                   and model.shared_block is None]
     return plans
+
+
+def with_speculation(plans: list[Parallelism], offered: object = None) -> list[tuple]:
+    """(plan, ``Speculation`` or None): every plan without speculation and, where the user
+    offers a drafter (``offered``: ``engines.speculation.SpecDecode``) the estimate prices
+    (not n-gram lookup), every plan of one stage with it (``check_speculation``: no
+    speculative decoding under pipeline parallelism)."""
+    spec = None if offered is None else offered.speculation()
+    out = [(p, None) for p in plans]
+    return out + ([(p, spec) for p in plans if p.pp == 1] if spec is not None else [])
 
 
 def fits_in_node(model: Model, hw: Hardware) -> bool:
