@@ -207,6 +207,12 @@ def test_cli_simulate_reports_speculation_in_json_and_table():
     bad = runner.invoke(app, [*args[:-4], "--speculative-num-steps", "3"])
     assert bad.exit_code != 0 and "applies to --engine sglang" in bad.output
     assert "Traceback" not in bad.output
+    for extra, what in ((["--acceptance-mode", "mean"], "--acceptance-mode: expected one of"),
+                        (["--acceptance-profile", "nope"], "--acceptance / --acceptance-prof"),
+                        (["--scheduler", "static"], "static baseline does not speculate")):
+        bad = runner.invoke(app, [*args, *extra])
+        assert bad.exit_code != 0 and what in bad.output, bad.output
+        assert "Traceback" not in bad.output and len(bad.output.strip().splitlines()) == 1
 
 
 def test_speed_up_falls_with_load_and_crosses_1():

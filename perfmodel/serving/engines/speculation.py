@@ -97,7 +97,7 @@ class SpecDecode:
             raise SpecError(f"speculative method: expected one of {', '.join(METHODS)}, "
                             f"got {self.method!r}")
         if self.mode not in MODES:
-            raise SpecError(f"--speculative-acceptance-mode: expected one of "
+            raise SpecError(f"--acceptance-mode: expected one of "
                             f"{', '.join(MODES)}, got {self.mode!r}")
         if len(self.rates) != self.k or not all(0 <= a <= 1 for a in self.rates):
             raise SpecError(f"--acceptance: expected {self.k} rates in [0, 1] (one per "
