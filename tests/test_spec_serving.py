@@ -255,3 +255,24 @@ def test_planner_searches_speculation_on_and_off_and_launches_with_its_flags():
     assert "--acceptance 0.7,0.7,0.7" in target.speculative_flags
     for engine in ("vllm", "sglang"):      # every flag is one the engine version defines
         assert unknown_flags(launch(dep, engine)) == []
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang", "trtllm"])
+def test_invariants_hold_with_speculation_on_a_seeded_stream(name):
+    """Every request emits exactly its output tokens, each step computes at least one token
+    a request, and the pool's blocks all come back, under a pool tight enough that vLLM
+    preempts and SGLang and TensorRT-LLM hold requests back."""
+    rng = np.random.default_rng(7)
+    prompt, output = rng.integers(8, 200, 40), rng.integers(1, 90, 40)
+    spec = _spec(k=3, rates=(0.8, 0.6, 0.4), mode="sampled", seed=1)
+    blocks = {"vllm": 150, "sglang": 900, "trtllm": 40}[name]
+    engine = engine_config(name, speculative=spec).resolved(blocks, 4096)   # as simulate
+    st = _state(engine, prompt.tolist(), output.tolist(), blocks)
+    for _ in range(10_000):
+        if not (st.running or st.waiting):
+            break
+        batch = st.schedule()
+        assert batch is not None and (batch.new >= 1).all()
+        st.commit(batch)
+    assert (st.emitted == output).all() and st.pool.free == blocks
+    assert name != "vllm" or st.preemptions.sum() > 0
