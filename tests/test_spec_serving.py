@@ -239,8 +239,7 @@ def test_planner_searches_speculation_on_and_off_and_launches_with_its_flags():
 
     spec = from_vllm('{"method": "eagle", "num_speculative_tokens": 3, "model": "e/h"}',
                      ("0.7", None))
-    target = plans.Target(8, 1.0, 0.02, 1024, 128, rate=2.0, speculative=spec,
-                          speculative_flags=simulate_flags(spec, "vllm"))
+    target = plans.Target(8, 1.0, 0.02, 1024, 128, rate=2.0, speculative=spec)
     cols, _ = plans.candidates(M, [HW], target)
     on = cols["speculative"] == "eagle"
     assert on.any() and (~on).any()
@@ -252,7 +251,7 @@ def test_planner_searches_speculation_on_and_off_and_launches_with_its_flags():
     assert '--speculative-config \'{"method": "eagle", "num_speculative_tokens": 3' in vllm
     assert "--speculative-num-steps 3" in launch(dep, "sglang").text()
     assert "decoding_type: Eagle" in launch(dep, "trtllm").text()
-    assert "--acceptance 0.7,0.7,0.7" in target.speculative_flags
+    assert "--acceptance 0.7,0.7,0.7" in simulate_flags(spec, "vllm")
     for engine in ("vllm", "sglang"):      # every flag is one the engine version defines
         assert unknown_flags(launch(dep, engine)) == []
 

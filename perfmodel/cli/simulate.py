@@ -30,6 +30,7 @@ from perfmodel.cli.common import (
     save,
 )
 from perfmodel.cli.devices import EngineOpt
+from perfmodel.cli.energy_opts import EnergyOpt, EstimatePricesOpt, with_energy
 from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt
 from perfmodel.cli.simulate_inputs import inputs
 from perfmodel.cli.speculative import (
@@ -181,6 +182,8 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    energy: EnergyOpt = False,
+    prices: EstimatePricesOpt = None,
     speculative_config: SpecConfig = None,
     speculative_algorithm: SpecAlgorithm = None,
     speculative_draft_model_path: SpecDraftPath = None,
@@ -194,7 +197,7 @@ def simulate_cmd(
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
-    options = dict(locals())
+    options = {k: v for k, v in locals().items() if k not in ("energy", "prices")}
     from perfmodel.specs.errors import SpecError
 
     check_slos(slo_ttft, slo_tpot)
@@ -219,6 +222,11 @@ def simulate_cmd(
     except SpecError as exc:
         fail(str(exc))
     summaries = banded_summaries(runs, edges, hw, slo_ttft, slo_tpot)
+    if energy or prices is not None:
+        try:
+            summaries = with_energy(runs, summaries, m, hw, layout, wl, prices)
+        except SpecError as exc:
+            fail(str(exc))
     _show(runs, summaries, fmt, m, hw, layout, wl, engine)
     if folder is not None:
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))

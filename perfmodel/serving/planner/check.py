@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.serving.disagg import Pool, simulate_disaggregated
+from perfmodel.serving.engines.speculation_flags import simulate_flags
 from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.planner.search import unit
 from perfmodel.serving.simulate import simulate
@@ -169,4 +170,5 @@ def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float,
             f"--output-len {target.lengths[1]} {lengths} --seed {seed} "
             f"--slo-ttft {target.slo_ttft_s:g} --slo-tpot {target.slo_tpot_s:g}"
             + (f" {target.host_flags}" if target.host_flags else "")
-            + (f" {target.speculative_flags}" if plan.speculative else ""))
+            + (f" {simulate_flags(target.speculative, hw.engine)}" if plan.speculative
+               else ""))

@@ -24,6 +24,8 @@ import numpy as np
 from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.serving.planner import search
 from perfmodel.serving.planner.check import MEASURE, check, unchecked_command
+from perfmodel.serving.planner.energy import COLUMNS as ENERGY
+from perfmodel.serving.planner.energy import check_energy, energy_cost
 from perfmodel.serving.planner.prices import OBJECTIVES, priced
 from perfmodel.serving.planner.search import (  # noqa: F401 - the planner's public names
     LOADS,
@@ -75,7 +77,6 @@ class Target:
     host: HostTime = NO_HOST        # the engine's host time in the simulated check
     host_flags: str = ""            # the simulate options that name it
     speculative: object = None      # ``engines.speculation.SpecDecode``: searched on and off
-    speculative_flags: str = ""     # the simulate options that name it
 
     def __post_init__(self) -> None:
         for flag, value in (("--slo-ttft", self.slo_ttft_s), ("--slo-tpot", self.slo_tpot_s),
@@ -164,7 +165,7 @@ def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def candidates(model: Model, hardware: list[Hardware], target: Target,
-               pessimistic: bool = False) -> tuple[dict, list[str]]:
+               pessimistic: bool = False, energy: bool = False) -> tuple[dict, list[str]]:
     """Every candidate within ``target.gpus`` as columns, before the SLOs, and what the
     search left out in words (``planner.search`` builds the rows)."""
     prompt, gen = target.lengths
@@ -173,17 +174,14 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
     for hw in hardware:
         notes += search.left_out(model, hw, cap)
         count = len(parts)
-        for plan, spec in search.with_speculation(search.replica_plans(model, hw, cap),
-                                                  target.speculative):
+        for plan, spec, tag in search.with_speculation(model, hw, cap, target.speculative):
             try:
                 times = search.replica_times(model, hw, plan, prompt, gen, pessimistic,
-                                             spec)
+                                             energy, spec, tag)
             except SpecError:       # a split the model's heads or the device cannot take
                 continue
             if not len(times["batch"]):
                 continue
-            if target.speculative is not None:     # a column only when it is searched
-                times["speculative"] = target.speculative.method if spec is not None else ""
             if pessimistic and not times["banded"] and hw.name not in centred:
                 centred.append(hw.name)
             moved = search.transfer_times(model, hw, plan, times["choices"], prompt) \
@@ -241,11 +239,10 @@ def _part(hw: Hardware, plan: Parallelism, times: dict, row: np.ndarray, pre: np
             "prefill_replicas": pre, "decode_replicas": dec, "gpus": gpus,
             "nodes_per_replica": np.full(n, -(-plan.devices // node)),
             "nodes": -(-gpus // node), "transfer_s": transfer, "link": link}
-    if "speculative" in times:
-        full["speculative"] = np.full(n, times["speculative"])
     full |= {k: times[k][row] for k in ("precision", "weights_dtype", "act_dtype", "kv_dtype",
                                          "batch", "kv_max_batch", "prefill_s", "step_s",
-                                         "static_tokens_per_s")}
+                                         "static_tokens_per_s", "speculative") if k in times}
+    full |= {k: times[k][row] for k in ENERGY if k in times}
     return {k: np.asarray(v)[ok] for k, v in full.items()}
 
 
@@ -309,11 +306,14 @@ def plan(model: Model, hardware: list[Hardware], target: Target, measure: int = 
          seed: int = 0, confirm: int = CONFIRM, objective: str | None = None,
          prices: dict[str, float] | None = None,
          progress: Callable[[str], None] | None = None,
-         pessimistic: bool = False) -> PlanResult:
+         pessimistic: bool = False, energy: bool = False,
+         usd_per_kwh: float | None = None) -> PlanResult:
     """Search, estimate, rank by ``objective`` (default: fewest GPUs with a rate, most
     goodput per GPU without) within the SLOs, and check the first ``confirm`` in
     simulation, stopping at the first that meets both SLOs beyond its 95% interval.
-    ``progress(stage)`` is told each stage."""
+    ``progress(stage)`` is told each stage. ``energy`` (implied by objective "energy"): each
+    candidate's joules per output token and, priced, its $ per million tokens
+    (``planner.energy``; ``usd_per_kwh`` the electricity's part)."""
     if not hardware:
         raise SpecError("-H: expected at least one device")
     objective = objective or ("gpus" if target.rate is not None else "goodput")
@@ -326,8 +326,13 @@ def plan(model: Model, hardware: list[Hardware], target: Target, measure: int = 
                         f"context limit {model.max_position_embeddings}")
     tell = progress or (lambda _: None)
     tell(f"estimating candidates on {', '.join(h.name for h in hardware)}")
-    cols, searched = candidates(model, hardware, target, pessimistic)
+    energy = energy or objective == "energy"
+    cols, searched = candidates(model, hardware, target, pessimistic, energy)
+    if objective == "energy":
+        check_energy(cols, hardware)
     cols, note = priced(evaluate(cols, target), hardware, objective, prices)
+    if energy:
+        cols = energy_cost(cols, target.lengths[1], usd_per_kwh)
     cols["pareto"] = front(cols, target)
     order = ranking(cols, target, objective)
     devices = {h.name: h for h in hardware}

@@ -32,6 +32,7 @@ from perfmodel.schedules.draft_memory import with_draft
 from perfmodel.schedules.estimates import estimate_many
 from perfmodel.schedules.speculative import Speculation
 from perfmodel.serving.disagg import Pool, kv_transfer_s
+from perfmodel.serving.planner.energy import energy_times
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
@@ -116,14 +117,18 @@ def replica_plans(model: Model, hw: Hardware, gpus: int) -> list[Parallelism]:
     return plans
 
 
-def with_speculation(plans: list[Parallelism], offered: object = None) -> list[tuple]:
-    """(plan, ``Speculation`` or None): every plan without speculation and, where the user
-    offers a drafter (``offered``: ``engines.speculation.SpecDecode``) the estimate prices
-    (not n-gram lookup), every plan of one stage with it (``check_speculation``: no
-    speculative decoding under pipeline parallelism)."""
+def with_speculation(model: Model, hw: Hardware, gpus: int, offered: object = None
+                     ) -> list[tuple]:
+    """(plan, ``Speculation`` or None, its ``speculative`` column: None when no drafter is
+    offered, "" off, the method on) of every ``replica_plans`` plan without speculation
+    and, where the user offers a drafter (``offered``: ``engines.speculation.SpecDecode``)
+    the estimate prices (not n-gram lookup), every plan of one stage with it
+    (``check_speculation``: no speculative decoding under pipeline parallelism)."""
+    plans = replica_plans(model, hw, gpus)
     spec = None if offered is None else offered.speculation()
-    out = [(p, None) for p in plans]
-    return out + ([(p, spec) for p in plans if p.pp == 1] if spec is not None else [])
+    out = [(p, None, None if offered is None else "") for p in plans]
+    return out + ([(p, spec, offered.method) for p in plans if p.pp == 1]
+                  if spec is not None else [])
 
 
 def fits_in_node(model: Model, hw: Hardware) -> bool:
@@ -162,16 +167,19 @@ def left_out(model: Model, hw: Hardware, gpus: int) -> list[str]:
 
 
 def replica_times(model: Model, hw: Hardware, plan: Parallelism, prompt: int, gen: int,
-                  pessimistic: bool = False, speculation: Speculation | None = None) -> dict:
+                  pessimistic: bool = False, energy: bool = False,
+                  speculation: Speculation | None = None, tag: str | None = None) -> dict:
     """For every precision recipe x batch in ``BATCHES`` (capped at the KV ceiling,
     ``memory.max_batch``; a batch above it is the ceiling's row, a recipe that holds no
     sequence is left out): one request's prefill alone (the estimate's TTFT at batch 1),
     the mean decode step at the batch (its TPOT: the mean context) and the static
     request's throughput at the batch, from one ``estimate_many`` call. ``pessimistic``:
     the slow end of the estimate's 80% band (``ttft_s_high``/``tpot_s_high``) where the
-    estimate carries one (``banded`` says whether it did). ``speculation``: decode by its
-    rounds (``schedules.speculate``: TPOT and throughput), the drafter's weights and KV in
-    the ceiling (``schedules.draft_memory.with_draft``)."""
+    estimate carries one (``banded`` says whether it did). ``energy``: each row's joules
+    per output token and watts per device too (``planner.energy``, at the centre).
+    ``speculation``: decode by its rounds (``schedules.speculate``: TPOT and throughput),
+    the drafter's weights and KV in the ceiling (``schedules.draft_memory.with_draft``);
+    ``tag``: its ``speculative`` column, one per row (None: no column)."""
     choices = recipes(model, hw)
     rows = [replace(p.workload(model), batch=b, prompt_len=prompt, gen_len=gen,
                     cuda_graphs=True) for p in choices for b in (1, *BATCHES)]
@@ -197,7 +205,11 @@ def replica_times(model: Model, hw: Hardware, plan: Parallelism, prompt: int, ge
     keep = (ceil[:, 1:] >= 1) & (np.diff(batch, axis=1) > 0)    # capped repeats dropped
     keep[:, 0] = ceil[:, 1] >= 1
     which = np.repeat(np.arange(len(choices)), len(BATCHES)).reshape(keep.shape)[keep]
-    return {"recipe": which, "precision": np.array([choices[k].name for k in which]),
+    spent = {k: np.asarray(v).reshape(shape)[:, 1:][keep]
+             for k, v in energy_times(e).items()} if energy else {}
+    if tag is not None:
+        spent["speculative"] = np.full(len(which), tag)
+    return spent | {"recipe": which, "precision": np.array([choices[k].name for k in which]),
             "weights_dtype": np.array([choices[k].weights for k in which]),
             "act_dtype": np.array([choices[k].activations for k in which]),
             "kv_dtype": np.array([choices[k].kv for k in which]),
