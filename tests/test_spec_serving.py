@@ -275,3 +275,25 @@ def test_invariants_hold_with_speculation_on_a_seeded_stream(name):
         st.commit(batch)
     assert (st.emitted == output).all() and st.pool.free == blocks
     assert name != "vllm" or st.preemptions.sum() > 0
+
+
+def test_a_speculative_plans_printed_command_reproduces_its_check():
+    """The winner serves with EAGLE (faster at this low rate); the ``perfmodel simulate``
+    command the plan prints, speculative flags and acceptance included, gives the check's
+    whole-run TPOT p90 again."""
+    import shlex
+
+    plan = runner.invoke(app, ["plan", "-m", "llama-3-8b", "-H", "h100-sxm", "--slo-ttft",
+                               "1", "--slo-tpot", "0.02", "--rate", "4", "--input-len", "256",
+                               "--output-len", "64", "--requests", "100", "--no-progress",
+                               "--speculative-config",
+                               '{"method": "eagle", "num_speculative_tokens": 3}',
+                               "--acceptance", "0.7", "-f", "json"])
+    assert plan.exit_code == 0, plan.output
+    won = json.loads(plan.output)["winner"]
+    assert won["label"].endswith("+eagle") and "--speculative-config" in won["command"]
+    again = runner.invoke(app, [*shlex.split(won["command"])[1:], "-f", "json", "--no-band",
+                                "--no-progress"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["tpot_s"]["p90"] == pytest.approx(
+        won["whole_run_tpot_p90_s"], rel=1e-9)
