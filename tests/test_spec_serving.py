@@ -208,6 +208,7 @@ def test_cli_simulate_reports_speculation_in_json_and_table():
     assert bad.exit_code != 0 and "applies to --engine sglang" in bad.output
     assert "Traceback" not in bad.output
     for extra, what in ((["--acceptance-mode", "mean"], "--acceptance-mode: expected one of"),
+                        (["--prefill-replicas", "1"], "--speculative-config: not with"),
                         (["--acceptance-profile", "nope"], "--acceptance / --acceptance-prof"),
                         (["--scheduler", "static"], "static baseline does not speculate")):
         bad = runner.invoke(app, [*args, *extra])

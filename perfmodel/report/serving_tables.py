@@ -58,6 +58,12 @@ def _summary_extras(summary: dict) -> list[tuple[str, str]]:
               ("peak KV use", f"{summary['peak_kv_use'] * 100:.1f}% of "
                               f"{summary['kv_blocks_total']:,} blocks"),
               ("peak running", f"{summary['peak_running']} sequences")]
+    if "lora" in summary:
+        q = summary["lora"]
+        extra.append(("lora", f"{q['adapters']} adapters over {q['max_loras']} slots of rank "
+                              f"{q['max_lora_rank']}: {q['loads']:,} loads "
+                              f"({q['load_s'] * 1e3:.1f} ms), {q['evictions']:,} evictions, "
+                              f"{q['disk_loads']:,} from disk"))
     t = summary.get("engine_time")
     if t:
         api = t["api_server_mean_s"] * 1e3

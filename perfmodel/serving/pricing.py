@@ -32,6 +32,7 @@ from perfmodel.cost.params import stage_layers
 from perfmodel.cost.step import Dtypes, Step, StepCost, composed_seconds, price_step
 from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
+from perfmodel.serving.engines import lora
 from perfmodel.serving.engines.state import Batch
 from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.dtypes import BYTES
@@ -86,6 +87,8 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
                                                    kvb)
         stages, per_token = stages + draft_w, per_token + draft_kv
     per_stage = per_token * engine.block_size * share
+    stages = stages + lora.reserved_bytes(model, plan.tp, getattr(engine, "lora", None)) \
+        * share                 # each stage's layers' slots
     lefts = [engine.kv_bytes(hw, float(w_s), acts) for w_s in stages]
     s = int(np.argmin([left_s / b for left_s, b in zip(lefts, per_stage, strict=True)]))
     weights, left, per_block = float(stages.max()), lefts[s], float(per_stage[s])
@@ -125,6 +128,7 @@ class StepPricer:
         self.last_host = np.zeros(0)    # the host time in the last ``times``' steps
         self.calls = 0
         self.priced = 0
+        self.lora = lora.pricer(model, hw, plan, engine)   # None with LoRA off
 
     def times(self, batches: list[Batch]) -> np.ndarray:
         """Seconds of each batch's step: its GPU time (at the band ``edge`` when one is
@@ -177,10 +181,12 @@ class StepPricer:
         if k not in self.rows:      # every row the one workload's dtypes, made once per k
             self.rows[k] = self.dtypes.take(np.zeros(k, np.int64))
         cost = price_step(self.model, self.hw, self.plan, step, self.rows[k], timing)
+        gpu = self._banded(cost, timing)
         if drafted is not None:     # the drafting, on the same GPU after the verify
-            return self._banded(cost, timing) + self.drafter.seconds(
-                count, new, ctx, drafted, timing, self.skew), cost, count.sum(axis=1)
-        return self._banded(cost, timing), cost, count.sum(axis=1)
+            gpu = gpu + self.drafter.seconds(count, new, ctx, drafted, timing, self.skew)
+        if self.lora is not None:
+            gpu = gpu + self.lora.seconds(batches, timing)
+        return gpu, cost, count.sum(axis=1)
 
     def _banded(self, cost: StepCost, timing: np.ndarray) -> np.ndarray:
         return cost.time if self.edge is None else band(

@@ -14,6 +14,7 @@ import perfmodel.serving.engines.speculation as speculation
 from perfmodel.schedules.assumptions import check_plan
 from perfmodel.serving import host_time, pipeline, sessions
 from perfmodel.serving.engine_loop import Progress
+from perfmodel.serving.engines import lora
 from perfmodel.serving.engines.vllm import EngineConfig, context_limit
 from perfmodel.serving.fleet import routers
 from perfmodel.serving.fleet.replicas import merge, run_replicas
@@ -45,6 +46,7 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     pipeline.check(plan, engine)
     if engine.speculative is not None:
         speculation.check(engine, plan, model)
+    lora.check_requests(requests, getattr(engine, "lora", None), "simulate")
     check_plan(hw, model, plan)
     limit = context_limit(model, engine)
     longest = int((requests.input_tokens + requests.output_tokens).max())
@@ -79,6 +81,9 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     if engine.speculative is not None:
         info["speculation"] = speculation.summary([r.state for r in runs])
     res = merge(requests, parts, runs, pool.blocks, label, info)
+    if getattr(engine, "lora", None) is not None:
+        res.info["lora"] = lora.summary(runs, engine.lora, lora.used(requests),
+                                        runs[0].pricer.lora.load_s)
     if plan.pp > 1:
         res = pipeline.with_stages(res, runs[0])
     return sessions.client_side(host_time.client_side(res, client, requests, engine.host),

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import perfmodel.serving.engines.lora as lora
 import perfmodel.serving.engines.speculation as speculation
 from perfmodel.cost.memory import STEP_TOKENS, usable_bytes
 from perfmodel.serving.engines.state import Batch, EngineState
@@ -87,6 +88,7 @@ class EngineConfig:
     max_model_len: int = 0
     host: HostTime = NO_HOST
     speculative: object = None      # ``engines.speculation.SpecDecode``; None: off
+    lora: lora.LoraSettings | None = None   # --enable-lora's settings (``engines.lora``)
 
     name = "vllm"
 
@@ -139,6 +141,8 @@ class EngineConfig:
             from perfmodel.serving.engines.speculation_flags import engine_flags
 
             out.append(engine_flags(self.speculative, self.name))
+        if self.lora is not None:
+            out.append(self.lora.flags())
         return " ".join(out)
 
 
@@ -170,8 +174,8 @@ class VLLMState(EngineState):
         # computes at least one): not vLLM's uniform-decode batch
         if self.spec is not None and prefill:
             prefill = speculation.has_prompt(self, ids, new)
-        batch = Batch(ids, new, context, prefill, admit and not self.waiting and room,
-                      preempted)
+        batch = self.lora_step(Batch(ids, new, context, prefill, admit and room and
+                                     lora.open_queue(self.lora, self.waiting), preempted))
         return batch if self.spec is None else speculation.mark(self, batch)
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -235,8 +239,13 @@ class VLLMState(EngineState):
         ids, chunks = [], []
         static = self.engine.scheduler == "static"
         skipped = []
+        adapters = lora.scheduled(self.lora, self.running)
         while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             r = self.waiting[0]
+            if self.lora is not None and not self.lora.admits(r, adapters):
+                if not self.lora.skip(self.waiting, adapters, skipped):   # max_loras
+                    break                                   # in the step: skipped
+                continue
             tokens = int(self.prompt[r] + self.emitted[r])
             hit_p, hit_own = self._hits(r, tokens)
             done = (hit_p + hit_own) * self.engine.block_size
@@ -261,8 +270,10 @@ class VLLMState(EngineState):
                 self.hit_tokens[r] = done
             self.waiting.popleft()
             self.running.append(r)
+            if self.lora is not None:
+                self.lora.join(r, adapters)
             ids.append(r)
             chunks.append(new)
             budget -= new
-        self.waiting.extendleft(reversed(skipped))
+        lora.requeue(self.lora, self.waiting, skipped)
         return np.array(ids, np.int64), np.array(chunks, np.int64), budget

@@ -188,7 +188,7 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
                 if plan.pp == 1 else {}     # a disaggregated pipeline is not simulated
             budget = cap // plan.devices
             row, pre, dec = search.replicas(times, gen, target.slo_ttft_s, target.rate,
-                                            budget, bool(moved))
+                                            budget, bool(moved) and spec is None)
             part = _part(hw, plan, times, row, pre, dec, moved)
             fits = part["gpus"] <= cap
             over += [(int(g), label(part, i)) for i, g in enumerate(part["gpus"]) if g > cap]

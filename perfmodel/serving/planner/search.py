@@ -123,7 +123,8 @@ def with_speculation(model: Model, hw: Hardware, gpus: int, offered: object = No
     offered, "" off, the method on) of every ``replica_plans`` plan without speculation
     and, where the user offers a drafter (``offered``: ``engines.speculation.SpecDecode``)
     the estimate prices (not n-gram lookup), every plan of one stage with it
-    (``check_speculation``: no speculative decoding under pipeline parallelism)."""
+    (``check_speculation``: no speculative decoding under pipeline parallelism); those are
+    searched aggregated only (a disaggregated pool's drafts are not simulated)."""
     plans = replica_plans(model, hw, gpus)
     spec = None if offered is None else offered.speculation()
     out = [(p, None, None if offered is None else "") for p in plans]
