@@ -15,6 +15,7 @@ import typer
 from perfmodel.cli import simulate_disagg_opts as pd_opts
 from perfmodel.cli import simulate_lora as sl
 from perfmodel.cli import simulate_offload_opts as kv_opts
+from perfmodel.cli import speculative as sp
 from perfmodel.cli.common import (
     AttentionDp,
     DtypeOpt,
@@ -33,6 +34,7 @@ from perfmodel.cli.common import (
 from perfmodel.cli.devices import EngineOpt
 from perfmodel.cli.energy_opts import EnergyOpt, EstimatePricesOpt, with_energy
 from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt
+from perfmodel.cli.simulate_bands import banded_summaries, edge_pair
 from perfmodel.cli.simulate_files import write as _write
 from perfmodel.cli.simulate_inputs import inputs
 
@@ -186,6 +188,16 @@ def simulate_cmd(
     kv_contention: pd_opts.Contention = True,
     energy: EnergyOpt = False,
     prices: EstimatePricesOpt = None,
+    speculative_config: sp.SpecConfig = None,
+    speculative_algorithm: sp.SpecAlgorithm = None,
+    speculative_draft_model_path: sp.SpecDraftPath = None,
+    speculative_num_steps: sp.SpecSteps = None,
+    speculative_eagle_topk: sp.SpecTopk = None,
+    speculative_num_draft_tokens: sp.SpecDraftTokens = None,
+    acceptance: sp.Acceptance = None,
+    acceptance_profile: sp.AcceptanceProfile = None,
+    acceptance_mode: sp.AcceptanceMode = "expected",
+    acceptance_seed: sp.AcceptanceSeed = 0,
     enable_lora: sl.EnableLora = False,
     max_loras: sl.MaxLoras = None,
     max_lora_rank: sl.MaxLoraRank = None,
@@ -245,30 +257,6 @@ def simulate_cmd(
     _show(runs, summaries, fmt, m, hw, layout, wl, engine)
     if folder is not None:
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
-
-
-def edge_pair(res: Any, reqs: Any, run: Any, slo_ttft: float | None,
-              slo_tpot: float | None) -> tuple[dict, dict]:
-    """(low, high) summaries of the run ``res`` of ``reqs`` (``serving.bands.edge_summaries``:
-    on a sample of a large run); ``run(requests, edge)`` simulates."""
-    from perfmodel.serving.bands import edge_summaries
-
-    return edge_summaries(reqs, res, run, (slo_ttft, slo_tpot))
-
-
-def banded_summaries(runs: list, edges: list | None, hw: Any, slo_ttft: float | None,
-               slo_tpot: float | None) -> list[dict]:
-    """Each run's summary, with its 80% band where ``edges`` has the (low, high)
-    summaries (``edge_pair``)."""
-    from perfmodel.serving.bands import NO_BAND, banded_summary
-
-    out = [res.summary(slo_ttft, slo_tpot) for _, res in runs]
-    if edges is None:
-        note = NO_BAND if hw.uncertainty is None else "no band: --no-band"
-        return [dict(s, band=note) for s in out]
-    return [banded_summary(s, *pair,
-                           hw.uncertainty.describe() + "; every step at its band's edge")
-            for s, pair in zip(out, edges, strict=True)]
 
 
 def _run(m: Any, hw: Any, reqs: Any, layout: Any, engine: Any, wl: Any, progress: bool,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.schedules.assumptions import check_plan
 from perfmodel.serving import host_time, kvtiers, pipeline, sessions
 from perfmodel.serving.engine_loop import Progress
@@ -43,6 +44,8 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
     pipeline.check(plan, engine)
+    if engine.speculative is not None:
+        speculation.check(engine, plan, model)
     lora.check_requests(requests, getattr(engine, "lora", None), "simulate")
     check_plan(hw, model, plan)
     limit = context_limit(model, engine)
@@ -75,11 +78,12 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     client, (requests, api_s) = requests, sessions.admitted(requests, engine.host)
     parts, runs = run_replicas(model, hw, one, workload, engine, requests, engines,
                                pool.blocks, router, workers, progress, edge, cluster)
-    res = merge(requests, parts, runs, pool.blocks, label,
-                 {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
-                  "engine": engine, "router": router,
-                  "steps_priced": sum(r.pricer.priced for r in runs),
-                  "price_calls": sum(r.pricer.calls for r in runs)})
+    info = {"engines": engines, "kv_pool": pool, "plan": plan.describe(), "engine": engine,
+            "router": router, "steps_priced": sum(r.pricer.priced for r in runs),
+            "price_calls": sum(r.pricer.calls for r in runs)}
+    if engine.speculative is not None:
+        info["speculation"] = speculation.summary([r.state for r in runs])
+    res = merge(requests, parts, runs, pool.blocks, label, info)
     if getattr(engine, "kv_offload", None) is not None:
         res.info["kv_tiers"] = kvtiers.summary(runs, int(requests.input_tokens.sum()),
                                                int(res.prefix_hit_tokens.sum()))

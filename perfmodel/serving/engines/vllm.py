@@ -33,7 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 import perfmodel.serving.engines.lora as lora
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.cost.memory import STEP_TOKENS, usable_bytes
+from perfmodel.serving.engines.feature_flags import feature_flags
 from perfmodel.serving.engines.state import Batch, EngineState
 from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.specs.errors import SpecError
@@ -86,6 +88,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     max_model_len: int = 0
     host: HostTime = NO_HOST
+    speculative: object = None      # ``engines.speculation.SpecDecode``; None: off
     lora: lora.LoraSettings | None = None   # --enable-lora's settings (``engines.lora``)
     kv_offload: object = None       # KV offload tiers (``serving.kvtiers.Offload``)
 
@@ -136,11 +139,7 @@ class EngineConfig:
             out.append("--enforce-eager")
         if self.max_model_len:
             out.append(f"--max-model-len {self.max_model_len}")
-        if self.lora is not None:
-            out.append(self.lora.flags())
-        if self.kv_offload is not None and self.kv_offload.blocks:
-            out.append(self.kv_offload.flags(self.name))
-        return " ".join(out)
+        return " ".join(out + feature_flags(self))
 
 
 @dataclass(eq=False)
@@ -169,9 +168,12 @@ class VLLMState(EngineState):
             return None
         prefill = tokens > len(ids)     # some request computes more than one token (each
         # computes at least one): not vLLM's uniform-decode batch
-        return self.lora_step(Batch(ids, new, context, prefill, admit and room and (
+        if self.spec is not None and prefill:
+            prefill = speculation.has_prompt(self, ids, new)
+        batch = self.lora_step(Batch(ids, new, context, prefill, admit and room and (
             lora.open_queue(self.lora, self.waiting) or self._drained()), preempted,
             loads=self._loads()))
+        return batch if self.spec is None else speculation.mark(self, batch)
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
         run = np.array(self.running, dtype=np.int64)
@@ -179,6 +181,8 @@ class VLLMState(EngineState):
             return run, run, 0
         computed = self.computed[run]
         need = self.prompt[run] + self.emitted[run] - computed
+        if self.spec is not None:       # a decode's drafts (``engines.speculation``)
+            need = speculation.need(self, run, need)
         if self.late:           # finished, output not yet processed: not scheduled again
             need[np.isin(run, self.late)] = 0
         if self.engine.scheduler == "static":
@@ -188,7 +192,9 @@ class VLLMState(EngineState):
             np.minimum(np.maximum(budget - spent + need, 0), need)
         if self.engine.scheduler == "static":      # KV reserved at admission
             return run[new > 0], new[new > 0], 0
-        blocks = np.maximum(-(-(computed + new) // self.engine.block_size) - self.own[run]
+        upto = computed + new if self.spec is None else \
+            speculation.slots(self, run, computed + new)
+        blocks = np.maximum(-(-upto // self.engine.block_size) - self.own[run]
                             - self.shared[run], 0)
         wanted = int(blocks.sum())
         if wanted <= self.pool.free:
