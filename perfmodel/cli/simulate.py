@@ -38,6 +38,7 @@ _ENGINE = "engine (vLLM's flag names and defaults)"
 _SGL = "--engine sglang (SGLang's flag names; unset: its defaults)"
 _TRT = "--engine trtllm (TensorRT-LLM's option names; unset: its defaults)"
 _FLEET = "replicas and conversations"
+_SCALE = "autoscaling (--autoscale)"
 Opt = typer.Option
 
 
@@ -55,7 +56,7 @@ class Scheduler(str, Enum):
 # (--think-time is not one: it re-sends a trace's later turns after their answers)
 _GENERATED = ("num_requests", "input_len", "output_len", "arrival", "burstiness",
               "length_dist", "spread", "lengths_from", "shared_prefix", "seed", "turns",
-              "turn_growth")
+              "turn_growth", "rate_shape")
 _ANNOUNCE_AFTER_S = 2.0    # a run still going after this long says how long it will take
 
 
@@ -169,6 +170,27 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    rate_shape: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
+        "sine:PERIOD_S:AMPLITUDE: a day-shaped Poisson rate, --rate x (1 + AMPLITUDE x "
+        "sin(2 pi t / PERIOD_S))"))] = None,
+    autoscale: Annotated[str | None, Opt(rich_help_panel=_SCALE, help=(
+        "queue | running | kv | ttft: replicas added and removed by that metric (HPA's "
+        "rule), against fixed fleets of --min-replicas and --max-replicas"))] = None,
+    autoscale_target: Annotated[float | None, Opt(rich_help_panel=_SCALE, help=(
+        "per replica: waiting requests (queue, default 4), requests in flight (running, "
+        "64), KV share in use (kv, 0.7); p90 TTFT seconds (ttft, default --slo-ttft)"))
+                                ] = None,
+    min_replicas: Annotated[int, Opt(min=1, rich_help_panel=_SCALE)] = 1,
+    max_replicas: Annotated[int, Opt(min=1, rich_help_panel=_SCALE)] = 4,
+    scale_interval: Annotated[float, Opt(rich_help_panel=_SCALE, help=(
+        "seconds between decisions (HPA's sync period)"))] = 15.0,
+    scale_down_window: Annotated[float, Opt(rich_help_panel=_SCALE, help=(
+        "seconds of scale-down stabilization (HPA's default 300)"))] = 300.0,
+    startup_s: Annotated[float | None, Opt(rich_help_panel=_SCALE, help=(
+        "a launched replica's start-up, seconds (default: weights load + CUDA graphs + "
+        "an assumed 30 s engine start)"))] = None,
+    prices: Annotated[Path | None, Opt(rich_help_panel=_SCALE, help=(
+        "a prices YAML (usd_per_gpu_hour) for the fleets' cost"))] = None,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
@@ -184,7 +206,13 @@ def simulate_cmd(
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
     try:
+        from perfmodel.cli import simulate_autoscale
+
+        scaler = simulate_autoscale.check(options)
         m, hw, wl, layout, engine, streams = inputs(options)
+        if scaler is not None:
+            return simulate_autoscale.main(options, scaler, m, hw, wl, layout, engine,
+                                           streams, folder, dpi)
         fleet = (router, workers, cluster)
         runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet,
                          band=band and hw.uncertainty is not None))
