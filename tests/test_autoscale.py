@@ -161,7 +161,8 @@ def test_cli_compares_the_autoscaled_fleet_with_fixed_min_and_max(tmp_path):
     low, high = fleets["fixed 1"]["gpu_hours"], fleets["fixed 2"]["gpu_hours"]
     assert low * 0.99 <= fleets["autoscaled queue"]["gpu_hours"] <= high * 1.01
     over = data["autoscale"]["replicas_over_time"]
-    assert len(over["t_s"]) == len(over["serving"]) >= 3
+    assert len(over["t_s"]) == len(over["serving"]) >= 2
+    assert all(1 <= w <= 2 for w in over["wanted"])
 
 
 @pytest.mark.parametrize("extra, word", [

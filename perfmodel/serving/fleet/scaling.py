@@ -84,25 +84,35 @@ def run_scaled(start: Callable[[Requests], object], advance: Callable[[object], 
     for _ in range(policy.min_replicas):
         launch(0.0, 0.0)
     order = np.argsort(requests.arrival_s, kind="stable").tolist()
+    arrival = requests.arrival_s
     tokens = requests.input_tokens + requests.output_tokens
-    rng, dealt, tick = np.random.default_rng(0), 0, policy.interval_s
-    for i in order:
-        t = float(requests.arrival_s[i])
-        while tick <= t:
-            _advance(fleet, tick, advance)
+    rng, dealt, tick, now, k = np.random.default_rng(0), 0, policy.interval_s, 0.0, 0
+    aware = router in routers.LOAD_AWARE
+    while k < len(order):
+        # the serving set holds until the next decision or a launched replica's readiness
+        upto = min([tick] + [r.ready_s for r in fleet if r.stop_s is None and r.ready_s > now])
+        serving = [r for r in fleet if r.serving(now)]
+        while k < len(order) and arrival[order[k]] < upto:
+            i, t = order[k], float(arrival[order[k]])
+            if aware:           # the loads at the arrival: every replica advanced to it
+                _advance(fleet, t, advance)
+                pick = routers._replica([[routers._load(r.run, t)] for r in serving],
+                                        router, rng)
+            else:               # round-robin reads no state: dealt ahead to the event
+                pick = dealt % len(serving)
+            dealt += 1
+            routers._place(serving[pick].run, requests, i, int(tokens[i]))
+            serving[pick].local.append(i)
+            k += 1
+        if k == len(order):
+            break
+        _advance(fleet, upto, advance)
+        if upto == tick:
             _decide(fleet, tick, scaler, out, requests, startup_s, launch)
             tick += policy.interval_s
-        _advance(fleet, t, advance)
-        serving = [r for r in fleet if r.serving(t)]
-        if router in routers.LOAD_AWARE:
-            pick = routers._replica([[routers._load(r.run, t)] for r in serving], router, rng)
-        else:
-            pick = dealt % len(serving)
-        dealt += 1
-        routers._place(serving[pick].run, requests, i, int(tokens[i]))
-        serving[pick].local.append(i)
+        now = upto
         if progress is not None:
-            progress(sum(r.run.done for r in fleet), len(requests), t)
+            progress(sum(r.run.done for r in fleet), len(requests), now)
     _advance(fleet, np.inf, advance)
     return _finish(fleet, out)
 
@@ -152,7 +162,7 @@ def _metric(serving: list, t: float, p: Policy, requests: Requests) -> float | N
         if p.metric == "queue":
             return float(sum(x[2] for x in loads))
         if p.metric == "running":
-            return float(sum(x[0] for x in loads))
+            return float(sum(_in_flight(r.run, t) for r in serving))
         return float(sum(x[3] / x[4] for x in loads))
     ttft = []
     for rep in serving:
@@ -162,6 +172,14 @@ def _metric(serving: list, t: float, p: Policy, requests: Requests) -> float | N
         ttft.append(first[seen] - run.arrivals.arrival_s[:run.known][seen])
     waits = np.concatenate(ttft) if ttft else np.zeros(0)
     return float(np.percentile(waits, TTFT_QUANTILE)) if len(waits) else None
+
+
+def _in_flight(run: object, t: float) -> int:
+    """Requests sent to ``run`` by ``t`` and not finished by then (under round-robin a
+    replica holds the requests dealt ahead to the next event: not yet sent)."""
+    k = run.known
+    sent = run.arrivals.requests.arrival_s[:k] <= t
+    return int(np.count_nonzero(sent & ~(run.finish_s[:k] <= t)))
 
 
 def _last_finish(rep: Replica) -> float:
