@@ -30,7 +30,8 @@ def autoscale_figure(requests: Any, scaled: Any, fleets: list[dict], interval_s:
              label="offered rate (req/s)")
     top.set(xlabel="time (s)", ylabel="requests/s", title="Offered rate and replicas")
     right = top.twinx()
-    d = np.array([row[:3] for row in scaled.decisions], dtype=float).reshape(-1, 3)
+    start = [(0.0, scaled.policy.min_replicas, 0)]      # the fleet before any decision
+    d = np.array([*start, *(row[:3] for row in scaled.decisions)], dtype=float)
     right.step(d[:, 0], d[:, 1], where="post", color=colors[1], lw=1.2, label="serving")
     right.step(d[:, 0], d[:, 1] + d[:, 2], where="post", color=colors[2], lw=0.9, ls="--",
                label="serving + starting")
