@@ -36,6 +36,9 @@ def main(p: dict, pol: Any, m: Any, hw: Any, wl: Any, layout: Any, engine: Any,
     if p["startup_s"] is not None and not p["startup_s"] >= 0:
         fail(f"--startup-s: expected seconds >= 0, got {p['startup_s']}")
     _, reqs, label = streams[0]
+    from perfmodel.serving.fleet import scaling
+
+    scaling.check(p["router"], reqs, layout.dp, layout.attention_ways, p["cluster"])
     usd = _price(p["prices"], hw)
     devices = layout.group * layout.pp
     _warn_startup(p["startup_s"], engine, m, hw, layout, wl)
