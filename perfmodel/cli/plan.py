@@ -18,8 +18,9 @@ import typer
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import ModelOpt, WeightsFormatOpt, fail, out_dir, out_path, save
 from perfmodel.cli.devices import EngineOpt, devices
+from perfmodel.cli.energy_opts import EnergyOpt, read_price_file
 from perfmodel.cli.host import HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
-from perfmodel.cli.plan_text import explain, text
+from perfmodel.cli.plan_text import energy_record, explain, text
 
 Opt = typer.Option
 
@@ -33,6 +34,7 @@ class Objective(str, Enum):
     gpus = "gpus"
     cost = "cost"
     goodput = "goodput"
+    energy = "energy"
 
 
 class Dist(str, Enum):
@@ -72,7 +74,8 @@ def plan_cmd(
         "check draws its lengths"))] = None,
     objective: Annotated[Objective | None, Opt(rich_help_panel=_SEARCH, help=(
         "fewest GPUs (default with a rate), lowest cost per hour (needs prices), or most "
-        "goodput per GPU (default without a rate)"))] = None,
+        "goodput per GPU (default without a rate), or fewest joules per output token "
+        "(energy; docs/energy.md)"))] = None,
     prices: Annotated[Path | None, Opt(rich_help_panel=_SEARCH, help=(
         "YAML of usd_per_gpu_hour per device (docs/prices.example.yaml)"))] = None,
     pessimistic: Annotated[bool, Opt(rich_help_panel=_SEARCH, help=(
@@ -93,6 +96,7 @@ def plan_cmd(
     engine_profile: ProfileOpt = None,
     host_time: HostOnOpt = True,
     weights_format_name: WeightsFormatOpt = None,
+    energy: EnergyOpt = False,
 ) -> None:
     """Plan a deployment: device, parallelism (TP in a node, wide EP across nodes),
     precision recipe, max batch, replicas, aggregated or disaggregated prefill/decode,
@@ -125,13 +129,11 @@ def plan_cmd(
         target = replace(target, host=host_profile(engine, engine_version, engine_mode,
                                                    engine_profile, on=host_time),
                          host_flags=flags if host_time else "--no-host-time")
-        table = None
-        if prices is not None:
-            from perfmodel.serving.planner.prices import read_prices
-            table = read_prices(prices)
+        table, kwh = read_price_file(prices)
         result = planner.plan(m, hws, target, requests, seed,
                               objective=objective.value if objective else None,
-                              prices=table, progress=tell, pessimistic=pessimistic)
+                              prices=table or None, progress=tell, pessimistic=pessimistic,
+                              energy=energy, usd_per_kwh=kwh)
         report = summary(result)
     except SpecError as exc:
         fail(str(exc))
@@ -196,7 +198,14 @@ def summary(result: Any) -> dict:
                              for a in result.alternatives],
             "launch": {e: asdict(run) for e, run in launch_steps(result).items()},
             "pareto": [r for r in result.records() if r["pareto"]],
-            "searched": list(result.searched), "notes": list(result.notes)}
+            "searched": list(result.searched), "notes": list(result.notes)} \
+        | _energy(cols, result.winner["index"])
+
+
+def _energy(cols: dict, i: int) -> dict:
+    """The winner's energy block, where the plan was asked for it (``--energy``)."""
+    spent = energy_record(cols, i)
+    return {} if spent is None else {"energy": spent}
 
 
 def _at(result: Any, i: int) -> Any:

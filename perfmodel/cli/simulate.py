@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli import simulate_lora as sl
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
     AttentionDp,
@@ -30,6 +31,7 @@ from perfmodel.cli.common import (
     save,
 )
 from perfmodel.cli.devices import EngineOpt
+from perfmodel.cli.energy_opts import EnergyOpt, EstimatePricesOpt, with_energy
 from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt
 from perfmodel.cli.simulate_inputs import inputs
 
@@ -56,7 +58,7 @@ class Scheduler(str, Enum):
 # (--think-time is not one: it re-sends a trace's later turns after their answers)
 _GENERATED = ("num_requests", "input_len", "output_len", "arrival", "burstiness",
               "length_dist", "spread", "lengths_from", "shared_prefix", "seed", "turns",
-              "turn_growth", "rate_shape")
+              "turn_growth", "loras", "lora_dist", "lora_skew", "rate_shape")
 _ANNOUNCE_AFTER_S = 2.0    # a run still going after this long says how long it will take
 
 
@@ -170,6 +172,18 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    energy: EnergyOpt = False,
+    prices: EstimatePricesOpt = None,
+    enable_lora: sl.EnableLora = False,
+    max_loras: sl.MaxLoras = None,
+    max_lora_rank: sl.MaxLoraRank = None,
+    max_cpu_loras: sl.MaxCpuLoras = None,
+    max_loras_per_batch: sl.MaxLorasPerBatch = None,
+    lora_paths: sl.LoraPaths = None,
+    lora_target_modules: sl.LoraModules = None,
+    loras: sl.Loras = 0,
+    lora_dist: sl.LoraDist = "zipf",
+    lora_skew: sl.LoraSkew = 1.0,
     rate_shape: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
         "sine:PERIOD_S:AMPLITUDE: a day-shaped Poisson rate, --rate x (1 + AMPLITUDE x "
         "sin(2 pi t / PERIOD_S))"))] = None,
@@ -189,12 +203,10 @@ def simulate_cmd(
     startup_s: Annotated[float | None, Opt(rich_help_panel=_SCALE, help=(
         "a launched replica's start-up, seconds (default: weights load + CUDA graphs + "
         "an assumed 30 s engine start)"))] = None,
-    prices: Annotated[Path | None, Opt(rich_help_panel=_SCALE, help=(
-        "a prices YAML (usd_per_gpu_hour) for the fleets' cost"))] = None,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
-    options = dict(locals())
+    options = {k: v for k, v in locals().items() if k not in ("energy", "prices")}
     from perfmodel.specs.errors import SpecError
 
     check_slos(slo_ttft, slo_tpot)
@@ -211,8 +223,8 @@ def simulate_cmd(
         scaler = simulate_autoscale.check(options)
         m, hw, wl, layout, engine, streams = inputs(options)
         if scaler is not None:
-            return simulate_autoscale.main(options, scaler, m, hw, wl, layout, engine,
-                                           streams, folder, dpi)
+            return simulate_autoscale.main(dict(options, prices=prices), scaler, m, hw, wl,
+                                           layout, engine, streams, folder, dpi)
         fleet = (router, workers, cluster)
         runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet,
                          band=band and hw.uncertainty is not None))
@@ -225,6 +237,11 @@ def simulate_cmd(
     except SpecError as exc:
         fail(str(exc))
     summaries = banded_summaries(runs, edges, hw, slo_ttft, slo_tpot)
+    if energy or prices is not None:
+        try:
+            summaries = with_energy(runs, summaries, m, hw, layout, wl, prices)
+        except SpecError as exc:
+            fail(str(exc))
     _show(runs, summaries, fmt, m, hw, layout, wl, engine)
     if folder is not None:
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from perfmodel.cli import simulate_lora
 from perfmodel.cli.common import fail, numbers, plan, weights_format, workload
 from perfmodel.cli.devices import device
 from perfmodel.cli.host import host_profile
@@ -41,6 +42,8 @@ def inputs(p: dict[str, Any]) -> tuple:
     from perfmodel.serving.engines.vllm import context_limit
 
     streams = _within_limit(streams, context_limit(m, engine), p["trace"] is None)
+    engine = simulate_lora.configure(engine, hw, p)
+    streams = simulate_lora.with_adapters(streams, p)
     _warn_idle(streams, layout)
     _warn_turns(streams, layout, p["router"])
     if layout.pp > 1 and engine.host.overlap and engine.name == "vllm":

@@ -31,6 +31,7 @@ from perfmodel.cost.params import stage_layers
 from perfmodel.cost.step import Dtypes, Step, StepCost, composed_seconds, price_step
 from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
+from perfmodel.serving.engines import lora
 from perfmodel.serving.engines.state import Batch
 from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.dtypes import BYTES
@@ -80,6 +81,8 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     acts += (state + conv * float(kvb[0])) * engine.max_num_seqs
     share = stage_layers(model.n_layers, plan.pp) / model.n_layers
     per_stage = float(kv_bytes_per_token(model, plan.tp, kvb)[0]) * engine.block_size * share
+    stages = stages + lora.reserved_bytes(model, plan.tp, getattr(engine, "lora", None)) \
+        * share                 # each stage's layers' slots
     lefts = [engine.kv_bytes(hw, float(w_s), acts) for w_s in stages]
     s = int(np.argmin([left_s / b for left_s, b in zip(lefts, per_stage, strict=True)]))
     weights, left, per_block = float(stages.max()), lefts[s], float(per_stage[s])
@@ -116,6 +119,7 @@ class StepPricer:
         self.last_host = np.zeros(0)    # the host time in the last ``times``' steps
         self.calls = 0
         self.priced = 0
+        self.lora = lora.pricer(model, hw, plan, engine)   # None with LoRA off
 
     def times(self, batches: list[Batch]) -> np.ndarray:
         """Seconds of each batch's step: its GPU time (at the band ``edge`` when one is
@@ -169,6 +173,8 @@ class StepPricer:
         gpu = cost.time if self.edge is None else band(
             cost.class_seconds(), self.hw.uncertainty,
             composed=self.hw.composition.edges(composed_seconds(cost, timing)))[self.edge]
+        if self.lora is not None:
+            gpu = gpu + self.lora.seconds(batches, timing)
         return gpu, cost, count.sum(axis=1)
 
 

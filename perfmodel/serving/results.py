@@ -167,6 +167,8 @@ class SimResult:
                    peak_kv_use=float(self.steps.kv_blocks.max() / max(self.kv_blocks_total, 1)),
                    peak_running=int(self.steps.seqs.max()),
                    engine_time=self.engine_time())
+        if "lora" in self.info:
+            out["lora"] = self.info["lora"]
         if self.steps.stage_s is not None:
             out["pipeline"] = self.steps.pipeline(self.duration_s)
         if slo_ttft_s is not None or slo_tpot_s is not None:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from perfmodel.schedules.assumptions import check_plan
 from perfmodel.serving import host_time, pipeline, sessions
 from perfmodel.serving.engine_loop import Progress
+from perfmodel.serving.engines import lora
 from perfmodel.serving.engines.vllm import EngineConfig, context_limit
 from perfmodel.serving.fleet import routers
 from perfmodel.serving.fleet.replicas import merge, run_replicas
@@ -46,6 +47,7 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
     pipeline.check(plan, engine)
+    lora.check_requests(requests, getattr(engine, "lora", None), "simulate")
     check_plan(hw, model, plan)
     limit = context_limit(model, engine)
     longest = int((requests.input_tokens + requests.output_tokens).max())
@@ -91,6 +93,9 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
                   "price_calls": sum(r.pricer.calls for r in runs)})
     if scaled is not None:
         res.info["autoscale"] = scaled
+    if getattr(engine, "lora", None) is not None:
+        res.info["lora"] = lora.summary(runs, engine.lora, lora.used(requests),
+                                        runs[0].pricer.lora.load_s)
     if plan.pp > 1:
         res = pipeline.with_stages(res, runs[0])
     return sessions.client_side(host_time.client_side(res, client, requests, engine.host),

@@ -50,6 +50,7 @@ class Batch:
     prefill: bool
     open: bool
     preempted: int
+    lora: tuple | None = None   # (tokens with an adapter, distinct adapters, loads), or None
 
 
 @dataclass(eq=False)
@@ -79,6 +80,7 @@ class EngineState(Forkable):
     lo: int = 0         # every request below has finished: its state is final
     top: int = 0        # no request from here on has been admitted: its state is all zero
     saved: tuple = ()   # ``fork``'s copy of the rows ``lo:top`` of the arrays below
+    lora: Any = None    # the LoRA adapters' slots (``engines.lora.LoraSlots``), or None
 
     MUTABLE = ("computed", "emitted", "own", "shared", "preemptions", "hit_tokens", "padded")
 
@@ -98,6 +100,14 @@ class EngineState(Forkable):
 
     def blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.engine.block_size)
+
+    def lora_step(self, batch: Batch | None) -> Batch | None:
+        """``batch`` with its adapters activated and counted (``engines.lora``)."""
+        if batch is not None and self.lora is not None:
+            from perfmodel.serving.engines.lora import batch_info
+
+            batch.lora = batch_info(self.lora, batch.ids, batch.new)
+        return batch
 
     def settle(self) -> None:
         """Free the seats and blocks of the requests that finished before the schedule

@@ -24,6 +24,8 @@ import numpy as np
 from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.serving.planner import search
 from perfmodel.serving.planner.check import MEASURE, check, unchecked_command
+from perfmodel.serving.planner.energy import COLUMNS as ENERGY
+from perfmodel.serving.planner.energy import check_energy, energy_cost
 from perfmodel.serving.planner.prices import OBJECTIVES, priced
 from perfmodel.serving.planner.search import (  # noqa: F401 - the planner's public names
     LOADS,
@@ -161,7 +163,7 @@ def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def candidates(model: Model, hardware: list[Hardware], target: Target,
-               pessimistic: bool = False) -> tuple[dict, list[str]]:
+               pessimistic: bool = False, energy: bool = False) -> tuple[dict, list[str]]:
     """Every candidate within ``target.gpus`` as columns, before the SLOs, and what the
     search left out in words (``planner.search`` builds the rows)."""
     prompt, gen = target.lengths
@@ -172,7 +174,8 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
         count = len(parts)
         for plan in search.replica_plans(model, hw, cap):
             try:
-                times = search.replica_times(model, hw, plan, prompt, gen, pessimistic)
+                times = search.replica_times(model, hw, plan, prompt, gen, pessimistic,
+                                             energy)
             except SpecError:       # a split the model's heads or the device cannot take
                 continue
             if not len(times["batch"]):
@@ -237,6 +240,7 @@ def _part(hw: Hardware, plan: Parallelism, times: dict, row: np.ndarray, pre: np
     full |= {k: times[k][row] for k in ("precision", "weights_dtype", "act_dtype", "kv_dtype",
                                          "batch", "kv_max_batch", "prefill_s", "step_s",
                                          "static_tokens_per_s")}
+    full |= {k: times[k][row] for k in ENERGY if k in times}
     return {k: np.asarray(v)[ok] for k, v in full.items()}
 
 
@@ -298,11 +302,14 @@ def plan(model: Model, hardware: list[Hardware], target: Target, measure: int = 
          seed: int = 0, confirm: int = CONFIRM, objective: str | None = None,
          prices: dict[str, float] | None = None,
          progress: Callable[[str], None] | None = None,
-         pessimistic: bool = False) -> PlanResult:
+         pessimistic: bool = False, energy: bool = False,
+         usd_per_kwh: float | None = None) -> PlanResult:
     """Search, estimate, rank by ``objective`` (default: fewest GPUs with a rate, most
     goodput per GPU without) within the SLOs, and check the first ``confirm`` in
     simulation, stopping at the first that meets both SLOs beyond its 95% interval.
-    ``progress(stage)`` is told each stage."""
+    ``progress(stage)`` is told each stage. ``energy`` (implied by objective "energy"): each
+    candidate's joules per output token and, priced, its $ per million tokens
+    (``planner.energy``; ``usd_per_kwh`` the electricity's part)."""
     if not hardware:
         raise SpecError("-H: expected at least one device")
     objective = objective or ("gpus" if target.rate is not None else "goodput")
@@ -315,8 +322,13 @@ def plan(model: Model, hardware: list[Hardware], target: Target, measure: int = 
                         f"context limit {model.max_position_embeddings}")
     tell = progress or (lambda _: None)
     tell(f"estimating candidates on {', '.join(h.name for h in hardware)}")
-    cols, searched = candidates(model, hardware, target, pessimistic)
+    energy = energy or objective == "energy"
+    cols, searched = candidates(model, hardware, target, pessimistic, energy)
+    if objective == "energy":
+        check_energy(cols, hardware)
     cols, note = priced(evaluate(cols, target), hardware, objective, prices)
+    if energy:
+        cols = energy_cost(cols, target.lengths[1], usd_per_kwh)
     cols["pareto"] = front(cols, target)
     order = ranking(cols, target, objective)
     devices = {h.name: h for h in hardware}

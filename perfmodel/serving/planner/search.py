@@ -29,6 +29,7 @@ import numpy as np
 from perfmodel.cost.memory import memory_estimate
 from perfmodel.schedules.estimates import estimate_many
 from perfmodel.serving.disagg import Pool, kv_transfer_s
+from perfmodel.serving.planner.energy import energy_times
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
@@ -149,14 +150,15 @@ def left_out(model: Model, hw: Hardware, gpus: int) -> list[str]:
 
 
 def replica_times(model: Model, hw: Hardware, plan: Parallelism, prompt: int, gen: int,
-                  pessimistic: bool = False) -> dict:
+                  pessimistic: bool = False, energy: bool = False) -> dict:
     """For every precision recipe x batch in ``BATCHES`` (capped at the KV ceiling,
     ``memory.max_batch``; a batch above it is the ceiling's row, a recipe that holds no
     sequence is left out): one request's prefill alone (the estimate's TTFT at batch 1),
     the mean decode step at the batch (its TPOT: the mean context) and the static
     request's throughput at the batch, from one ``estimate_many`` call. ``pessimistic``:
     the slow end of the estimate's 80% band (``ttft_s_high``/``tpot_s_high``) where the
-    estimate carries one (``banded`` says whether it did)."""
+    estimate carries one (``banded`` says whether it did). ``energy``: each row's joules
+    per output token and watts per device too (``planner.energy``, at the centre)."""
     choices = recipes(model, hw)
     rows = [replace(p.workload(model), batch=b, prompt_len=prompt, gen_len=gen,
                     cuda_graphs=True) for p in choices for b in (1, *BATCHES)]
@@ -179,7 +181,9 @@ def replica_times(model: Model, hw: Hardware, plan: Parallelism, prompt: int, ge
     keep = (ceil[:, 1:] >= 1) & (np.diff(batch, axis=1) > 0)    # capped repeats dropped
     keep[:, 0] = ceil[:, 1] >= 1
     which = np.repeat(np.arange(len(choices)), len(BATCHES)).reshape(keep.shape)[keep]
-    return {"recipe": which, "precision": np.array([choices[k].name for k in which]),
+    spent = {k: np.asarray(v).reshape(shape)[:, 1:][keep]
+             for k, v in energy_times(e).items()} if energy else {}
+    return spent | {"recipe": which, "precision": np.array([choices[k].name for k in which]),
             "weights_dtype": np.array([choices[k].weights for k in which]),
             "act_dtype": np.array([choices[k].activations for k in which]),
             "kv_dtype": np.array([choices[k].kv for k in which]),
