@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli import simulate_autoscale as sa
 from perfmodel.cli import simulate_lora as sl
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
@@ -40,7 +41,6 @@ _ENGINE = "engine (vLLM's flag names and defaults)"
 _SGL = "--engine sglang (SGLang's flag names; unset: its defaults)"
 _TRT = "--engine trtllm (TensorRT-LLM's option names; unset: its defaults)"
 _FLEET = "replicas and conversations"
-_SCALE = "autoscaling (--autoscale)"
 Opt = typer.Option
 
 
@@ -184,25 +184,14 @@ def simulate_cmd(
     loras: sl.Loras = 0,
     lora_dist: sl.LoraDist = "zipf",
     lora_skew: sl.LoraSkew = 1.0,
-    rate_shape: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
-        "sine:PERIOD_S:AMPLITUDE: a day-shaped Poisson rate, --rate x (1 + AMPLITUDE x "
-        "sin(2 pi t / PERIOD_S))"))] = None,
-    autoscale: Annotated[str | None, Opt(rich_help_panel=_SCALE, help=(
-        "queue | running | kv | ttft: replicas added and removed by that metric (HPA's "
-        "rule), against fixed fleets of --min-replicas and --max-replicas"))] = None,
-    autoscale_target: Annotated[float | None, Opt(rich_help_panel=_SCALE, help=(
-        "per replica: waiting requests (queue, default 4), requests in flight (running, "
-        "64), KV share in use (kv, 0.7); p90 TTFT seconds (ttft, default --slo-ttft)"))
-                                ] = None,
-    min_replicas: Annotated[int, Opt(min=1, rich_help_panel=_SCALE)] = 1,
-    max_replicas: Annotated[int, Opt(min=1, rich_help_panel=_SCALE)] = 4,
-    scale_interval: Annotated[float, Opt(rich_help_panel=_SCALE, help=(
-        "seconds between decisions (HPA's sync period)"))] = 15.0,
-    scale_down_window: Annotated[float, Opt(rich_help_panel=_SCALE, help=(
-        "seconds of scale-down stabilization (HPA's default 300)"))] = 300.0,
-    startup_s: Annotated[float | None, Opt(rich_help_panel=_SCALE, help=(
-        "a launched replica's start-up, seconds (default: weights load + CUDA graphs + "
-        "an assumed 30 s engine start)"))] = None,
+    rate_shape: sa.RateShapeOpt = None,
+    autoscale: sa.AutoscaleOpt = None,
+    autoscale_target: sa.TargetOpt = None,
+    min_replicas: sa.MinReplicasOpt = 1,
+    max_replicas: sa.MaxReplicasOpt = 4,
+    scale_interval: sa.IntervalOpt = 15.0,
+    scale_down_window: sa.DownWindowOpt = 300.0,
+    startup_s: sa.StartupOpt = None,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
@@ -218,13 +207,11 @@ def simulate_cmd(
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
     try:
-        from perfmodel.cli import simulate_autoscale
-
-        scaler = simulate_autoscale.check(options)
+        scaler = sa.check(options)
         m, hw, wl, layout, engine, streams = inputs(options)
         if scaler is not None:
-            return simulate_autoscale.main(dict(options, prices=prices), scaler, m, hw, wl,
-                                           layout, engine, streams, folder, dpi)
+            return sa.main(dict(options, prices=prices), scaler, m, hw, wl, layout, engine,
+                           streams, folder, dpi)
         fleet = (router, workers, cluster)
         runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet,
                          band=band and hw.uncertainty is not None))

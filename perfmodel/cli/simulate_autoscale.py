@@ -8,11 +8,33 @@ Module level: typer and the standard library only.
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from perfmodel.cli.common import fail, save
+
+_SCALE = "autoscaling (--autoscale)"
+_TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
+Opt = typer.Option
+RateShapeOpt = Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
+    "sine:PERIOD_S:AMPLITUDE: a day-shaped Poisson rate, --rate x (1 + AMPLITUDE x "
+    "sin(2 pi t / PERIOD_S))"))]
+AutoscaleOpt = Annotated[str | None, Opt(rich_help_panel=_SCALE, help=(
+    "queue | running | kv | ttft: replicas added and removed by that metric (HPA's rule), "
+    "against fixed fleets of --min-replicas and --max-replicas"))]
+TargetOpt = Annotated[float | None, Opt(rich_help_panel=_SCALE, help=(
+    "per replica: waiting requests (queue, default 4), requests in flight (running, 64), "
+    "KV share in use (kv, 0.7); p90 TTFT seconds (ttft, default --slo-ttft)"))]
+MinReplicasOpt = Annotated[int, Opt(min=1, rich_help_panel=_SCALE)]
+MaxReplicasOpt = Annotated[int, Opt(min=1, rich_help_panel=_SCALE)]
+IntervalOpt = Annotated[float, Opt(rich_help_panel=_SCALE, help=(
+    "seconds between decisions (HPA's sync period)"))]
+DownWindowOpt = Annotated[float, Opt(rich_help_panel=_SCALE, help=(
+    "seconds of scale-down stabilization (HPA's default 300)"))]
+StartupOpt = Annotated[float | None, Opt(rich_help_panel=_SCALE, help=(
+    "a launched replica's start-up, seconds (default: weights load + CUDA graphs + an "
+    "assumed 30 s engine start)"))]
 
 
 def check(p: dict) -> Any:
