@@ -59,6 +59,13 @@ def test_ttft_target_scales_the_ready_replicas_by_the_ratio():
     assert Autoscaler(policy("ttft", 1.0, 1, 8, 15.0, 0.0)).decide(15.0, 0.5, 3, 0) == 2
 
 
+def test_a_decision_without_a_metric_is_null_in_json():
+    from perfmodel.serving.fleet.scaling import Scaled
+
+    sc = Scaled(policy("ttft", 1.0, 1, 2), 10.0, 1, decisions=[(15.0, 1, 0, 0, 1, math.nan)])
+    assert json.loads(json.dumps(sc.to_dict()))["replicas_over_time"]["metric"] == [None]
+
+
 @pytest.mark.parametrize("args, word", [
     (("bogus", None, 1, 2), "--autoscale"), (("kv", 1.5, 1, 2), "--autoscale-target"),
     (("queue", None, 3, 2), "--max-replicas"), (("ttft", None, 1, 2), "--slo-ttft")])

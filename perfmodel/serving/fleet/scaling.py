@@ -47,8 +47,8 @@ class Replica:
 @dataclass
 class Scaled:
     """What the autoscaler did: at each decision (time, serving, starting, draining,
-    wanted, metric or NaN); each replica's (launch, ready, drain or NaN, stop) times and
-    (first, last) arrival routed to it (NaN: none)."""
+    wanted, metric or NaN: null in JSON); each replica's (launch, ready, drain or NaN,
+    stop) times and (first, last) arrival routed to it (NaN: none)."""
     policy: Policy
     startup_s: float
     devices: int
@@ -64,7 +64,8 @@ class Scaled:
         cols = ("t_s", "serving", "starting", "draining", "wanted", "metric")
         return {"policy": self.policy.describe(), "startup_s": self.startup_s,
                 "replicas_launched": len(self.spans), "gpu_hours": self.gpu_seconds / 3600,
-                "replicas_over_time": {c: [d[i] for d in self.decisions]
+                "replicas_over_time": {c: [None if d[i] != d[i] else d[i]  # NaN: none
+                                           for d in self.decisions]
                                        for i, c in enumerate(cols)}}
 
 
