@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from perfmodel.cli import simulate_autoscale as sa
+from perfmodel.cli import simulate_disagg_opts as pd_opts
 from perfmodel.cli import simulate_lora as sl
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
@@ -26,6 +27,7 @@ from perfmodel.cli.common import (
     Tp,
     WeightsFormatOpt,
     WeightsOpt,
+    duration_text,
     fail,
     out_dir,
     out_path,
@@ -172,6 +174,18 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    prefill_replicas: pd_opts.Replicas = 0,
+    decode_replicas: pd_opts.DecodeReplicas = 1,
+    prefill_hardware: pd_opts.Hardware = None,
+    decode_hardware: pd_opts.Hardware = None,
+    prefill_tp: pd_opts.Tp = None,
+    decode_tp: pd_opts.Tp = None,
+    prefill_ep: pd_opts.Ep = None,
+    decode_ep: pd_opts.Ep = None,
+    prefill_flag: pd_opts.Flag = None,
+    decode_flag: pd_opts.Flag = None,
+    kv_link: pd_opts.Link = "nixl",
+    kv_contention: pd_opts.Contention = True,
     energy: EnergyOpt = False,
     prices: EstimatePricesOpt = None,
     enable_lora: sl.EnableLora = False,
@@ -199,6 +213,9 @@ def simulate_cmd(
     from perfmodel.specs.errors import SpecError
 
     check_slos(slo_ttft, slo_tpot)
+    from perfmodel.cli import simulate_disagg
+
+    pd = simulate_disagg.wanted(ctx, options)
     folder = None if out is None else out_dir(Path(out))
     if trace is not None:
         given = [name for name in _GENERATED
@@ -206,12 +223,16 @@ def simulate_cmd(
         if given:
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
+    if pd:
+        if energy or prices is not None:
+            fail("--energy / --prices: not priced for a disaggregated deployment yet; drop "
+                 "them with --prefill-replicas")
+        return simulate_disagg.run(ctx, options, folder, _write)
     try:
-        scaler = sa.check(options)
         m, hw, wl, layout, engine, streams = inputs(options)
-        if scaler is not None:
-            return sa.main(dict(options, prices=prices), scaler, m, hw, wl, layout, engine,
-                           streams, folder, dpi)
+        if autoscale is not None:
+            return sa.main(dict(options, prices=prices), m, hw, wl, layout, engine, streams,
+                           folder, dpi)
         fleet = (router, workers, cluster)
         runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet,
                          band=band and hw.uncertainty is not None))
@@ -314,17 +335,7 @@ class _Eta:
         whole = (now - self.start + since / gained * (1.0 - part)) * self.runs
         if whole > 2 * _ANNOUNCE_AFTER_S:
             typer.echo(f"note: {self.label}: {part:.2%} of {self.n:,} requests simulated in "
-                       f"{now - self.start:.0f} s: about {_duration(whole)} in all", err=True)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172_800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86_400:,.0f} days"
+                       f"{now - self.start:.0f} s: about {duration_text(whole)} in all", err=True)
 
 
 def _show(runs: list, summaries: list[dict], fmt: Format, m: Any, hw: Any, layout: Any,

@@ -48,11 +48,12 @@ def check(p: dict) -> Any:
                   p["slo_ttft"])
 
 
-def main(p: dict, pol: Any, m: Any, hw: Any, wl: Any, layout: Any, engine: Any,
-         streams: list, folder: Path | None, dpi: int) -> None:
+def main(p: dict, m: Any, hw: Any, wl: Any, layout: Any, engine: Any, streams: list,
+         folder: Path | None, dpi: int) -> None:
     """Simulate and show the three fleets (one line each), as a table or JSON."""
     from perfmodel.serving.simulate import simulate
 
+    pol = check(p)
     if len(streams) != 1:
         fail("--autoscale: give one --rate (or one --trace), not several")
     if p["startup_s"] is not None and not p["startup_s"] >= 0:
