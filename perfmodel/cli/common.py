@@ -318,14 +318,3 @@ def dtypes(option: str, text: str) -> list[str]:
         if d not in DTYPES:
             fail(f"{option}: unknown dtype {d!r}, expected one of {', '.join(DTYPES)}")
     return out
-
-
-def duration_text(seconds: float) -> str:
-    """A run's length in the unit a reader takes in at once: s, min, h or days."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172_800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86_400:,.0f} days"

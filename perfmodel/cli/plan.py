@@ -21,6 +21,19 @@ from perfmodel.cli.devices import EngineOpt, devices
 from perfmodel.cli.energy_opts import EnergyOpt, read_price_file
 from perfmodel.cli.host import HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
 from perfmodel.cli.plan_text import energy_record, explain, text
+from perfmodel.cli.speculative import (
+    Acceptance,
+    AcceptanceMode,
+    AcceptanceProfile,
+    AcceptanceSeed,
+    SpecAlgorithm,
+    SpecConfig,
+    SpecDraftPath,
+    SpecDraftTokens,
+    SpecSteps,
+    SpecTopk,
+    speculative,
+)
 
 Opt = typer.Option
 
@@ -96,13 +109,26 @@ def plan_cmd(
     engine_profile: ProfileOpt = None,
     host_time: HostOnOpt = True,
     weights_format_name: WeightsFormatOpt = None,
+    speculative_config: SpecConfig = None,
+    speculative_algorithm: SpecAlgorithm = None,
+    speculative_draft_model_path: SpecDraftPath = None,
+    speculative_num_steps: SpecSteps = None,
+    speculative_eagle_topk: SpecTopk = None,
+    speculative_num_draft_tokens: SpecDraftTokens = None,
+    acceptance: Acceptance = None,
+    acceptance_profile: AcceptanceProfile = None,
+    acceptance_mode: AcceptanceMode = "expected",
+    acceptance_seed: AcceptanceSeed = 0,
     energy: EnergyOpt = False,
 ) -> None:
     """Plan a deployment: device, parallelism (TP in a node, wide EP across nodes),
     precision recipe, max batch, replicas, aggregated or disaggregated prefill/decode,
     meeting the SLOs at --rate with the fewest GPUs (or --objective); estimated for every
-    candidate, the best checked in simulation."""
+    candidate, the best checked in simulation; with a drafter (--speculative-config, or
+    SGLang's --speculative-algorithm), every candidate with speculation and without."""
     import sys
+
+    drafting = {k: v for k, v in locals().items() if k.startswith(("speculative_", "accept"))}
 
     from perfmodel.serving.planner import plans as planner
     from perfmodel.specs import load
@@ -129,6 +155,7 @@ def plan_cmd(
         target = replace(target, host=host_profile(engine, engine_version, engine_mode,
                                                    engine_profile, on=host_time),
                          host_flags=flags if host_time else "--no-host-time")
+        target = replace(target, speculative=speculative(engine, drafting))
         table, kwh = read_price_file(prices)
         result = planner.plan(m, hws, target, requests, seed,
                               objective=objective.value if objective else None,
@@ -174,12 +201,19 @@ def _target(gpus: int | None, slo_ttft: float, slo_tpot: float, input_len: int |
                   float(reqs.output_tokens.mean()), rate, reqs, trace_path=str(trace))
 
 
+def _without_empty_speculative(plan: dict) -> dict:
+    """The plan's record less its ``speculative`` entry when it serves without (the output
+    of a plan without speculation stays as it was)."""
+    return {k: v for k, v in plan.items() if k != "speculative" or v}
+
+
 def summary(result: Any) -> dict:
     """The plan as plain data: the ask, the counts, the checks, the winner and its record,
     why, the launch commands, the Pareto front, what was searched and the notes."""
 
     cols, t = result.candidates, result.target
-    plan = asdict(result.plan) | {"precision": result.plan.precision.name,
+    plan = _without_empty_speculative(asdict(result.plan)) | {
+                                  "precision": result.plan.precision.name,
                                   "weights_dtype": result.plan.precision.weights,
                                   "act_dtype": result.plan.precision.activations,
                                   "kv_dtype": result.plan.precision.kv}
@@ -257,7 +291,8 @@ def deployment(result: Any) -> Any:
                       pre, replace(server, max_num_seqs=EngineConfig().max_num_seqs)
                       if pre else None, per_node, str(cols["weights_dtype"][i]),
                       str(cols["kv_dtype"][i]) if "kv_dtype" in cols else "bf16",
-                      platform=where)
+                      platform=where, speculative=result.target.speculative
+                      if "speculative" in cols and cols["speculative"][i] else None)
 
 
 def launch_steps(result: Any) -> dict[str, Any]:

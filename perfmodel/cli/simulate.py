@@ -15,6 +15,7 @@ import typer
 from perfmodel.cli import simulate_autoscale as sa
 from perfmodel.cli import simulate_disagg_opts as pd_opts
 from perfmodel.cli import simulate_lora as sl
+from perfmodel.cli import speculative as sp
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
     AttentionDp,
@@ -27,7 +28,6 @@ from perfmodel.cli.common import (
     Tp,
     WeightsFormatOpt,
     WeightsOpt,
-    duration_text,
     fail,
     out_dir,
     out_path,
@@ -36,6 +36,7 @@ from perfmodel.cli.common import (
 from perfmodel.cli.devices import EngineOpt
 from perfmodel.cli.energy_opts import EnergyOpt, EstimatePricesOpt, with_energy
 from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt
+from perfmodel.cli.simulate_bands import banded_summaries, edge_pair
 from perfmodel.cli.simulate_inputs import inputs
 
 _TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
@@ -188,6 +189,16 @@ def simulate_cmd(
     kv_contention: pd_opts.Contention = True,
     energy: EnergyOpt = False,
     prices: EstimatePricesOpt = None,
+    speculative_config: sp.SpecConfig = None,
+    speculative_algorithm: sp.SpecAlgorithm = None,
+    speculative_draft_model_path: sp.SpecDraftPath = None,
+    speculative_num_steps: sp.SpecSteps = None,
+    speculative_eagle_topk: sp.SpecTopk = None,
+    speculative_num_draft_tokens: sp.SpecDraftTokens = None,
+    acceptance: sp.Acceptance = None,
+    acceptance_profile: sp.AcceptanceProfile = None,
+    acceptance_mode: sp.AcceptanceMode = "expected",
+    acceptance_seed: sp.AcceptanceSeed = 0,
     enable_lora: sl.EnableLora = False,
     max_loras: sl.MaxLoras = None,
     max_lora_rank: sl.MaxLoraRank = None,
@@ -255,30 +266,6 @@ def simulate_cmd(
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
 
 
-def edge_pair(res: Any, reqs: Any, run: Any, slo_ttft: float | None,
-              slo_tpot: float | None) -> tuple[dict, dict]:
-    """(low, high) summaries of the run ``res`` of ``reqs`` (``serving.bands.edge_summaries``:
-    on a sample of a large run); ``run(requests, edge)`` simulates."""
-    from perfmodel.serving.bands import edge_summaries
-
-    return edge_summaries(reqs, res, run, (slo_ttft, slo_tpot))
-
-
-def banded_summaries(runs: list, edges: list | None, hw: Any, slo_ttft: float | None,
-               slo_tpot: float | None) -> list[dict]:
-    """Each run's summary, with its 80% band where ``edges`` has the (low, high)
-    summaries (``edge_pair``)."""
-    from perfmodel.serving.bands import NO_BAND, banded_summary
-
-    out = [res.summary(slo_ttft, slo_tpot) for _, res in runs]
-    if edges is None:
-        note = NO_BAND if hw.uncertainty is None else "no band: --no-band"
-        return [dict(s, band=note) for s in out]
-    return [banded_summary(s, *pair,
-                           hw.uncertainty.describe() + "; every step at its band's edge")
-            for s, pair in zip(out, edges, strict=True)]
-
-
 def _run(m: Any, hw: Any, reqs: Any, layout: Any, engine: Any, wl: Any, progress: bool,
          label: str, edge: int | None = None, fleet: tuple = ("round-robin", 1),
          band: bool = False, quiet: bool = False) -> Any:
@@ -335,7 +322,17 @@ class _Eta:
         whole = (now - self.start + since / gained * (1.0 - part)) * self.runs
         if whole > 2 * _ANNOUNCE_AFTER_S:
             typer.echo(f"note: {self.label}: {part:.2%} of {self.n:,} requests simulated in "
-                       f"{now - self.start:.0f} s: about {duration_text(whole)} in all", err=True)
+                       f"{now - self.start:.0f} s: about {_duration(whole)} in all", err=True)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:,.0f} days"
 
 
 def _show(runs: list, summaries: list[dict], fmt: Format, m: Any, hw: Any, layout: Any,

@@ -29,7 +29,9 @@ SIDES = ("prefill", "decode")
 _REFUSED = {"dp": "the pools' sizes are --prefill-replicas and --decode-replicas",
             "router": "requests go round-robin to each pool's instances (vLLM's proxy)",
             "workers": "the pools run in this process", "cluster": "the pools run here",
-            "concurrency": "closed-loop users are not simulated across two pools"}
+            "concurrency": "closed-loop users are not simulated across two pools",
+            **dict.fromkeys(("speculative_config", "speculative_algorithm"),
+                            "the decode pool's drafts are not simulated yet")}
 _POOL_ONLY = ("decode_replicas", "kv_link", "kv_contention",
               *(f"{s}_{k}" for s in SIDES for k in ("hardware", "tp", "ep", "flag")))
 NO_BAND = "no band: not simulated for a disaggregated deployment yet"

@@ -34,6 +34,11 @@ def inputs(p: dict[str, Any]) -> tuple:
     engine = replace(_engine(p["engine_name"], p), host=host_profile(
         p["engine_name"], p["engine_version"], p["engine_mode"], p["engine_profile"],
         p["frontend"], p["host_time"]))
+    from perfmodel.cli.speculative import speculative
+
+    spec = speculative(p["engine_name"], p)
+    if spec is not None:
+        engine = replace(engine, speculative=spec)
     streams = _traffic(p["trace"], p["rate"], p["concurrency"], p["num_requests"],
                        p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
                        p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],

@@ -76,6 +76,13 @@ def _summary_extras(summary: dict) -> list[tuple[str, str]]:
         busy = ", ".join(f"{u:.0%}" for u in pipe["stage_utilization"])
         extra.append(("pipeline", f"{pipe['stages']} stages busy {busy} of the run (first "
                                   f"engine); sends {pipe['send_s']:.3f} s"))
+    spec = summary.get("speculation")
+    if spec:
+        length = spec["acceptance_length"]
+        extra.append(("speculation", f"{spec['method']} k={spec['num_speculative_tokens']}: "
+                      f"acceptance length {length or 0:.3f} tokens per verify (expected "
+                      f"{spec['expected_tokens_per_verify']:.3f}) over "
+                      f"{spec['verify_steps']:,} verifies; ITL between chunks"))
     if "energy" in summary:
         extra += energy_extras(summary["energy"])
     return extra

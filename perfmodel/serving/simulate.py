@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.schedules.assumptions import check_plan
 from perfmodel.serving import host_time, pipeline, sessions
 from perfmodel.serving.engine_loop import Progress
@@ -47,6 +48,8 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     engine = engine or EngineConfig()
     workload = workload or Workload.for_model(model)
     pipeline.check(plan, engine)
+    if engine.speculative is not None:
+        speculation.check(engine, plan, model)
     lora.check_requests(requests, getattr(engine, "lora", None), "simulate")
     check_plan(hw, model, plan)
     limit = context_limit(model, engine)
@@ -86,11 +89,12 @@ def simulate(model: Model, hw: Hardware, requests: Requests,
     else:
         parts, runs, scaled = _autoscaled(model, hw, one, workload, engine, requests, pool,
                                           router, autoscale, startup_s, progress, edge)
-    res = merge(requests, parts, runs, pool.blocks, label,
-                 {"engines": engines, "kv_pool": pool, "plan": plan.describe(),
-                  "engine": engine, "router": router,
-                  "steps_priced": sum(r.pricer.priced for r in runs),
-                  "price_calls": sum(r.pricer.calls for r in runs)})
+    info = {"engines": engines, "kv_pool": pool, "plan": plan.describe(), "engine": engine,
+            "router": router, "steps_priced": sum(r.pricer.priced for r in runs),
+            "price_calls": sum(r.pricer.calls for r in runs)}
+    if engine.speculative is not None:
+        info["speculation"] = speculation.summary([r.state for r in runs])
+    res = merge(requests, parts, runs, pool.blocks, label, info)
     if scaled is not None:
         res.info["autoscale"] = scaled
     if getattr(engine, "lora", None) is not None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import perfmodel.serving.engines.lora as lora
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.cost.memory import STEP_TOKENS, usable_bytes
 from perfmodel.serving.engines.state import Batch, EngineState
 from perfmodel.serving.host_time import NO_HOST, HostTime
@@ -86,6 +87,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     max_model_len: int = 0
     host: HostTime = NO_HOST
+    speculative: object = None      # ``engines.speculation.SpecDecode``; None: off
     lora: lora.LoraSettings | None = None   # --enable-lora's settings (``engines.lora``)
 
     name = "vllm"
@@ -135,6 +137,10 @@ class EngineConfig:
             out.append("--enforce-eager")
         if self.max_model_len:
             out.append(f"--max-model-len {self.max_model_len}")
+        if self.speculative is not None:
+            from perfmodel.serving.engines.speculation_flags import engine_flags
+
+            out.append(engine_flags(self.speculative, self.name))
         if self.lora is not None:
             out.append(self.lora.flags())
         return " ".join(out)
@@ -166,8 +172,11 @@ class VLLMState(EngineState):
             return None
         prefill = tokens > len(ids)     # some request computes more than one token (each
         # computes at least one): not vLLM's uniform-decode batch
-        return self.lora_step(Batch(ids, new, context, prefill, admit and room and
-                                    lora.open_queue(self.lora, self.waiting), preempted))
+        if self.spec is not None and prefill:
+            prefill = speculation.has_prompt(self, ids, new)
+        batch = self.lora_step(Batch(ids, new, context, prefill, admit and room and
+                                     lora.open_queue(self.lora, self.waiting), preempted))
+        return batch if self.spec is None else speculation.mark(self, batch)
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
         run = np.array(self.running, dtype=np.int64)
@@ -175,6 +184,8 @@ class VLLMState(EngineState):
             return run, run, 0
         computed = self.computed[run]
         need = self.prompt[run] + self.emitted[run] - computed
+        if self.spec is not None:       # a decode's drafts (``engines.speculation``)
+            need = speculation.need(self, run, need)
         if self.late:           # finished, output not yet processed: not scheduled again
             need[np.isin(run, self.late)] = 0
         if self.engine.scheduler == "static":
@@ -184,7 +195,9 @@ class VLLMState(EngineState):
             np.minimum(np.maximum(budget - spent + need, 0), need)
         if self.engine.scheduler == "static":      # KV reserved at admission
             return run[new > 0], new[new > 0], 0
-        blocks = np.maximum(-(-(computed + new) // self.engine.block_size) - self.own[run]
+        upto = computed + new if self.spec is None else \
+            speculation.slots(self, run, computed + new)
+        blocks = np.maximum(-(-upto // self.engine.block_size) - self.own[run]
                             - self.shared[run], 0)
         wanted = int(blocks.sum())
         if wanted <= self.pool.free:

@@ -20,6 +20,7 @@ import numpy as np
 
 from perfmodel.serving.disagg import Pool, simulate_disaggregated
 from perfmodel.serving.engines import engine_config
+from perfmodel.serving.engines.speculation_flags import simulate_flags
 from perfmodel.serving.planner.search import unit
 from perfmodel.serving.results import SimResult
 from perfmodel.serving.simulate import simulate
@@ -108,7 +109,8 @@ def simulated(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target
     reqs = generate(sum(counts), rate=share, input_len=target.lengths[0],
                     output_len=target.lengths[1], **_lengths(target), seed=seed)
     wl = plan.precision.workload(model)
-    engine = engine_config(hw.engine, **{BATCH[hw.engine]: plan.max_num_seqs})
+    engine = engine_config(hw.engine, **{BATCH[hw.engine]: plan.max_num_seqs},
+                           speculative=target.speculative if plan.speculative else None)
     one = plan.parallelism
     if pre:         # each pool an engine with the host time, as simulate adds it
         return simulate_disaggregated(model, reqs, Pool(hw, replace(one, dp=pre)),
@@ -168,4 +170,6 @@ def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float,
             f"--rate {rate:.6g} --num-requests {n} --input-len {target.lengths[0]} "
             f"--output-len {target.lengths[1]} {lengths} --seed {seed} "
             f"--slo-ttft {target.slo_ttft_s:g} --slo-tpot {target.slo_tpot_s:g}"
-            + (f" {host}" if host else ""))
+            + (f" {host}" if host else "")
+            + (f" {simulate_flags(target.speculative, hw.engine)}" if plan.speculative
+               else ""))
