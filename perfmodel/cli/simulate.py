@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli import simulate_autoscale as sa
 from perfmodel.cli import simulate_disagg_opts as pd_opts
 from perfmodel.cli import simulate_lora as sl
 from perfmodel.cli import simulate_offload_opts as kv_opts
@@ -60,7 +61,7 @@ class Scheduler(str, Enum):
 # (--think-time is not one: it re-sends a trace's later turns after their answers)
 _GENERATED = ("num_requests", "input_len", "output_len", "arrival", "burstiness",
               "length_dist", "spread", "lengths_from", "shared_prefix", "seed", "turns",
-              "turn_growth", "loras", "lora_dist", "lora_skew")
+              "turn_growth", "loras", "lora_dist", "lora_skew", "rate_shape")
 _ANNOUNCE_AFTER_S = 2.0    # a run still going after this long says how long it will take
 
 
@@ -208,6 +209,14 @@ def simulate_cmd(
     loras: sl.Loras = 0,
     lora_dist: sl.LoraDist = "zipf",
     lora_skew: sl.LoraSkew = 1.0,
+    rate_shape: sa.RateShapeOpt = None,
+    autoscale: sa.AutoscaleOpt = None,
+    autoscale_target: sa.TargetOpt = None,
+    min_replicas: sa.MinReplicasOpt = 1,
+    max_replicas: sa.MaxReplicasOpt = 4,
+    scale_interval: sa.IntervalOpt = 15.0,
+    scale_down_window: sa.DownWindowOpt = 300.0,
+    startup_s: sa.StartupOpt = None,
     kv_offload: kv_opts.Tiers = None,
     cpu_kv_gb: kv_opts.CpuGb = None,
     ssd_kv_gb: kv_opts.SsdGb = None,
@@ -237,6 +246,9 @@ def simulate_cmd(
         return simulate_disagg.run(ctx, options, folder, _write)
     try:
         m, hw, wl, layout, engine, streams = inputs(options)
+        if autoscale is not None:
+            return sa.main(dict(options, prices=prices), m, hw, wl, layout, engine, streams,
+                           folder, dpi)
         fleet = (router, workers, cluster)
         runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet,
                          band=band and hw.uncertainty is not None))

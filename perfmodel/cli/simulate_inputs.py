@@ -43,7 +43,7 @@ def inputs(p: dict[str, Any]) -> tuple:
                        p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
                        p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
                        p["seed"], (p["turns"], p["think_time"], p["turn_growth"]),
-                       3 if p.get("band", True) else 1)
+                       3 if p.get("band", True) else 1, p.get("rate_shape"))
     from perfmodel.serving.engines.vllm import context_limit
 
     streams = _within_limit(streams, context_limit(m, engine), p["trace"] is None)
@@ -158,7 +158,7 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
              input_len: int, output_len: int, arrival: str, burstiness: float,
              length_dist: str, spread: float, lengths_from: Path | None,
              shared_prefix: int, seed: int, talk: tuple = (1, None, None),
-             copies: int = 1) -> list:
+             copies: int = 1, shape: str | None = None) -> list:
     """[(offered rate or None, Requests, label)]: one stream, or one per --rate; each
     simulated ``copies`` times (the band's edges), which must fit in memory."""
     from perfmodel.serving import traffic
@@ -182,6 +182,10 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
                   spread=spread, lengths_from=lengths, shared_prefix=shared_prefix, seed=seed)
     if talk != (1, None, None):
         common.update(turns=talk[0], think_time=talk[1] or 0.0, turn_growth=talk[2])
+    if shape is not None:
+        from perfmodel.serving.rate_shape import parse
+
+        common.update(rate_shape=parse(shape))
     rates = [] if concurrency else numbers("--rate", rate, float, minimum=0.0)
     check_memory(n, output_len, copies * max(len(rates), 1))
     if concurrency:
