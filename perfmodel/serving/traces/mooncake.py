@@ -100,7 +100,7 @@ def prefixes(paths: list[list], inputs: np.ndarray) -> tuple[np.ndarray, np.ndar
     requests in arrival order with block-hash ``paths`` (the module docstring)."""
     trie: dict[tuple[int, object], int] = {}
     nodes = [_walk(trie, p) for p in paths]          # each request's nodes, root first
-    count = np.bincount(np.concatenate(nodes + [np.zeros(0, np.int64)]),
+    count = np.bincount(np.concatenate([*nodes, np.zeros(0, np.int64)]),
                         minlength=len(trie))
     seen = np.zeros(len(trie), bool)
     owner = np.full(len(trie), -1, np.int64)
