@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli import trace_inputs
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
     AttentionDp,
@@ -71,7 +72,7 @@ def simulate_cmd(
     host_time: HostOnOpt = True,
     trace: Annotated[Path | None, Opt(rich_help_panel=_TRAFFIC, help=(
         "CSV of arrival_s,input_tokens,output_tokens[,prefix_id,prefix_tokens]"
-        "[,session_id,turn]"))] = None,
+        "[,session_id,turn]; or a public trace (--trace-format)"))] = None,
     rate: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
         "requests per second; several, comma-separated, draw latency against load"))] = None,
     concurrency: Annotated[int, Opt(min=0, rich_help_panel=_TRAFFIC, help=(
@@ -169,6 +170,9 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    trace_format: trace_inputs.FormatOpt = "auto",
+    trace_window: trace_inputs.WindowOpt = None,
+    trace_speedup: trace_inputs.SpeedupOpt = 1.0,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
@@ -178,8 +182,9 @@ def simulate_cmd(
     check_slos(slo_ttft, slo_tpot)
     folder = None if out is None else out_dir(Path(out))
     if trace is not None:
-        given = [name for name in _GENERATED
-                 if ctx.get_parameter_source(name).name == "COMMANDLINE"]
+        rated = _rated_trace(trace, (trace_format, trace_window, trace_speedup))
+        given = [name for name in _GENERATED if name not in rated
+                 and ctx.get_parameter_source(name).name == "COMMANDLINE"]
         if given:
             fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
                  "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
@@ -200,6 +205,16 @@ def simulate_cmd(
     _show(runs, summaries, fmt, m, hw, layout, wl, engine)
     if folder is not None:
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
+
+
+def _rated_trace(trace: Path, shape: tuple) -> tuple[str, ...]:
+    """The generated-traffic options a trace without arrival times takes (with --rate)."""
+    from perfmodel.specs.errors import SpecError
+
+    try:
+        return ("arrival", "burstiness", "seed") if trace_inputs.timeless(trace, shape) else ()
+    except SpecError as exc:
+        fail(str(exc))
 
 
 def edge_pair(res: Any, reqs: Any, run: Any, slo_ttft: float | None,
