@@ -55,11 +55,12 @@ def detect(path: Path) -> str:
         return "sharegpt"
     if first.startswith("{"):
         return "mooncake" if '"input_length"' in head else "native"
-    from perfmodel.serving.traces import azure, burstgpt
+    from perfmodel.serving.traces.azure import COLUMNS as AZURE
+    from perfmodel.serving.traces.burstgpt import COLUMNS as BURSTGPT
 
     cells = {c.strip() for c in next(csv.reader([first]), [])}
-    for name, module in (("azure", azure), ("burstgpt", burstgpt)):
-        if set(module.COLUMNS) <= cells:
+    for name, columns in (("azure", AZURE), ("burstgpt", BURSTGPT)):
+        if set(columns) <= cells:
             return name
     return "native"
 
