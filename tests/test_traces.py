@@ -216,3 +216,11 @@ def test_lengths_from_takes_a_public_trace(tmp_path):
     pairs = {(472, 18), (1087, 230), (417, 276)}
     assert len(rows) == 20
     assert {(int(r["input_tokens"]), int(r["output_tokens"])) for r in rows} <= pairs
+
+
+def test_a_native_trace_keeps_its_own_message(tmp_path):
+    path = _write(tmp_path, "n.csv", "arrival_s,input_tokens,output_tokens\n-1,5,5\n")
+    with pytest.raises(SpecError) as exc:
+        traces.read(path)
+    assert "expected a time >= 0 s" in str(exc.value)
+    assert "published format" not in str(exc.value)

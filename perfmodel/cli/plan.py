@@ -69,7 +69,8 @@ def plan_cmd(
     spread: Annotated[float, Opt(min=0.0, rich_help_panel=_ASK, help=(
         "uniform: +- share of the mean; lognormal: sigma"))] = 0.5,
     trace: Annotated[Path | None, Opt(rich_help_panel=_ASK, help=(
-        "CSV trace (arrival_s,input_tokens,output_tokens): its mean lengths and rate; the "
+        "CSV trace (arrival_s,input_tokens,output_tokens) or a public one (--trace-format):"
+        " its mean lengths and rate; the "
         "check draws its lengths"))] = None,
     objective: Annotated[Objective | None, Opt(rich_help_panel=_SEARCH, help=(
         "fewest GPUs (default with a rate), lowest cost per hour (needs prices), or most "

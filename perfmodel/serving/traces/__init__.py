@@ -45,6 +45,11 @@ def check_format(fmt: str, flag: str = "--trace-format") -> None:
 def detect(path: Path) -> str:
     """The format of ``path`` from its first line (``native`` where none fits: its reader
     then says what is wrong)."""
+    return _detect(path) or "native"
+
+
+def _detect(path: Path) -> str | None:
+    """The format of ``path``, or None where its first line fits none."""
     try:
         with path.open("rb") as file:
             head = file.read(_HEAD_BYTES).decode("utf-8-sig", errors="replace")
@@ -54,7 +59,7 @@ def detect(path: Path) -> str:
     if first.startswith("["):
         return "sharegpt"
     if first.startswith("{"):
-        return "mooncake" if '"input_length"' in head else "native"
+        return "mooncake" if '"input_length"' in head else None
     from perfmodel.serving.traces.azure import COLUMNS as AZURE
     from perfmodel.serving.traces.burstgpt import COLUMNS as BURSTGPT
 
@@ -62,7 +67,9 @@ def detect(path: Path) -> str:
     for name, columns in (("azure", AZURE), ("burstgpt", BURSTGPT)):
         if set(columns) <= cells:
             return name
-    return "native"
+    from perfmodel.serving.trace import COLUMNS
+
+    return "native" if cells & set(COLUMNS) else None
 
 
 def resolve(path: Path, fmt: str = "auto") -> str:
@@ -79,14 +86,16 @@ def timed(fmt: str) -> bool:
 def read(path: str | Path, fmt: str = "auto") -> Loaded:
     """The requests of the trace ``path`` in format ``fmt`` (``auto``: ``detect``)."""
     path = Path(path)
-    name = resolve(path, fmt)
+    check_format(fmt)
+    found = _detect(path) if fmt == "auto" else fmt
+    name = found or "native"
     if name == "native":
         from perfmodel.serving.trace import read_trace
 
         try:
             return Loaded(read_trace(path), name, ())
         except SpecError as exc:
-            if fmt != "auto":
+            if found is not None:         # a native header: its reader's word is enough
                 raise
             raise SpecError(f"{exc}; or a trace in a published format, told by its first "
                             "line or named with --trace-format (docs/traces.md)") from None
