@@ -1,11 +1,14 @@
 """A disaggregated deployment's pools take the engine's host time as ``simulate`` adds it
 (``serving.disagg``), and so does the planner's check of a disaggregated plan."""
 
-import ast
+import json
+import shlex
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from perfmodel.cli.app import app
 from perfmodel.serving import host_time, traffic
 from perfmodel.serving.disagg import Pool, simulate_disaggregated
 from perfmodel.serving.engines.vllm import EngineConfig
@@ -42,7 +45,7 @@ def test_host_time_makes_disaggregated_ttft_and_itl_no_smaller():
     assert on.info["prefill"].info["host"] == HOST
 
 
-def test_a_disaggregated_check_takes_the_host_time_and_prints_it(capsys):
+def test_a_disaggregated_check_takes_the_host_time_and_prints_it():
     base = Target(8, 1.0, 0.05, 1000, 100, rate=20.0)
     cols, _ = planner.candidates(MODEL, [H100], base)
     cols = planner.evaluate(cols, base)
@@ -54,7 +57,11 @@ def test_a_disaggregated_check_takes_the_host_time_and_prints_it(capsys):
     on = planner_check.check(MODEL, H100, plan, cols, i, on_target, 100, 0)
     assert on["whole_run_ttft_p90_s"] > off["whole_run_ttft_p90_s"]
     assert on["whole_run_tpot_p90_s"] >= off["whole_run_tpot_p90_s"]
-    assert "HostTime(**{" in on["command"]
-    exec(on["command"].split('"')[1])                        # the printed call reproduces it
-    printed = ast.literal_eval(capsys.readouterr().out)
+    assert off["command"].endswith(" --no-host-time")        # GPU steps only
+    assert "host-time" not in on["command"]                  # simulate's default: vLLM's own
+    run = CliRunner().invoke(app, [*shlex.split(on["command"])[1:], "-f", "json",
+                                   "--no-progress"])         # the printed command reproduces it
+    assert run.exit_code == 0, run.output
+    printed = json.loads(run.stdout)
     assert printed["ttft_s"]["p90"] == pytest.approx(on["whole_run_ttft_p90_s"], rel=1e-9)
+    assert printed["tpot_s"]["p90"] == pytest.approx(on["whole_run_tpot_p90_s"], rel=1e-9)

@@ -45,11 +45,13 @@ def test_dsa_adds_exactly_the_indexer() -> None:
 @pytest.mark.parametrize(("fixture", "name"), [("deepseek-v3.2.json", "deepseek-v3.2"),
                                                ("glm-5.json", "glm-5"),
                                                ("qwen3-coder-480b.json",
-                                                "qwen3-coder-480b-a35b")])
+                                                "qwen3-coder-480b-a35b"),
+                                               ("minimax-m2.json", "minimax-m2")])
 def test_config_json_reads_as_the_yaml(fixture: str, name: str) -> None:
     hf, yaml = pm.model(str(HF / fixture)), pm.model(name)
     assert param_counts(hf).total == param_counts(yaml).total
     assert hf.mla == yaml.mla and hf.moe == yaml.moe
+    assert hf.quantization == yaml.quantization
     assert float(kv_bytes_per_token(hf, 1, np.array([2.0]))[0]) == \
         float(kv_bytes_per_token(yaml, 1, np.array([2.0]))[0])
 
@@ -122,3 +124,14 @@ def test_dsa_prefill_runs_absorbed() -> None:
     assert _op(v3, "attention_expanded", "flops") > 0
     assert _op(v32, "attention_expanded", "flops") == 0
     assert _op(v32, "attention", "flops") > 0
+
+
+def test_minimax_m2_skip_list_names_the_router_not_the_experts() -> None:
+    """MiniMax-M2's ``modules_to_not_convert: [gate, ...]`` is matched as a substring (vLLM
+    ``is_layer_skipped``); its router is ``block_sparse_moe.gate`` and its experts
+    ``block_sparse_moe.experts.J.w1/w2/w3`` (``MiniMaxM2SparseMoeBlock``), so 'gate' keeps
+    the router 16-bit and the experts fp8. Named as the other families name them
+    (``mlp.experts.J.gate_proj``), 'gate' would hit a third of the experts' matrices and
+    the config would be refused."""
+    q = pm.model(str(HF / "minimax-m2.json")).quantization
+    assert q.unquantized == ("router",) and q.format == "fp8-block128"

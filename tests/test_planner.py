@@ -182,8 +182,13 @@ def test_a_model_that_fits_nowhere_and_a_rate_beyond_the_budget():
         planner.plan(SMALL, [H100], Target(1, 2.0, 0.05, 8000, 1000))
 
 
-def test_a_disaggregated_check_is_reproduced_by_its_printed_call(capsys):
-    import ast
+def test_a_disaggregated_check_is_reproduced_by_its_printed_command():
+    import json
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from perfmodel.cli.app import app
 
     target = Target(8, 1.0, 0.05, 1000, 100, rate=20.0)
     cols, _ = planner.candidates(SMALL, [H100], target)
@@ -193,9 +198,13 @@ def test_a_disaggregated_check_is_reproduced_by_its_printed_call(capsys):
     i = int(split[0])
     plan = planner.record(SMALL, cols, i)
     got = planner_check.check(SMALL, H100, plan, cols, i, target, 100, 0)
-    assert got["command"].startswith("python -c ") and f"dp={plan.prefill_dp}" in got["command"]
-    exec(got["command"].split('"')[1])                       # the printed call, as a user runs it
-    printed = ast.literal_eval(capsys.readouterr().out)
+    cmd = shlex.split(got["command"])
+    assert cmd[:2] == ["perfmodel", "simulate"]
+    assert cmd[cmd.index("--prefill-replicas") + 1] == str(plan.prefill_dp)
+    assert cmd[-1] == "--no-host-time"            # the Target's default: GPU steps only
+    run = CliRunner().invoke(app, [*cmd[1:], "-f", "json", "--no-progress"])
+    assert run.exit_code == 0, run.output
+    printed = json.loads(run.stdout)
     assert printed["n_requests"] == got["requests"]
     assert printed["ttft_s"]["p90"] == pytest.approx(got["whole_run_ttft_p90_s"], rel=1e-9)
     assert printed["tpot_s"]["p90"] == pytest.approx(got["whole_run_tpot_p90_s"], rel=1e-9)

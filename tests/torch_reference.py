@@ -107,13 +107,30 @@ class Mamba(nn.Module):
 
 
 class LinearAttention(nn.Module):
-    """Qwen3NextGatedDeltaNet, or MiniMax-Text-01's lightning attention (qkv_proj,
+    """Qwen3NextGatedDeltaNet, Kimi-Linear's KimiDeltaAttention (vLLM layers/kda.py: q, k,
+    v, the f_a/f_b decay and g_a/g_b output gate pairs, b_proj, three depthwise convs,
+    A_log, dt_bias, o_norm, o_proj), or MiniMax-Text-01's lightning attention (qkv_proj,
     output_gate, norm, out_proj)."""
 
     def __init__(self, model: Model) -> None:
         super().__init__()
         a, d = model.linear_attention, model.d_model
         h, hk, dk, dv = a.n_heads, a.n_k_heads, a.head_k_dim, a.head_v_dim
+        if a.kind == "kda":
+            self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, h * dk, bias=False)
+                                                     for _ in range(3))
+            self.f_a_proj, self.g_a_proj = (nn.Linear(d, dk, bias=False) for _ in range(2))
+            self.f_b_proj, self.g_b_proj = (nn.Linear(dk, h * dk, bias=False)
+                                            for _ in range(2))
+            self.b_proj = nn.Linear(d, h, bias=False)
+            self.q_conv1d, self.k_conv1d, self.v_conv1d = (
+                nn.Conv1d(h * dk, h * dk, a.d_conv, groups=h * dk, bias=False)
+                for _ in range(3))
+            self.A_log = nn.Parameter(torch.empty(1, 1, h, 1))
+            self.dt_bias = nn.Parameter(torch.empty(h * dk))
+            self.o_norm = nn.RMSNorm(dv)
+            self.o_proj = nn.Linear(h * dv, d, bias=False)
+            return
         if a.kind == "gated_deltanet":
             self.in_proj_qkvz = nn.Linear(d, 2 * hk * dk + 2 * h * dv, bias=False)
             self.in_proj_ba = nn.Linear(d, 2 * h, bias=False)

@@ -52,6 +52,7 @@ from perfmodel.cli.common import (
     workload,
 )
 from perfmodel.cli.devices import EngineOpt
+from perfmodel.cli.energy_opts import EnergyOpt, EstimatePricesOpt
 
 
 class Format(str, Enum):
@@ -99,17 +100,25 @@ def estimate(
     diffusion_prompt_cache: DiffusionCache = False,
     fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
     breakdown: Annotated[bool, typer.Option(help="list every operator")] = False,
+    energy: EnergyOpt = False,
+    prices: EstimatePricesOpt = None,
 ) -> None:
     """Estimate TTFT, per-token latency, throughput and memory for one configuration."""
-    options = {k: v for k, v in locals().items() if k not in ("fmt", "breakdown")}
+    options = {k: v for k, v in locals().items()
+               if k not in ("fmt", "breakdown", "energy", "prices")}
     from perfmodel.report import tables
     from perfmodel.specs.errors import SpecError
 
     try:
         result = compute(**options)
+        spent = _energy(result, prices) if energy or prices is not None else None
     except SpecError as exc:
         fail(str(exc))
-    if fmt is Format.json:
+    if spent is not None and fmt is not Format.json:
+        _echo_energy(result, spent, fmt, breakdown)
+    elif spent is not None:
+        typer.echo(tables.to_json(result, with_ops=breakdown, energy=spent[0]))
+    elif fmt is Format.json:
         typer.echo(tables.to_json(result, with_ops=breakdown))
     elif fmt is Format.csv:
         typer.echo(tables.to_csv(result, with_ops=breakdown), nl=False)
@@ -123,6 +132,33 @@ def estimate(
         if breakdown:
             typer.echo("")
             typer.echo(tables.breakdown(result))
+
+
+def _energy(result: Any, prices: Any) -> tuple:
+    """(the estimate's ``EnergySummary`` or None, the line saying why there is none)."""
+    from perfmodel.cli.energy_opts import estimate_energy_of, no_power
+
+    summary = estimate_energy_of(result, prices)
+    return summary, None if summary is not None else no_power(result.hardware.name)
+
+
+def _echo_energy(result: Any, spent: tuple, fmt: Format, breakdown: bool) -> None:
+    """The table (markdown, CSV) output with the energy block (or the line saying why
+    there is none) after it: the CSV gains the energy columns."""
+    from perfmodel.report import tables
+    from perfmodel.report.energy_text import energy_lines
+
+    summary, why = spent
+    if fmt is Format.csv:
+        typer.echo(tables.to_csv(result, with_ops=breakdown, energy=summary), nl=False)
+        return
+    typer.echo(tables.markdown(result) if fmt is Format.markdown else tables.table(result))
+    if breakdown:
+        typer.echo("")
+        typer.echo(tables.breakdown_markdown(result) if fmt is Format.markdown
+                   else tables.breakdown(result))
+    typer.echo("")
+    typer.echo("\n".join(energy_lines(summary)) if summary is not None else why)
 
 
 def compute(model: str, hardware: str, engine: str = "vllm", batch: int = 1,

@@ -19,8 +19,22 @@ from perfmodel.cli import trace_inputs
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import ModelOpt, WeightsFormatOpt, fail, out_dir, out_path, save
 from perfmodel.cli.devices import EngineOpt, devices
+from perfmodel.cli.energy_opts import EnergyOpt, read_price_file
 from perfmodel.cli.host import HostOnOpt, ModeOpt, ProfileOpt, VersionOpt, host_profile
-from perfmodel.cli.plan_text import explain, text
+from perfmodel.cli.plan_text import energy_record, explain, text
+from perfmodel.cli.speculative import (
+    Acceptance,
+    AcceptanceMode,
+    AcceptanceProfile,
+    AcceptanceSeed,
+    SpecAlgorithm,
+    SpecConfig,
+    SpecDraftPath,
+    SpecDraftTokens,
+    SpecSteps,
+    SpecTopk,
+    speculative,
+)
 
 Opt = typer.Option
 
@@ -34,6 +48,7 @@ class Objective(str, Enum):
     gpus = "gpus"
     cost = "cost"
     goodput = "goodput"
+    energy = "energy"
 
 
 class Dist(str, Enum):
@@ -74,7 +89,8 @@ def plan_cmd(
         "check draws its lengths"))] = None,
     objective: Annotated[Objective | None, Opt(rich_help_panel=_SEARCH, help=(
         "fewest GPUs (default with a rate), lowest cost per hour (needs prices), or most "
-        "goodput per GPU (default without a rate)"))] = None,
+        "goodput per GPU (default without a rate), or fewest joules per output token "
+        "(energy; docs/energy.md)"))] = None,
     prices: Annotated[Path | None, Opt(rich_help_panel=_SEARCH, help=(
         "YAML of usd_per_gpu_hour per device (docs/prices.example.yaml)"))] = None,
     pessimistic: Annotated[bool, Opt(rich_help_panel=_SEARCH, help=(
@@ -95,6 +111,17 @@ def plan_cmd(
     engine_profile: ProfileOpt = None,
     host_time: HostOnOpt = True,
     weights_format_name: WeightsFormatOpt = None,
+    speculative_config: SpecConfig = None,
+    speculative_algorithm: SpecAlgorithm = None,
+    speculative_draft_model_path: SpecDraftPath = None,
+    speculative_num_steps: SpecSteps = None,
+    speculative_eagle_topk: SpecTopk = None,
+    speculative_num_draft_tokens: SpecDraftTokens = None,
+    acceptance: Acceptance = None,
+    acceptance_profile: AcceptanceProfile = None,
+    acceptance_mode: AcceptanceMode = "expected",
+    acceptance_seed: AcceptanceSeed = 0,
+    energy: EnergyOpt = False,
     trace_format: trace_inputs.FormatOpt = "auto",
     trace_window: trace_inputs.WindowOpt = None,
     trace_speedup: trace_inputs.SpeedupOpt = 1.0,
@@ -102,8 +129,11 @@ def plan_cmd(
     """Plan a deployment: device, parallelism (TP in a node, wide EP across nodes),
     precision recipe, max batch, replicas, aggregated or disaggregated prefill/decode,
     meeting the SLOs at --rate with the fewest GPUs (or --objective); estimated for every
-    candidate, the best checked in simulation."""
+    candidate, the best checked in simulation; with a drafter (--speculative-config, or
+    SGLang's --speculative-algorithm), every candidate with speculation and without."""
     import sys
+
+    drafting = {k: v for k, v in locals().items() if k.startswith(("speculative_", "accept"))}
 
     from perfmodel.serving.planner import plans as planner
     from perfmodel.specs import load
@@ -131,13 +161,12 @@ def plan_cmd(
         target = replace(target, host=host_profile(engine, engine_version, engine_mode,
                                                    engine_profile, on=host_time),
                          host_flags=flags if host_time else "--no-host-time")
-        table = None
-        if prices is not None:
-            from perfmodel.serving.planner.prices import read_prices
-            table = read_prices(prices)
+        target = replace(target, speculative=speculative(engine, drafting))
+        table, kwh = read_price_file(prices)
         result = planner.plan(m, hws, target, requests, seed,
                               objective=objective.value if objective else None,
-                              prices=table, progress=tell, pessimistic=pessimistic)
+                              prices=table or None, progress=tell, pessimistic=pessimistic,
+                              energy=energy, usd_per_kwh=kwh)
         report = summary(result)
     except SpecError as exc:
         fail(str(exc))
@@ -180,12 +209,19 @@ def _target(gpus: int | None, slo_ttft: float, slo_tpot: float, input_len: int |
                       f" --trace-format {shape[0]}" if shape[0] != "auto" else ""))
 
 
+def _without_empty_speculative(plan: dict) -> dict:
+    """The plan's record less its ``speculative`` entry when it serves without (the output
+    of a plan without speculation stays as it was)."""
+    return {k: v for k, v in plan.items() if k != "speculative" or v}
+
+
 def summary(result: Any) -> dict:
     """The plan as plain data: the ask, the counts, the checks, the winner and its record,
     why, the launch commands, the Pareto front, what was searched and the notes."""
 
     cols, t = result.candidates, result.target
-    plan = asdict(result.plan) | {"precision": result.plan.precision.name,
+    plan = _without_empty_speculative(asdict(result.plan)) | {
+                                  "precision": result.plan.precision.name,
                                   "weights_dtype": result.plan.precision.weights,
                                   "act_dtype": result.plan.precision.activations,
                                   "kv_dtype": result.plan.precision.kv}
@@ -204,7 +240,14 @@ def summary(result: Any) -> dict:
                              for a in result.alternatives],
             "launch": {e: asdict(run) for e, run in launch_steps(result).items()},
             "pareto": [r for r in result.records() if r["pareto"]],
-            "searched": list(result.searched), "notes": list(result.notes)}
+            "searched": list(result.searched), "notes": list(result.notes)} \
+        | _energy(cols, result.winner["index"])
+
+
+def _energy(cols: dict, i: int) -> dict:
+    """The winner's energy block, where the plan was asked for it (``--energy``)."""
+    spent = energy_record(cols, i)
+    return {} if spent is None else {"energy": spent}
 
 
 def _at(result: Any, i: int) -> Any:
@@ -256,7 +299,8 @@ def deployment(result: Any) -> Any:
                       pre, replace(server, max_num_seqs=EngineConfig().max_num_seqs)
                       if pre else None, per_node, str(cols["weights_dtype"][i]),
                       str(cols["kv_dtype"][i]) if "kv_dtype" in cols else "bf16",
-                      platform=where)
+                      platform=where, speculative=result.target.speculative
+                      if "speculative" in cols and cols["speculative"][i] else None)
 
 
 def launch_steps(result: Any) -> dict[str, Any]:

@@ -49,7 +49,7 @@ def text(result: Any, report: dict) -> str:
             f"({p.nodes} per replica); "
             f"precision {p.precision.name} (weights {p.precision.weights}, activations "
             f"{p.precision.activations}, KV cache {p.precision.kv})",
-            f"  checked: {w['simulated']}", "why:"]
+            f"  checked: {w['simulated']}", *energy_lines(report), "why:"]
     body += [f"  - {line}" for line in report["reasons"]]
     body += ["reproduce the check:", f"  {w['command']}"]
     if w.get("deployment_command"):
@@ -65,6 +65,35 @@ def text(result: Any, report: dict) -> str:
     body += _front_lines(result, u)
     return "\n".join(head + body + ["searched:", *(f"  - {n}" for n in report["searched"]),
                                     "notes:", *(f"  - {n}" for n in report["notes"])])
+
+
+def energy_record(cols: dict, i: int) -> dict | None:
+    """Candidate ``i``'s energy (``plan --energy``: ``serving.planner.energy``), or None
+    when the plan was not asked for it."""
+    if "j_per_output_token" not in cols:
+        return None
+    keys = ("j_per_output_token", "watts_per_device", "j_per_output_token_full",
+            "watts_per_device_full", "usd_per_million_tokens",
+            "electricity_usd_per_million_tokens")
+    return {k: float(cols[k][i]) for k in keys if k in cols}
+
+
+def energy_lines(report: dict) -> list[str]:
+    """The chosen plan's energy line (none without ``--energy``)."""
+    e = report.get("energy")
+    if e is None:
+        return []
+    if not e["j_per_output_token"] == e["j_per_output_token"]:        # NaN: no power block
+        return ["  energy: no power: block for this device"]
+    line = (f"  energy: {e['j_per_output_token']:.3g} J per output token, "
+            f"{e['watts_per_device']:.0f} W per device at the planned rate "
+            f"({e['j_per_output_token_full']:.3g} J, {e['watts_per_device_full']:.0f} W "
+            "with a replica full at its batch)")
+    if "usd_per_million_tokens" in e:
+        line += f"; ${e['usd_per_million_tokens']:.3g} per million output tokens"
+        if "electricity_usd_per_million_tokens" in e:
+            line += f" (electricity ${e['electricity_usd_per_million_tokens']:.3g})"
+    return [line]
 
 
 def _front_lines(result: Any, u: str = "GPU", most: int = 8) -> list[str]:

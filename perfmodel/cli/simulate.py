@@ -12,6 +12,10 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli import simulate_autoscale as sa
+from perfmodel.cli import simulate_disagg_opts as pd_opts
+from perfmodel.cli import simulate_lora as sl
+from perfmodel.cli import speculative as sp
 from perfmodel.cli import trace_inputs
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import (
@@ -31,7 +35,9 @@ from perfmodel.cli.common import (
     save,
 )
 from perfmodel.cli.devices import EngineOpt
+from perfmodel.cli.energy_opts import EnergyOpt, EstimatePricesOpt, with_energy
 from perfmodel.cli.host import FrontendOpt, HostOnOpt, ModeOpt, ProfileOpt, VersionOpt
+from perfmodel.cli.simulate_bands import banded_summaries, edge_pair
 from perfmodel.cli.simulate_inputs import inputs
 
 _TRAFFIC = "traffic (one source: --trace, --rate, or --concurrency)"
@@ -56,7 +62,7 @@ class Scheduler(str, Enum):
 # (--think-time is not one: it re-sends a trace's later turns after their answers)
 _GENERATED = ("num_requests", "input_len", "output_len", "arrival", "burstiness",
               "length_dist", "spread", "lengths_from", "shared_prefix", "seed", "turns",
-              "turn_growth")
+              "turn_growth", "loras", "lora_dist", "lora_skew", "rate_shape")
 _ANNOUNCE_AFTER_S = 2.0    # a run still going after this long says how long it will take
 
 
@@ -170,26 +176,74 @@ def simulate_cmd(
         "the 80% band: simulate again with every step at the low and the high edge of its "
         "kernels' band, on a twelfth of a run of over 800 requests (a device with an "
         "uncertainty: block; about a fifth to a third more time)"))] = True,
+    prefill_replicas: pd_opts.Replicas = 0,
+    decode_replicas: pd_opts.DecodeReplicas = 1,
+    prefill_hardware: pd_opts.Hardware = None,
+    decode_hardware: pd_opts.Hardware = None,
+    prefill_tp: pd_opts.Tp = None,
+    decode_tp: pd_opts.Tp = None,
+    prefill_ep: pd_opts.Ep = None,
+    decode_ep: pd_opts.Ep = None,
+    prefill_flag: pd_opts.Flag = None,
+    decode_flag: pd_opts.Flag = None,
+    kv_link: pd_opts.Link = "nixl",
+    kv_contention: pd_opts.Contention = True,
+    energy: EnergyOpt = False,
+    prices: EstimatePricesOpt = None,
+    speculative_config: sp.SpecConfig = None,
+    speculative_algorithm: sp.SpecAlgorithm = None,
+    speculative_draft_model_path: sp.SpecDraftPath = None,
+    speculative_num_steps: sp.SpecSteps = None,
+    speculative_eagle_topk: sp.SpecTopk = None,
+    speculative_num_draft_tokens: sp.SpecDraftTokens = None,
+    acceptance: sp.Acceptance = None,
+    acceptance_profile: sp.AcceptanceProfile = None,
+    acceptance_mode: sp.AcceptanceMode = "expected",
+    acceptance_seed: sp.AcceptanceSeed = 0,
+    enable_lora: sl.EnableLora = False,
+    max_loras: sl.MaxLoras = None,
+    max_lora_rank: sl.MaxLoraRank = None,
+    max_cpu_loras: sl.MaxCpuLoras = None,
+    max_loras_per_batch: sl.MaxLorasPerBatch = None,
+    lora_paths: sl.LoraPaths = None,
+    lora_target_modules: sl.LoraModules = None,
+    loras: sl.Loras = 0,
+    lora_dist: sl.LoraDist = "zipf",
+    lora_skew: sl.LoraSkew = 1.0,
+    rate_shape: sa.RateShapeOpt = None,
+    autoscale: sa.AutoscaleOpt = None,
+    autoscale_target: sa.TargetOpt = None,
+    min_replicas: sa.MinReplicasOpt = 1,
+    max_replicas: sa.MaxReplicasOpt = 4,
+    scale_interval: sa.IntervalOpt = 15.0,
+    scale_down_window: sa.DownWindowOpt = 300.0,
+    startup_s: sa.StartupOpt = None,
     trace_format: trace_inputs.FormatOpt = "auto",
     trace_window: trace_inputs.WindowOpt = None,
     trace_speedup: trace_inputs.SpeedupOpt = 1.0,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
-    options = dict(locals())
+    options = {k: v for k, v in locals().items() if k not in ("energy", "prices")}
     from perfmodel.specs.errors import SpecError
 
     check_slos(slo_ttft, slo_tpot)
+    from perfmodel.cli import simulate_disagg
+
+    pd = simulate_disagg.wanted(ctx, options)
     folder = None if out is None else out_dir(Path(out))
     if trace is not None:
-        rated = _rated_trace(trace, (trace_format, trace_window, trace_speedup))
-        given = [name for name in _GENERATED if name not in rated
-                 and ctx.get_parameter_source(name).name == "COMMANDLINE"]
-        if given:
-            fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
-                 "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
+        trace_inputs.refuse(ctx, trace, (trace_format, trace_window, trace_speedup), _GENERATED)
+    if pd:
+        if energy or prices is not None:
+            fail("--energy / --prices: not priced for a disaggregated deployment yet; drop "
+                 "them with --prefill-replicas")
+        return simulate_disagg.run(ctx, options, folder, _write)
     try:
         m, hw, wl, layout, engine, streams = inputs(options)
+        if autoscale is not None:
+            return sa.main(dict(options, prices=prices), m, hw, wl, layout, engine, streams,
+                           folder, dpi)
         fleet = (router, workers, cluster)
         runs = [(r, _run(m, hw, reqs, layout, engine, wl, progress, label, fleet=fleet,
                          band=band and hw.uncertainty is not None))
@@ -202,43 +256,14 @@ def simulate_cmd(
     except SpecError as exc:
         fail(str(exc))
     summaries = banded_summaries(runs, edges, hw, slo_ttft, slo_tpot)
+    if energy or prices is not None:
+        try:
+            summaries = with_energy(runs, summaries, m, hw, layout, wl, prices)
+        except SpecError as exc:
+            fail(str(exc))
     _show(runs, summaries, fmt, m, hw, layout, wl, engine)
     if folder is not None:
         _write(folder, runs, summaries, dpi, _capacity(m, hw, layout, wl, engine))
-
-
-def _rated_trace(trace: Path, shape: tuple) -> tuple[str, ...]:
-    """The generated-traffic options a trace without arrival times takes (with --rate)."""
-    from perfmodel.specs.errors import SpecError
-
-    try:
-        return ("arrival", "burstiness", "seed") if trace_inputs.timeless(trace, shape) else ()
-    except SpecError as exc:
-        fail(str(exc))
-
-
-def edge_pair(res: Any, reqs: Any, run: Any, slo_ttft: float | None,
-              slo_tpot: float | None) -> tuple[dict, dict]:
-    """(low, high) summaries of the run ``res`` of ``reqs`` (``serving.bands.edge_summaries``:
-    on a sample of a large run); ``run(requests, edge)`` simulates."""
-    from perfmodel.serving.bands import edge_summaries
-
-    return edge_summaries(reqs, res, run, (slo_ttft, slo_tpot))
-
-
-def banded_summaries(runs: list, edges: list | None, hw: Any, slo_ttft: float | None,
-               slo_tpot: float | None) -> list[dict]:
-    """Each run's summary, with its 80% band where ``edges`` has the (low, high)
-    summaries (``edge_pair``)."""
-    from perfmodel.serving.bands import NO_BAND, banded_summary
-
-    out = [res.summary(slo_ttft, slo_tpot) for _, res in runs]
-    if edges is None:
-        note = NO_BAND if hw.uncertainty is None else "no band: --no-band"
-        return [dict(s, band=note) for s in out]
-    return [banded_summary(s, *pair,
-                           hw.uncertainty.describe() + "; every step at its band's edge")
-            for s, pair in zip(out, edges, strict=True)]
 
 
 def _run(m: Any, hw: Any, reqs: Any, layout: Any, engine: Any, wl: Any, progress: bool,

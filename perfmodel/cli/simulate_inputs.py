@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from perfmodel.cli import trace_inputs
+from perfmodel.cli import simulate_lora, trace_inputs
 from perfmodel.cli.common import fail, numbers, plan, weights_format, workload
 from perfmodel.cli.devices import device
 from perfmodel.cli.host import host_profile
@@ -34,16 +34,24 @@ def inputs(p: dict[str, Any]) -> tuple:
     engine = replace(_engine(p["engine_name"], p), host=host_profile(
         p["engine_name"], p["engine_version"], p["engine_mode"], p["engine_profile"],
         p["frontend"], p["host_time"]))
+    from perfmodel.cli.speculative import speculative
+
+    spec = speculative(p["engine_name"], p)
+    if spec is not None:
+        engine = replace(engine, speculative=spec)
     streams = _traffic(p["trace"], p["rate"], p["concurrency"], p["num_requests"],
                        p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
                        p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
                        p["seed"], (p["turns"], p["think_time"], p["turn_growth"]),
-                       3 if p.get("band", True) else 1, trace_inputs.shape(p))
+                       3 if p.get("band", True) else 1, p.get("rate_shape"),
+                       trace_inputs.shape(p))
     from perfmodel.serving.engines.vllm import context_limit
 
     streams = _within_limit(streams, context_limit(m, engine), p["trace"] is None, p["trace"]
                             is not None and not trace_inputs.native(p["trace"],
                                                                     trace_inputs.shape(p)))
+    engine = simulate_lora.configure(engine, hw, p)
+    streams = simulate_lora.with_adapters(streams, p)
     _warn_idle(streams, layout)
     _warn_turns(streams, layout, p["router"])
     if layout.pp > 1 and engine.host.overlap and engine.name == "vllm":
@@ -134,15 +142,16 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
              input_len: int, output_len: int, arrival: str, burstiness: float,
              length_dist: str, spread: float, lengths_from: Path | None,
              shared_prefix: int, seed: int, talk: tuple = (1, None, None),
-             copies: int = 1, shape: tuple = ("auto", None, 1.0)) -> list:
+             copies: int = 1, shape: str | None = None,
+             trace_shape: tuple = ("auto", None, 1.0)) -> list:
     """[(offered rate or None, Requests, label)]: one stream, or one per --rate; each
     simulated ``copies`` times (the band's edges), which must fit in memory. A trace
     without arrival times (``trace_inputs.timeless``) takes them from --rate."""
     from perfmodel.serving import traffic
     from perfmodel.serving.requests import check_memory
 
-    trace_inputs.check(trace, lengths_from, shape)
-    timeless = trace_inputs.timeless(trace, shape)
+    trace_inputs.check(trace, lengths_from, trace_shape)
+    timeless = trace_inputs.timeless(trace, trace_shape)
     sources = sum(x is not None and x != 0 for x in (trace, None if timeless else rate,
                                                      concurrency or None))
     if trace is not None and rate is not None and not timeless:
@@ -151,10 +160,10 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
     if sources != 1:
         fail("give one source of traffic: --trace FILE, --rate R or --concurrency C")
     if timeless:
-        return trace_inputs.at_rates(trace_inputs.requests(trace, shape), trace, numbers(
+        return trace_inputs.at_rates(trace_inputs.requests(trace, trace_shape), trace, numbers(
             "--rate", rate, float, minimum=0.0) if rate else [], arrival, burstiness, seed)
     if trace is not None:
-        reqs = trace_inputs.requests(trace, shape)
+        reqs = trace_inputs.requests(trace, trace_shape)
         if talk[1] is not None:
             from perfmodel.serving import sessions
 
@@ -163,12 +172,16 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
                        "sent that long after the previous turn's answer; their recorded "
                        "arrival times are not used", err=True)
         return [(None, reqs, trace.name)]
-    lengths = trace_inputs.requests(lengths_from, shape, "--lengths-from") \
+    lengths = trace_inputs.requests(lengths_from, trace_shape, "--lengths-from") \
         if lengths_from is not None else None
     common = dict(input_len=input_len, output_len=output_len, length_dist=length_dist,
                   spread=spread, lengths_from=lengths, shared_prefix=shared_prefix, seed=seed)
     if talk != (1, None, None):
         common.update(turns=talk[0], think_time=talk[1] or 0.0, turn_growth=talk[2])
+    if shape is not None:
+        from perfmodel.serving.rate_shape import parse
+
+        common.update(rate_shape=parse(shape))
     rates = [] if concurrency else numbers("--rate", rate, float, minimum=0.0)
     check_memory(n, output_len, copies * max(len(rates), 1))
     if concurrency:

@@ -50,6 +50,25 @@ def timeless(trace: Path | None, options: tuple) -> bool:
     return trace is not None and not traces.timed(traces.resolve(trace, options[0]))
 
 
+def refuse(ctx: typer.Context, trace: Path, options: tuple, generated: tuple[str, ...]
+           ) -> None:
+    """One error line for a generated-traffic option given with ``--trace``, which sets its
+    own arrivals and lengths (a trace without arrival times takes --rate's: then --arrival,
+    --burstiness and --seed too), or for a bad --trace-format."""
+    from perfmodel.cli.errors import fail
+    from perfmodel.specs.errors import SpecError
+
+    try:
+        rated = ("arrival", "burstiness", "seed") if timeless(trace, options) else ()
+    except SpecError as exc:
+        fail(str(exc))
+    given = [name for name in generated if name not in rated
+             and ctx.get_parameter_source(name).name == "COMMANDLINE"]
+    if given:
+        fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
+             "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
+
+
 def native(trace: Path, options: tuple) -> bool:
     from perfmodel.serving import traces
 

@@ -144,15 +144,21 @@ def attention_parts(rows: Sequence[dict], col: Callable[[str], np.ndarray],
     hd = col("head_dim")
     kv = _codes(rows, "kv_dtype", dtype, where, line)
     window = _numbers(rows, "window", 0.0, where, line)
+    # MLA rows: the value width and the cached elements per token and KV head differ from
+    # K's (blank: V as wide as K, K and V both cached)
+    v_dim = _numbers(rows, "v_dim", 0.0, where, line)
+    v_dim = np.where(v_dim > 0, v_dim, hd)
+    cache = _numbers(rows, "cache_dim", 0.0, where, line)
+    cache = np.where(cache > 0, cache, 2 * hd)
     batch, q_len = col("batch"), col("q_len")
     att = Attention(batch=batch[:, None], q_len=q_len[:, None], kv_len=col("kv_len")[:, None],
                     n_heads=col("n_heads"), n_kv_heads=col("n_kv_heads"), qk_dim=hd,
-                    v_dim=hd, cache_elems=2 * hd, window=window, act_bytes=BYTES[dtype],
+                    v_dim=v_dim, cache_elems=cache, window=window, act_bytes=BYTES[dtype],
                     kv_bytes=BYTES[kv], dtype=dtype)
     parts: list[Part] = [(att, True)]
     write = _numbers(rows, "kv_write", 0.0, where, line) > 0
     if write.any():
-        parts.append((KvWrite(rows=batch * q_len, n=2 * col("n_kv_heads") * hd,
+        parts.append((KvWrite(rows=batch * q_len, n=col("n_kv_heads") * cache,
                               act_bytes=BYTES[dtype], kv_bytes=BYTES[kv], dtype=dtype,
                               count=write.astype(float)), False))
     return parts

@@ -59,6 +59,10 @@ from perfmodel.cost.timebase import (
 )
 from perfmodel.specs.hardware import Hardware
 
+# Q/K head width past which a decode is MLA's absorbed form over the latent cache (576:
+# the 512 latent + 64 rope; no other attention runs heads wider than 256)
+LATENT_QK_DIM = 256
+
 
 def packed_programs(q_len: np.ndarray, heads: np.ndarray, kv_heads: np.ndarray
                     ) -> np.ndarray:
@@ -105,9 +109,11 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
         splits = kv_splits(np.maximum(pool, 1), np.maximum((tiles * decode).max(axis=-1), 1),
                            units)
         work = np.broadcast_to(programs * keys, decode.shape)
-        row_tile = eff.attention_decode_tile_q
-        fill = np.broadcast_to(rows / (np.ceil(rows / row_tile) * row_tile) if row_tile
-                               else _pad(rows, 128)[0], decode.shape)
+        row_tile = np.where(op.g("qk_dim") > LATENT_QK_DIM,
+                            eff.attention_decode_tile_q_latent or eff.attention_decode_tile_q,
+                            eff.attention_decode_tile_q)
+        tiled = rows / (np.ceil(rows / np.maximum(row_tile, 1)) * np.maximum(row_tile, 1))
+        fill = np.broadcast_to(np.where(row_tile > 0, tiled, _pad(rows, 128)[0]), decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
     else:
         programs = op.batch * op.g("n_heads") * decode

@@ -162,7 +162,7 @@ _CONSTANTS = {
     AllToAllSpec: ("width", "devices", "count", "elem_bytes"),
     OverheadSpec: ("count",),
     ScanSpec: ("heads", "qk_heads", "d_k", "d_v", "chunk", "delta", "gates", "count",
-               "state_bytes", "l2norm_heads"),
+               "state_bytes", "l2norm_heads", "channel_gates"),
     ConvSpec: ("n", "width", "count"),
 }
 
@@ -278,7 +278,8 @@ def _scan(b: Block, v: Values, step: object) -> Scan:
     return record(batch=batch, q_len=step.new_tokens[None], kv_len=step.context[None],
                   heads=c["heads"], qk_heads=c["qk_heads"], d_k=c["d_k"], d_v=c["d_v"],
                   chunk=c["chunk"], delta=c["delta"].astype(bool), gates=c["gates"],
-                  l2norm_heads=c["l2norm_heads"], act_bytes=v.ab,
+                  l2norm_heads=c["l2norm_heads"], channel_gates=c["channel_gates"],
+                  act_bytes=v.ab,
                   state_bytes=c["state_bytes"], dtype=v.act,
                   count=c["count"] * batch.any(axis=-1))
 

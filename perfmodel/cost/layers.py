@@ -222,7 +222,7 @@ def _indexer(model: Model) -> list[Spec]:
     fp8_mqa_logits / fp8_paged_mqa_logits: 2 * heads * index_head_dim FLOPs a token at the
     fp8 rate, or the nearest wider one a device has; the cache read at
     INDEX_KEY_BYTES_PER_ELEM); the top-k over the scores is not priced."""
-    L, a, d = model.n_layers, model.mla, model.d_model
+    L, a, d = model.attention_layers, model.mla, model.d_model
     w, n, dim = weights_of(model, "attention"), a.index_n_heads, a.index_head_dim
     return [GemmSpec("indexer.wq_b", n * dim, a.q_lora_rank or d, L, weights=w),
             GemmSpec("indexer.wk", dim, d, L, weights=w),
@@ -235,9 +235,13 @@ def _indexer(model: Model) -> list[Spec]:
 
 
 def _mla(model: Model, tp: int) -> list[Spec]:
-    """DeepSeek MLA: low-rank Q, a compressed latent KV cache, and one of two attention
-    forms per group (``mla_absorbed``); the form-dependent operators move with the context."""
-    L, a, d = model.n_layers, model.mla, model.d_model
+    """DeepSeek MLA over the attention layers (all of them, or the global layers beside
+    linear ones: Kimi-Linear): low-rank Q, a compressed latent KV cache, and one of two
+    attention forms per group (``mla_absorbed``); the form-dependent operators move with the
+    context. Rotary turns the rope part of q and of the cached key only with position rope
+    (Kimi-Linear's ``mla_use_nope``: vLLM kimi_linear.py builds its MLA with rotary_emb
+    None; the latent keeps its qk_rope_head_dim part, unrotated)."""
+    L, a, d = model.attention_layers, model.mla, model.d_model
     heads = model.n_heads // tp
     qk = a.qk_nope_head_dim + a.qk_rope_head_dim
     latent = a.kv_lora_rank + a.qk_rope_head_dim
@@ -250,9 +254,10 @@ def _mla(model: Model, tp: int) -> list[Spec]:
                 PointwiseSpec("q_a_norm", "rms_norm", a.q_lora_rank, L),
                 GemmSpec("q_b_proj", heads * qk, a.q_lora_rank, L, weights=w)]
     out += [GemmSpec("kv_a_proj", latent, d, L, weights=w),
-            PointwiseSpec("kv_a_norm", "rms_norm", a.kv_lora_rank, L),
-            PointwiseSpec("rotary", "rotary", (heads + 1) * a.qk_rope_head_dim, L),
-            KvWriteSpec("kv_cache_write", latent, L)]
+            PointwiseSpec("kv_a_norm", "rms_norm", a.kv_lora_rank, L)]
+    if model.position == "rope":
+        out.append(PointwiseSpec("rotary", "rotary", (heads + 1) * a.qk_rope_head_dim, L))
+    out.append(KvWriteSpec("kv_cache_write", latent, L))
     # absorbed form
     out.append(GemmSpec("q_absorb", a.kv_lora_rank, a.qk_nope_head_dim, L, rows="absorbed",
                         groups=heads, weights=w, context=True))

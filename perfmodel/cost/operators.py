@@ -116,7 +116,8 @@ class ScanSpec(NamedTuple):
     ``d_k`` x ``d_v``, the q.k (C.B) products over ``qk_heads``, chunks of ``chunk`` tokens
     (1: the recurrent selective scan), ``delta``: the gated delta rule's WY transform;
     ``gates`` per-token scalars per head it reads (dt / decay, and beta for the delta rule);
-    ``l2norm_heads`` q/k heads whose rows it L2-normalises (Gated DeltaNet; 0: none).
+    ``l2norm_heads`` q/k heads whose rows it L2-normalises (Gated DeltaNet; 0: none);
+    ``channel_gates`` decay values per head and token (KDA: d_k; 0: per-head scalars).
     Its cost depends on a group's new tokens, not its context (decode: one state update)."""
 
     context = False
@@ -132,6 +133,7 @@ class ScanSpec(NamedTuple):
     count: float
     state_bytes: float
     l2norm_heads: int = 0
+    channel_gates: int = 0
 
 
 class ConvSpec(NamedTuple):

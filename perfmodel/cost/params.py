@@ -210,10 +210,18 @@ def linear_attention_params(model: Model, tp: int = 1) -> tuple[float, float]:
     """(projections, the rest) of one linear-attention layer on one device
     (``specs.model.LinearAttention``). Gated DeltaNet: in_proj d x (2 Hk dk + 2 H dv + 2 H)
     (q, k, v, z, beta, a), out_proj H dv x d; conv (2 Hk dk + H dv) x d_conv, A_log and
-    dt_bias (H each), the gated norm's dv. Lightning: qkv d x 3 H dv, output gate d x H dv,
-    out_proj H dv x d; the norm's H dv."""
+    dt_bias (H each), the gated norm's dv. KDA (vLLM ``KimiDeltaAttention``): q, k, v
+    d x H dk each, beta d x H, the decay and output gates' low-rank pairs (f_a, g_a
+    d x dk, replicated; f_b, g_b dk x H dk), out_proj H dv x d; the three convs
+    (3 H dk x d_conv), A_log (H), dt_bias (H dk) and the norm's dv. Lightning: qkv
+    d x 3 H dv, output gate d x H dv, out_proj H dv x d; the norm's H dv."""
     a, d = model.linear_attention, model.d_model
     h, hk = a.n_heads / tp, a.n_k_heads / tp
+    if a.channel_gates:
+        width = h * a.head_k_dim
+        proj = d * (3 * width + h) + 2 * d * a.head_k_dim + 2 * a.head_k_dim * width \
+            + width * d
+        return proj, a.conv_channels / tp * a.d_conv + h + width + a.head_v_dim
     if a.delta:
         proj = d * (2 * hk * a.head_k_dim + 2 * h * a.head_v_dim + 2 * h) \
             + h * a.head_v_dim * d

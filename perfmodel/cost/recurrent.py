@@ -28,7 +28,8 @@ def recurrent_mixers(model: Model, tp: int) -> list[Spec]:
     if model.mamba_layers:          # mamba layers, or beside attention (Falcon-H1)
         out += _mamba(model, tp, model.mamba_layers)
     if model.layer_count("linear"):
-        out += _linear(model, tp, model.layer_count("linear"))
+        kda = model.linear_attention.channel_gates
+        out += (_kda if kda else _linear)(model, tp, model.layer_count("linear"))
     return out
 
 
@@ -90,3 +91,27 @@ def _linear(model: Model, tp: int, layers: int) -> list[Spec]:
                           width, layers),
             GemmSpec("linear.out_proj", d, width, layers, weights=w)]
     return out
+
+
+def _kda(model: Model, tp: int, layers: int) -> list[Spec]:
+    """Kimi Delta Attention as vLLM runs it (``vllm/model_executor/layers/kda.py``
+    ``KimiDeltaAttention.forward``): q, k and v projections (three ColumnParallelLinear
+    GEMMs) and beta's (d -> H); the decay gate f_b(f_a(x)) and the output gate g_b(g_a(x)),
+    each a replicated d -> d_k GEMM then a column-parallel d_k -> H d_k one; a short conv
+    on each of q, k, v (three causal_conv1d calls); the chunked delta rule with its
+    per-channel decay (``scan.kda_flops``; the gate's activation and cumsum, fused in front
+    of it, in the record), the sigmoid-gated RMSNorm (``FusedRMSNormGated``, priced as a
+    norm and a ``sigmoid_mul``, as Gated DeltaNet's gated norm is) and out_proj."""
+    a, d, w = model.linear_attention, model.d_model, weights_of(model, "attention")
+    h, n = a.n_heads // tp, a.head_k_dim
+    width = h * n
+    return [GemmSpec("linear.qkv_proj", width, d, 3 * layers, weights=w),
+            GemmSpec("linear.beta_proj", h, d, layers, weights=w),
+            GemmSpec("linear.gate_a_proj", n, d, 2 * layers, weights=w),
+            GemmSpec("linear.gate_b_proj", width, n, 2 * layers, weights=w),
+            ConvSpec("linear.conv1d", width, a.d_conv, 3 * layers),
+            ScanSpec("linear.scan", "linear_attention", h, h, n, a.head_v_dim, a.chunk_size,
+                     True, 1, layers, DTYPE_BYTES[a.state_dtype], h, n),
+            PointwiseSpec("linear.norm", "rms_norm", width, layers),
+            PointwiseSpec("linear.gate", "sigmoid_mul", width, layers),
+            GemmSpec("linear.out_proj", d, width, layers, weights=w)]

@@ -59,6 +59,7 @@ class Step:
     logits_all: bool = False
     expert_skew: np.ndarray | float = 0.0
     causal: bool = True
+    extra_logits: np.ndarray | float = 0.0  # (N,) logit rows past one a sequence: drafts
 
     def __post_init__(self) -> None:
         arrays = [np.asarray(getattr(self, k)) for k in ("count", "new_tokens", "context")]
@@ -362,7 +363,7 @@ def _values(model: Model, step: Step, dtypes: Dtypes, plan: Parallelism | None =
     tokens = (count * new).sum(axis=1).astype(float)
     seqs = count.sum(axis=1).astype(float)
     values = instantiate.Values(
-        tokens=tokens, seqs=seqs, logits=tokens if step.logits_all else seqs,
+        tokens=tokens, seqs=seqs, logits=tokens if step.logits_all else seqs + step.extra_logits,
         ab=BYTES[dtypes.acts], kvb=dtypes.kv_bytes(model), wb=dtypes.quantized_bytes,
         outliers=np.asarray(dtypes.outlier_fraction, dtype=float), act=dtypes.acts,
         matmul=compute_codes(dtypes.weights, dtypes.acts) if hw is None else

@@ -31,9 +31,12 @@ collector timed decides the row form:
   ``custom_allreduce_perf`` (the engines' custom all-reduce, ``algorithm`` custom):
   ``message_size`` counts elements (``collect_nccl.py``: size // bytes_per_element).
 
-Every other table (MLA and its BMMs, sparse / compressed attention modules, KDA, GDN,
-Mamba2, mHC, DeepEP and MoE all-to-all, wide-EP modules, quantization kernels) is kept
-with its op name and time and no formula.
+- ``context_mla_perf`` / ``generation_mla_perf``: one layer's MLA attention as the
+  collector lays it out (``mla``).
+
+Every other table (MLA's BMMs and modules, wide-EP MLA, sparse / compressed attention
+modules, KDA, GDN, Mamba2, mHC, DeepEP and MoE all-to-all, wide-EP modules, quantization
+kernels) is kept with its op name and time and no formula.
 
 Left out (counted in the manifest): rows the database derives rather than measures —
 kernel sources named ``<a>_minus_<b>`` (vLLM's ``computescale_perf`` is the difference of
@@ -166,6 +169,46 @@ def attention(df, generation: bool, query_in_step: bool = False) -> tuple[dict, 
             "kv_write": 1, "timing": "kernel"}, known
 
 
+def mla(df, generation: bool, engine: str) -> tuple[dict, np.ndarray]:
+    """Columns of ``context_mla_perf`` / ``generation_mla_perf`` rows: one layer's MLA
+    attention on ``num_heads`` local heads (DeepSeek-V3 dims: latent 512, rope 64, nope and
+    V 128), as the collector lays it out (``collector/<engine>/collect_mla.py``):
+
+    - generation, every engine: absorbed, MQA over the cached latent: one KV head, Q/K 576
+      wide, V 512, the cache holding 576 per position; ``step`` cached positions and the
+      new token (kv_len = step + 1), which the forward appends (kv_write);
+    - TRT-LLM context: the expanded form, ``num_kv_heads = num_heads`` (K 192 = nope +
+      rope, V 128, given as activations), ``isl`` new tokens causal; the latent it also
+      appends (576 elements a token) is left out beside the attention;
+    - SGLang context: its Hopper (``flash_attention``, FA3) and Triton backends run the
+      absorbed latent form on the new tokens (a RadixAttention of head_dim 576, v 512,
+      one KV head), which the forward stores first; ``trtllm_mla`` (Blackwell) the
+      expanded form with one KV head (K 192, V 128).
+    The query is bf16 (``mla_dtype``), the cache bf16 or fp8."""
+    isl = df["isl"].to_numpy(dtype=float)
+    step = df["step"].to_numpy(dtype=float)
+    heads = df["num_heads"].to_numpy(dtype=float)
+    kv = df["kv_cache_dtype"].astype(str).map(ATTENTION_DTYPES)
+    known = (df["mla_dtype"].astype(str) == "bfloat16").to_numpy() & kv.notna().to_numpy()
+    kernel = df["kernel_source"].astype(str).to_numpy() if "kernel_source" in df.columns \
+        else np.full(len(df), "")
+    latent, expanded = (576.0, 512.0, 576.0), (192.0, 128.0, 320.0)
+    if generation:
+        dims, kv_heads, write = np.tile(latent, (len(df), 1)), np.ones_like(heads), 1.0
+    elif engine == "trtllm":
+        dims, kv_heads, write = np.tile(expanded, (len(df), 1)), heads, 0.0
+    else:
+        blackwell = kernel == "trtllm_mla"
+        dims = np.where(blackwell[:, None], expanded, latent)
+        kv_heads, write = np.ones_like(heads), np.where(blackwell, 0.0, 1.0)
+    q_len = np.ones_like(isl) if generation else isl
+    return {"op": "attention", "dtype": "bf16", "kv_dtype": kv.fillna(""),
+            "batch": df["batch_size"], "q_len": q_len, "kv_len": step + q_len,
+            "n_heads": heads, "n_kv_heads": kv_heads, "head_dim": dims[:, 0],
+            "v_dim": dims[:, 1], "cache_dim": dims[:, 2],
+            "kv_write": np.broadcast_to(write, isl.shape), "timing": "kernel"}, known
+
+
 def _skew(names) -> np.ndarray:
     out = []
     for name in names.astype(str):
@@ -219,6 +262,8 @@ READERS: dict[str, Callable] = {
     "gemm_perf": lambda df, e, v: gemm(df),
     "context_attention_perf": lambda df, e, v: attention(df, False),
     "generation_attention_perf": lambda df, e, v: attention(df, True, step_counts_query(e, v)),
+    "context_mla_perf": lambda df, e, v: mla(df, False, e),
+    "generation_mla_perf": lambda df, e, v: mla(df, True, e),
     "moe_perf": lambda df, e, v: moe(df),
     "nccl_perf": lambda df, e, v: comm(df, False),
     "custom_allreduce_perf": lambda df, e, v: comm(df, True),

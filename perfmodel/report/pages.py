@@ -293,11 +293,11 @@ def roofline_caption(model: str, hardware: str, batches: Sequence[int], e: Estim
 def _kv_formula(e: Estimate) -> str:
     m = e.model
     nbytes = f"{DTYPE_BYTES[e.workload.kv_dtype]:g} B ({e.workload.kv_dtype})"
-    if m.mla is not None:
-        return (f"({m.mla.kv_lora_rank} latent + {m.mla.qk_rope_head_dim} rope) x "
-                f"{m.n_layers} layers x {nbytes}")
     recurrent = m.mamba_layers + m.layer_count("linear")     # Falcon-H1: beside attention
     state = " + a constant recurrent state" if recurrent else ""
+    if m.mla is not None:          # the MLA layers: all, or the global ones (Kimi-Linear)
+        return (f"({m.mla.kv_lora_rank} latent + {m.mla.qk_rope_head_dim} rope) x "
+                f"{m.cache_layers} layers x {nbytes}{state}")
     caches = m.attention_layers + m.shared_invocations     # Zamba2: one per invocation
     return (f"2 (K, V) x {m.n_kv_heads} KV heads x {m.head_dim} x {caches} "
             f"layers x {nbytes}{state}")

@@ -58,6 +58,12 @@ def _summary_extras(summary: dict) -> list[tuple[str, str]]:
               ("peak KV use", f"{summary['peak_kv_use'] * 100:.1f}% of "
                               f"{summary['kv_blocks_total']:,} blocks"),
               ("peak running", f"{summary['peak_running']} sequences")]
+    if "lora" in summary:
+        q = summary["lora"]
+        extra.append(("lora", f"{q['adapters']} adapters over {q['max_loras']} slots of rank "
+                              f"{q['max_lora_rank']}: {q['loads']:,} loads "
+                              f"({q['load_s'] * 1e3:.1f} ms), {q['evictions']:,} evictions, "
+                              f"{q['disk_loads']:,} from disk"))
     t = summary.get("engine_time")
     if t:
         api = t["api_server_mean_s"] * 1e3
@@ -70,7 +76,33 @@ def _summary_extras(summary: dict) -> list[tuple[str, str]]:
         busy = ", ".join(f"{u:.0%}" for u in pipe["stage_utilization"])
         extra.append(("pipeline", f"{pipe['stages']} stages busy {busy} of the run (first "
                                   f"engine); sends {pipe['send_s']:.3f} s"))
+    spec = summary.get("speculation")
+    if spec:
+        length = spec["acceptance_length"]
+        extra.append(("speculation", f"{spec['method']} k={spec['num_speculative_tokens']}: "
+                      f"acceptance length {length or 0:.3f} tokens per verify (expected "
+                      f"{spec['expected_tokens_per_verify']:.3f}) over "
+                      f"{spec['verify_steps']:,} verifies; ITL between chunks"))
+    if "energy" in summary:
+        extra += energy_extras(summary["energy"])
     return extra
+
+
+def energy_extras(e: dict | None) -> list[tuple[str, str]]:
+    """The energy rows of ``simulate --energy`` (``serving.energy.sim_energy``)."""
+    if e is None:
+        return [("energy", "no power: block (tdp_watts) in the hardware YAML, so no figure")]
+    out = [("energy", f"{e['j_per_output_token']:.3g} J per output token "
+                      f"(prefill {e['prefill_j_per_prompt_token']:.3g} J per prompt token, "
+                      f"decode {e['decode_j_per_token']:.3g} J per output token); "
+                      f"{e['watts_per_device']:.0f} W per device over the run, "
+                      f"{e['devices']} device(s)")]
+    cost = e.get("usd_per_million_tokens")
+    if cost:
+        parts = ", ".join(f"{k} ${v:.3g}" for k, v in cost.items() if k != "total")
+        out.append(("cost", f"${cost['total']:.3g} per million output tokens ({parts})"))
+    out.append(("power", e["note"].removeprefix("power: ")))
+    return out
 
 
 def requests_csv(result: SimResult) -> str:

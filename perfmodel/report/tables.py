@@ -202,8 +202,11 @@ def breakdown_markdown(e: Estimate) -> str:
         _breakdown_cols(e), (_breakdown_cells(e, o) for o in e.ops))
 
 
-def to_json(e: Estimate, with_ops: bool = False) -> str:
+def to_json(e: Estimate, with_ops: bool = False, energy: object = None) -> str:
+    """The estimate's JSON; ``energy`` (an ``EnergySummary``, ``--energy``) adds its block."""
     out = e.to_dict()
+    if energy is not None:
+        out["energy"] = energy.to_dict()
     if with_ops:
         out["operators"] = [o.to_dict() for o in e.ops]
     return json.dumps(out, indent=2)
@@ -227,9 +230,19 @@ def flat_record(e: Estimate) -> dict:
     return row
 
 
-def to_csv(e: Estimate, with_ops: bool = False) -> str:
+def to_csv(e: Estimate, with_ops: bool = False, energy: object = None) -> str:
+    """The estimate's row (or its operators'); ``energy`` (an ``EnergySummary``) adds the
+    energy columns to the row."""
     buf = io.StringIO()
     rows = [o.to_dict() for o in e.ops] if with_ops else [flat_record(e)]
+    if energy is not None and not with_ops:
+        d = energy.to_dict()
+        rows[0] |= {f"energy_{k}": v for k, v in d.items() if not isinstance(v, dict)
+                    and k != "note"}
+        rows[0] |= {f"energy_{ph}_{k}": v for ph in (p.name for p in energy.phases)
+                    for k, v in d[ph].items()}
+        rows[0] |= {f"usd_per_million_tokens_{k}": v for k, v in
+                    d.get("usd_per_million_tokens", {}).items()}
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)

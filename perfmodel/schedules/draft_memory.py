@@ -6,6 +6,8 @@ its cache.
   beside the target's. Given a device of its own it adds nothing here (a warning says so).
 - MTP: the target's MTP modules (``params.ParamCounts.mtp``) at the weight dtype, and one
   layer's KV cache per module used (each drafts at one extra decoder layer).
+- EAGLE heads: the head's decoder layer, its fc ([2d or 3d] x d) and, for EAGLE-3, its own
+  LM head of the draft vocabulary, at the weight dtype, and one layer's KV cache.
 - Medusa-style heads: K residual blocks of d x d, and K LM heads of vocab x d unless they
   share the target's, at the activation dtype.
 
@@ -27,7 +29,7 @@ from perfmodel.cost.memory import (
     memory_estimate,
 )
 from perfmodel.cost.params import param_counts
-from perfmodel.schedules.speculative import Speculation
+from perfmodel.schedules.speculative import Speculation, eagle_head
 from perfmodel.specs.dtypes import BYTES
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
@@ -49,9 +51,26 @@ def draft_bytes(model: Model, hw: Hardware, plan: Parallelism, w: Workloads,
         weights = param_counts(model, plan.tp).mtp * w.weight_bytes_per_param
         per_layer = target.kv_cache_bytes_per_sequence / model.n_layers
         return weights, per_layer * min(spec.k, max(model.mtp_modules, 1))
+    if spec.draft in ("eagle", "eagle3"):
+        return eagle_bytes(model, hw, plan, w, spec.draft)
     d, heads = model.d_model, spec.k
     per_head = d * d + (0 if spec.shared_lm_head else model.vocab_size * d)
     return heads * per_head * BYTES[w.act_dtype] / plan.tp, zero
+
+
+def eagle_bytes(model: Model, hw: Hardware, plan: Parallelism, w: Workloads, kind: str
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(weight bytes, KV bytes per sequence) of an EAGLE head on one target device: its
+    decoder layer (``eagle_head``: attention, MLP, norms), its fc ([2d or 3d] x d) and, for
+    EAGLE-3, its LM head of the draft vocabulary (EAGLE-1/2 share the target's), at the
+    weight dtype; the KV of one of the target's layers per sequence."""
+    head = eagle_head(model, kind)
+    c = param_counts(head, plan.tp)
+    own_lm = c.lm_head if kind == "eagle3" else 0.0
+    fc = (3 if kind == "eagle3" else 2) * model.d_model ** 2
+    weights = (c.attention + c.mlp + c.norms + own_lm + fc) * w.weight_bytes_per_param
+    per_layer = memory_estimate(model, hw, plan, w).kv_cache_bytes_per_sequence / model.n_layers
+    return weights * np.ones(len(w)), per_layer
 
 
 def with_draft(mem: MemoryEstimate, model: Model, hw: Hardware, plan: Parallelism,

@@ -6,7 +6,11 @@ A round, for each of N configurations (``batch`` sequences at ``context`` S posi
   module ("mtp", DeepSeek-V3: one decoder layer of the target's shape + its eh_proj
   [2d -> d] and two input RMSNorms, sharing the embedding and LM head); or one pass of K
   Medusa-style heads on the target's last hidden state ("heads": K residual blocks d x d and
-  K LM heads, own or shared);
+  K LM heads, own or shared); or K passes of an EAGLE head ("eagle": one decoder layer of the
+  target's shape fed by fc [2d -> d] over the token embedding and the target's last hidden
+  state, sharing the target's LM head, as EAGLE-1/2 checkpoints ship; "eagle3": fc [3d -> d]
+  over three of the target's layers' hidden states and a draft vocabulary of
+  ``EAGLE3_DRAFT_VOCAB`` tokens, the EAGLE-3 checkpoints' ``draft_vocab_size``);
 - verify: one target step of T = K + 1 new tokens per sequence (``tree_tokens`` for a tree
   of candidates) at context S + T, with logits for all T positions (``Step.logits_all``).
 Tokens emitted per sequence per round (``expected_tokens``), with a_i the probability that
@@ -37,7 +41,9 @@ from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism
 
-DRAFTS = ("model", "mtp", "heads")
+DRAFTS = ("model", "mtp", "heads", "eagle", "eagle3")
+HEAD_DRAFTS = ("mtp", "eagle", "eagle3")     # a one-layer module of the target's shape
+EAGLE3_DRAFT_VOCAB = 32000  # config.json draft_vocab_size of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
 Acceptance = float | Sequence[float] | np.ndarray
 # (seconds by bound (BOUNDS, N): the time of each bound's operators; FLOPs (N,); bytes (N,))
 Cost = tuple[np.ndarray, np.ndarray, ByteCounts]
@@ -82,7 +88,8 @@ class Speculation:
     (``expected_tokens``); ``draft``: "model" (``draft_model`` on ``draft_hw``, default the
     target's device, ``draft_plan`` default the target's plan, ``draft_dtypes`` default the
     target's), "mtp" (the target's MTP module, once per drafted token; past the model's
-    depth the modules are reused, as they have one shape) or "heads" (one pass of K heads;
+    depth the modules are reused, as they have one shape), "eagle" / "eagle3" (an EAGLE
+    head, ``eagle_head``, once per drafted token) or "heads" (one pass of K heads;
     ``shared_lm_head``: the heads share the target's LM head instead of owning one each as
     Medusa-1 does). ``tree_tokens``: tokens verified per sequence (a candidate tree, >= K+1;
     None: K+1); the draft is still priced as K chain steps."""
@@ -207,6 +214,25 @@ def mtp_module(model: Model) -> Model:
     return model.memo["mtp_module"]
 
 
+def eagle_head(model: Model, kind: str = "eagle") -> Model:
+    """The decoder layer of an EAGLE head on ``model`` as a one-layer dense model of its
+    shape (EAGLE's layer is a Llama decoder layer with the target's widths; on an MoE target
+    a dense one of ``d_ff``), with the target's LM head ("eagle") or one of
+    ``EAGLE3_DRAFT_VOCAB`` tokens ("eagle3"). Cached."""
+    key = f"{kind}_head"
+    if key not in model.memo:
+        vocab = EAGLE3_DRAFT_VOCAB if kind == "eagle3" else model.vocab_size
+        model.memo[key] = replace(model, name=f"{model.name}-{kind}", n_layers=1, moe=None,
+                                  mtp_modules=0, vocab_size=min(vocab, model.vocab_size))
+    return model.memo[key]
+
+
+def head_layer(model: Model, kind: str) -> Model:
+    """The one-layer module a "mtp", "eagle" or "eagle3" draft runs once per drafted
+    token."""
+    return mtp_module(model) if kind == "mtp" else eagle_head(model, kind)
+
+
 def _chain_steps(model: Model, hw: Hardware, plan: Parallelism, batch: np.ndarray,
                  context: np.ndarray, k: int, dtypes: Dtypes, timing: np.ndarray,
                  skew: np.ndarray) -> Cost:
@@ -226,12 +252,20 @@ def _chain_steps(model: Model, hw: Hardware, plan: Parallelism, batch: np.ndarra
             ByteCounts(*(summed(b) for b in cost.total_bytes.astuple())))
 
 
-def _mtp_extras(target: Model, batch: np.ndarray, d: Dtypes) -> list[OpRecord]:
-    """What an MTP module adds to its decoder layer, per drafted token: enorm and hnorm,
-    then eh_proj [rows, 2d] x [2d, d] (replicated under TP)."""
+def head_extras(target: Model, batch: np.ndarray, d: Dtypes, kind: str = "mtp"
+                ) -> list[OpRecord]:
+    """What an MTP module or EAGLE head adds to its decoder layer, per drafted token of
+    ``batch`` rows: two input RMSNorms (MTP's enorm and hnorm; EAGLE's input and hidden
+    norms), then the fc [rows, 2d] x [2d, d] (MTP's eh_proj, EAGLE's fc; EAGLE-3's fc takes
+    three layers' hidden states, [3d, d]), replicated under TP."""
     dm = target.d_model
     norms = pointwise("rms_norm", batch, dm, act_bytes=BYTES[d.acts], dtype=d.acts, count=2.0)
-    return [norms, _gemm(batch, dm, 2 * dm, d)]
+    return [norms, _gemm(batch, dm, (3 if kind == "eagle3" else 2) * dm, d)]
+
+
+def records_seconds(records: list[OpRecord], hw: Hardware, timing: np.ndarray) -> np.ndarray:
+    """Seconds (N,) of extra records (``head_extras``), by ``roofline.op_time``."""
+    return _records_cost(records, hw, timing)[0].sum(axis=0)
 
 
 def _head_records(target: Model, plan: Parallelism, spec: Speculation, batch: np.ndarray,
@@ -260,10 +294,10 @@ def _draft_cost(target: Model, hw: Hardware, plan: Parallelism, spec: Speculatio
         return _chain_steps(spec.draft_model, dhw, spec.draft_plan or plan, batch, context,
                             k, dd, timing, skew)
     timing = _timing(hw, cuda_graphs, n)
-    if spec.draft == "mtp":
-        layer = _chain_steps(mtp_module(target), hw, plan, batch, context, k, dtypes, timing,
-                             skew)
-        extra = _records_cost(_mtp_extras(target, batch, dtypes), hw, timing)
+    if spec.draft in HEAD_DRAFTS:
+        layer = _chain_steps(head_layer(target, spec.draft), hw, plan, batch, context, k,
+                             dtypes, timing, skew)
+        extra = _records_cost(head_extras(target, batch, dtypes, spec.draft), hw, timing)
         return (layer[0] + k * extra[0], layer[1] + k * extra[1],
                 layer[2] + extra[2].scaled(k))
     return _records_cost(_head_records(target, plan, spec, batch, dtypes), hw, timing)
@@ -349,6 +383,6 @@ def break_even_batch(target: Model, hw: Hardware, plan: Parallelism, spec: Specu
     return hi
 
 
-__all__ = ["DRAFTS", "RoundCost", "Speculation", "acceptance_rates", "break_even_batch",
-           "expected_tokens",
-           "mean_context", "mtp_module", "round_cost"]
+__all__ = ["DRAFTS", "HEAD_DRAFTS", "RoundCost", "Speculation", "acceptance_rates",
+           "break_even_batch", "eagle_head", "expected_tokens", "head_extras", "head_layer",
+           "mean_context", "mtp_module", "records_seconds", "round_cost"]

@@ -14,9 +14,12 @@ pd_disaggregation):
    (``cost.collectives.send_s``): every device of the prefill group sends its own shard,
    prompt tokens x KV bytes per token per device (``cost.memory.kv_bytes_per_token`` at
    the prefill plan's tp), at once, and every decode device receives its shard; the
-   slower end sets the time. ``link`` "network": the pools sit on different nodes, each
-   device's NIC (``interconnect.network_bytes_per_s``); "nvlink": one node, the devices'
-   own link (``interconnect.link_bytes_per_s``: NVLink, or PCIe on a card without it);
+   slower end sets the time. ``link`` (``serving.kv_links``, ``kv_links.yaml``): "nixl",
+   "mooncake", "rdma" or "network" (the raw line rate): the pools sit on different nodes,
+   each device's NIC (``interconnect.network_bytes_per_s``) at the link's share of it;
+   "nvlink": one node, the devices' own link (``interconnect.link_bytes_per_s``: NVLink,
+   or PCIe on a card without it). With ``contention``, transfers leaving one prefill
+   instance queue on its NICs (``kv_links.queued``);
 3. the decode instance gets the request when its KV has arrived (prefill finish +
    transfer) and generates every output token. vLLM's scheduler, once the KV is in,
    recomputes the prompt's last token to get its logits (``Scheduler.
@@ -36,9 +39,9 @@ before it sees the request and the stream of its one token to the proxy before t
 transfer starts, the decode instance's API server once the KV has arrived, its steps' host
 time and its stream to the client.
 
-Not modelled: transfers contending for one NIC, the prefill instance holding the blocks
-until they are read, the decode instance reserving blocks before the transfer, and a
-hybrid model's recurrent state (only the KV cache moves).
+Not modelled: transfers contending for one decode instance's NICs, the prefill instance
+holding the blocks until they are read, the decode instance reserving blocks before the
+transfer, and a hybrid model's recurrent state (only the KV cache moves).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ import numpy as np
 from perfmodel.cost.collectives import send_s
 from perfmodel.cost.memory import kv_bytes_of, kv_bytes_per_token
 from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.kv_links import KvLink, links, queued, round_robin
+from perfmodel.serving.kv_links import link as link_of
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.results import SimResult
 from perfmodel.serving.simulate import simulate
@@ -58,8 +63,6 @@ from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workload, Workloads
-
-LINKS = ("network", "nvlink")
 
 
 @dataclass(frozen=True)
@@ -85,46 +88,58 @@ def kv_transfer_s(model: Model, prefill: Pool, decode: Pool, tokens: np.ndarray,
     """Seconds to move the KV of ``tokens`` prompt tokens (per request) from a prefill
     instance to a decode instance: each side's devices send / receive their own shards at
     once, one point-to-point send each (``send_s``), the slower side sets the time."""
-    _check_link(prefill, decode, link)
+    kind = _check_link(prefill, decode, link)
     kvb = kv_bytes_of(model, Workloads.from_list([workload]))
-    inter = link == "network"
     ends = [send_s(pool.hardware, np.asarray(tokens, float)
-                   * float(kv_bytes_per_token(model, pool.plan.tp, kvb)[0]), inter)
+                   * float(kv_bytes_per_token(model, pool.plan.tp, kvb)[0])
+                   / kind.bandwidth_fraction, kind.inter_node)
             for pool in (prefill, decode)]
-    return np.maximum(*ends)
+    return np.maximum(*ends) + kind.overhead_s
+
+
+def transit_s(prefill: Pool, decode: Pool, link: str) -> float:
+    """The part of a transfer over ``link`` that is transit, not wire time: the slower
+    end's one-hop latency and the link's software time (``kv_links.queued``)."""
+    kind = link_of(link)
+    nets = [p.hardware.interconnect for p in (prefill, decode)]
+    hop = max(n.network_latency_s if kind.inter_node else n.latency_s for n in nets)
+    return hop + kind.overhead_s
 
 
 def describe_link(prefill: Pool, decode: Pool, link: str) -> str:
-    """'network (pools on different nodes): each device's NIC, 50 GB/s per direction' and
-    the like: what the transfer is priced over."""
-    if link == "network":
+    """'nixl (pools on different nodes): each device's NIC, 92.5% of 50 GB/s per
+    direction' and the like: what the transfer is priced over."""
+    kind = link_of(link)
+    share = "" if kind.bandwidth_fraction == 1 else f"{kind.bandwidth_fraction:.1%} of "
+    if kind.inter_node:
         rate = min(p.hardware.interconnect.network_bytes_per_s for p in (prefill, decode))
-        return f"network (pools on different nodes): each device's NIC, {rate / 1e9:g} GB/s " \
-               "per direction"
-    link = prefill.hardware.interconnect
-    return f"nvlink (pools in one node): the devices' own link ({link.topology}), " \
-           f"{link.link_bytes_per_s / 1e9:g} GB/s per device per direction"
+        return f"{link} (pools on different nodes): each device's NIC, {share}" \
+               f"{rate / 1e9:g} GB/s per direction"
+    net = prefill.hardware.interconnect
+    return f"{link} (pools in one node): the devices' own link ({net.topology}), {share}" \
+           f"{net.link_bytes_per_s / 1e9:g} GB/s per device per direction"
 
 
-def _check_link(prefill: Pool, decode: Pool, link: str) -> None:
-    if link not in LINKS:
-        raise SpecError(f"disaggregated: link must be one of {', '.join(LINKS)}, got {link!r}")
-    if link == "network":
+def _check_link(prefill: Pool, decode: Pool, link: str) -> KvLink:
+    kind = link_of(link)
+    if kind.inter_node:
         for pool in (prefill, decode):
             if not pool.hardware.interconnect.network_bytes_per_s:
                 raise SpecError(
-                    f"disaggregated: link 'network' needs interconnect.network_bytes_per_s in "
+                    f"disaggregated: link {link!r} needs interconnect.network_bytes_per_s in "
                     f"{pool.hardware.name}'s hardware file (none given); use link 'nvlink' "
                     "when both pools sit in one node")
-        return
+        return kind
     if prefill.hardware.name != decode.hardware.name:
-        raise SpecError(f"disaggregated: link 'nvlink' joins devices of one node, got "
+        raise SpecError(f"disaggregated: link {link!r} joins devices of one node, got "
                         f"{prefill.hardware.name} and {decode.hardware.name}")
     room = prefill.hardware.interconnect.max_devices
     if prefill.gpus + decode.gpus > room:
-        raise SpecError(f"disaggregated: link 'nvlink' puts both pools in one node, but "
+        nic = next(k for k, v in links().items() if v.inter_node)
+        raise SpecError(f"disaggregated: link {link!r} puts both pools in one node, but "
                         f"{prefill.gpus} + {decode.gpus} GPUs exceed its {room}; use "
-                        "link 'network'")
+                        f"link {nic!r}")
+    return kind
 
 
 def _check_requests(requests: Requests) -> None:
@@ -138,11 +153,12 @@ def simulate_disaggregated(model: Model, requests: Requests, prefill: Pool, deco
                            link: str = "network", engine: EngineConfig | None = None,
                            workload: Workload | None = None,
                            progress: Callable[[int, int, float], None] | None = None,
-                           label: str = "") -> SimResult:
+                           label: str = "", contention: bool = False) -> SimResult:
     """Serve ``requests`` on ``prefill`` and ``decode`` pools (see the module docstring):
     one ``SimResult`` per request, TTFT to the decode side's first token, the decode
     pool's step log; ``info`` holds both pools' own results, the link and every
-    request's transfer time. ``engine``: the settings of a pool that has none."""
+    request's transfer time (and with ``contention``, its time queued for the prefill
+    instance's NICs). ``engine``: the settings of a pool that has none."""
     _check_requests(requests)
     _check_link(prefill, decode, link)
     workload = workload or Workload.for_model(model)
@@ -156,7 +172,11 @@ def simulate_disaggregated(model: Model, requests: Requests, prefill: Pool, deco
     pre = simulate(model, prefill.hardware, first, prefill.plan, prefill.engine or engine,
                    workload, part(0), f"{label} prefill".strip())
     moved = kv_transfer_s(model, prefill, decode, requests.input_tokens, workload, link)
-    ready = pre.finish_s + moved
+    ready, wait = pre.finish_s + moved, np.zeros(n)
+    if contention:
+        hop = transit_s(prefill, decode, link)
+        ready, wait = queued(pre.finish_s, moved - hop, hop,
+                             round_robin(requests.arrival_s, prefill.plan.dp))
     order = np.argsort(ready, kind="stable")
     handed = Requests(ready[order], requests.input_tokens[order],
                       requests.output_tokens[order], requests.prefix_id[order],
@@ -166,6 +186,7 @@ def simulate_disaggregated(model: Model, requests: Requests, prefill: Pool, deco
     info = {"mode": "disaggregated", "link": describe_link(prefill, decode, link),
             "prefill_pool": prefill.describe(), "decode_pool": decode.describe(),
             "gpus": prefill.gpus + decode.gpus, "transfer_s": moved, "kv_ready_s": ready,
+            "kv_queued_s": wait, "contention": contention,
             "prefill": pre, "decode": dec,
             "ttft": "arrival to the decode instance's first token, after the KV transfer"}
     return _merge(requests, pre, dec, order, label, info)

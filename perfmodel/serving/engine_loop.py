@@ -24,6 +24,7 @@ import numpy as np
 
 from perfmodel.serving import pipeline
 from perfmodel.serving.arrivals import Arrivals
+from perfmodel.serving.engines import lora
 from perfmodel.serving.engines.state import EngineState
 from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.serving.lookahead import Dry, Guess, dry_run
@@ -78,6 +79,7 @@ def start(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     grows = None if requests.session_id is None else requests.session_id >= 0
     state = engine.state(requests.input_tokens, requests.output_tokens, requests.prefix_id,
                          requests.prefix_tokens, blocks, requests.prefilled, grows)
+    state.lora = lora.slots(engine, requests)
     nan = np.full(n, np.nan)
     return Run(state, StepPricer(model, hw, plan, w, engine, edge), Arrivals(requests),
                 offsets, np.zeros(int(offsets[-1])), nan.copy(), nan.copy(), nan.copy(),

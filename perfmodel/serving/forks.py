@@ -26,6 +26,8 @@ class Forkable:
         new.pool, new.running, new.waiting = self.pool.copy(), list(self.running), \
             deque(self.waiting)
         new.saved, new.late = (), list(self.late)
+        if self.lora is not None:
+            new.lora = self.lora.copy()
         return new
 
     def fork(self) -> Forkable:

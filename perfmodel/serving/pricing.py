@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.cost.band import band
 from perfmodel.cost.memory import (
     head_bytes_of,
@@ -31,6 +32,7 @@ from perfmodel.cost.params import stage_layers
 from perfmodel.cost.step import Dtypes, Step, StepCost, composed_seconds, price_step
 from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
+from perfmodel.serving.engines import lora
 from perfmodel.serving.engines.state import Batch
 from perfmodel.serving.engines.vllm import EngineConfig
 from perfmodel.specs.dtypes import BYTES
@@ -79,7 +81,14 @@ def kv_pool(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     state, conv = recurrent_state_per_sequence(model, plan.tp)
     acts += (state + conv * float(kvb[0])) * engine.max_num_seqs
     share = stage_layers(model.n_layers, plan.pp) / model.n_layers
-    per_stage = float(kv_bytes_per_token(model, plan.tp, kvb)[0]) * engine.block_size * share
+    per_token = float(kv_bytes_per_token(model, plan.tp, kvb)[0])
+    if getattr(engine, "speculative", None) is not None:     # the drafter's, beside it
+        draft_w, draft_kv = speculation.pool_terms(engine.speculative, model, hw, plan, ws,
+                                                   kvb)
+        stages, per_token = stages + draft_w, per_token + draft_kv
+    per_stage = per_token * engine.block_size * share
+    stages = stages + lora.reserved_bytes(model, plan.tp, getattr(engine, "lora", None)) \
+        * share                 # each stage's layers' slots
     lefts = [engine.kv_bytes(hw, float(w_s), acts) for w_s in stages]
     s = int(np.argmin([left_s / b for left_s, b in zip(lefts, per_stage, strict=True)]))
     weights, left, per_block = float(stages.max()), lefts[s], float(per_stage[s])
@@ -113,9 +122,13 @@ class StepPricer:
         self.prefill_timing = int(phase_timing(hw, "prefill", False))
         self.decode_timing = int(phase_timing(hw, "decode", engine.cuda_graphs))
         self.host = engine.host
+        self.drafter = None if getattr(engine, "speculative", None) is None else \
+            speculation.DraftPricer(engine.speculative, model, hw, plan, self.dtypes,
+                                    self.decode_timing)
         self.last_host = np.zeros(0)    # the host time in the last ``times``' steps
         self.calls = 0
         self.priced = 0
+        self.lora = lora.pricer(model, hw, plan, engine)   # None with LoRA off
 
     def times(self, batches: list[Batch]) -> np.ndarray:
         """Seconds of each batch's step: its GPU time (at the band ``edge`` when one is
@@ -162,14 +175,32 @@ class StepPricer:
             ctx[i, :n] = b.context
         timing = np.array([self.prefill_timing if b.prefill else self.decode_timing
                            for b in batches])
-        step = Step(count, new, ctx, expert_skew=self.skew)
+        drafted = None if self.drafter is None else _drafted(batches, count.shape)
+        step = Step(count, new, ctx, expert_skew=self.skew, extra_logits=0.0 if drafted is None
+                    else speculation.draft_logits(count, drafted))
         if k not in self.rows:      # every row the one workload's dtypes, made once per k
             self.rows[k] = self.dtypes.take(np.zeros(k, np.int64))
         cost = price_step(self.model, self.hw, self.plan, step, self.rows[k], timing)
-        gpu = cost.time if self.edge is None else band(
+        gpu = self._banded(cost, timing)
+        if drafted is not None:     # the drafting, on the same GPU after the verify
+            gpu = gpu + self.drafter.seconds(count, new, ctx, drafted, timing, self.skew)
+        if self.lora is not None:
+            gpu = gpu + self.lora.seconds(batches, timing)
+        return gpu, cost, count.sum(axis=1)
+
+    def _banded(self, cost: StepCost, timing: np.ndarray) -> np.ndarray:
+        return cost.time if self.edge is None else band(
             cost.class_seconds(), self.hw.uncertainty,
             composed=self.hw.composition.edges(composed_seconds(cost, timing)))[self.edge]
-        return gpu, cost, count.sum(axis=1)
+
+
+def _drafted(batches: list[Batch], shape: tuple) -> np.ndarray:
+    """(N, G) drafts each row of each batch verifies (``Batch.drafts``; none: 0)."""
+    out = np.zeros(shape, np.int64)
+    for i, b in enumerate(batches):
+        if b.drafts is not None:
+            out[i, :len(b.ids)] = b.drafts
+    return out
 
 
 def capacity_rps(model: Model, hw: Hardware, plan: Parallelism, w: Workload,

@@ -25,7 +25,9 @@ class Requests:
     shared prefix, ``prefix_id`` the session's chain) and its own new message; the KV of a
     finished turn stays cached as the chain the next turn asks for (``serving.traffic``
     sets them from a trace's ``session_id,turn`` columns or ``generate(turns=...)``).
-    ``think_s`` (or None): NaN where ``arrival_s`` is the request's time; a number where
+    ``adapter`` (or None): each request's LoRA adapter, 0, 1, ... (-1: the base model;
+    ``engines.lora``). ``think_s`` (or None): NaN where ``arrival_s`` is the request's time;
+    a number where
     the request is a later turn sent that long after the client has its session's previous
     turn's last token (``serving.sessions``: ``arrival_s`` then holds a nominal time, used
     only where the turns cannot follow the answers)."""
@@ -41,6 +43,7 @@ class Requests:
     session_id: np.ndarray | None = None
     turn: np.ndarray | None = None
     think_s: np.ndarray | None = None
+    adapter: np.ndarray | None = None       # each request's LoRA adapter id (-1: none)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -59,6 +62,8 @@ class Requests:
         if self.prefilled is not None and (len(self.prefilled) != n or np.any(
                 (self.prefilled < 0) | (self.prefilled >= self.input_tokens))):
             raise SpecError("requests: prefilled must be 0 <= prefilled < input_tokens")
+        if self.adapter is not None and len(self.adapter) != n:
+            raise SpecError(f"requests: adapter has {len(self.adapter)} entries, expected {n}")
 
     @classmethod
     def of(cls, arrival_s: object, input_tokens: object, output_tokens: object,
@@ -83,7 +88,8 @@ class Requests:
         return Requests(self.arrival_s[keep], self.input_tokens[keep], self.output_tokens[keep],
                         self.prefix_id[keep], self.prefix_tokens[keep],
                         min(self.closed_loop, n), pick(self.prefilled), self.client_cap,
-                        pick(self.session_id), pick(self.turn), pick(self.think_s))
+                        pick(self.session_id), pick(self.turn), pick(self.think_s),
+                        pick(self.adapter))
 
     def __len__(self) -> int:
         return len(self.arrival_s)

@@ -118,7 +118,10 @@ class SimResult:
         gaps = np.diff(self.token_s)
         inside = np.ones(len(gaps), dtype=bool)
         inside[self.token_offsets[1:-1] - 1] = False     # a gap across two requests
-        return gaps[inside[:len(gaps)]] if len(gaps) else gaps
+        out = gaps[inside[:len(gaps)]] if len(gaps) else gaps
+        if "speculation" in self.info:      # tokens of one chunk share its time: the
+            return out[out > 0]             # client's ITL is between chunks
+        return out
 
     @property
     def duration_s(self) -> float:
@@ -167,8 +170,12 @@ class SimResult:
                    peak_kv_use=float(self.steps.kv_blocks.max() / max(self.kv_blocks_total, 1)),
                    peak_running=int(self.steps.seqs.max()),
                    engine_time=self.engine_time())
+        if "lora" in self.info:
+            out["lora"] = self.info["lora"]
         if self.steps.stage_s is not None:
             out["pipeline"] = self.steps.pipeline(self.duration_s)
+        if "speculation" in self.info:
+            out["speculation"] = self.info["speculation"]
         if slo_ttft_s is not None or slo_tpot_s is not None:
             out["goodput_requests_per_s"] = self.goodput(slo_ttft_s, slo_tpot_s)
         return out
@@ -218,7 +225,10 @@ def record_output(run: object, emit: np.ndarray, counts: np.ndarray, done: np.nd
     emitted requests' token (their ``counts``-th) and first-token times, the finished ones'
     finish time and the run's counts of them; returns the requests the arrivals send next
     (a closed loop's users, a conversation's later turns)."""
-    run.token_s[run.token_offsets[emit] + counts - 1] = t
+    if getattr(run.state, "spec", None) is None:
+        run.token_s[run.token_offsets[emit] + counts - 1] = t
+    else:                   # several tokens a step (``engines.speculation``)
+        _record_chunk(run, emit, counts, t)
     first = emit[np.isnan(run.first_token_s[emit])]
     run.first_token_s[first] = t
     run.last_done, run.last_done_tokens = len(done), 0
@@ -230,3 +240,17 @@ def record_output(run: object, emit: np.ndarray, counts: np.ndarray, done: np.nd
     run.last_done_tokens = int((req.input_tokens[done] + req.output_tokens[done]).sum())
     run.load_tokens -= run.last_done_tokens
     return run.arrivals.finished(t, done)
+
+
+def _record_chunk(run: object, emit: np.ndarray, counts: np.ndarray, t: float) -> None:
+    """Every token a speculative step emitted (a verify's accepted drafts and the target's
+    own) at the step's end ``t``: the client gets them in one chunk (``SimResult.itl_s``
+    counts the gaps between chunks)."""
+    seen = getattr(run, "spec_recorded", None)
+    if seen is None:
+        seen = run.spec_recorded = np.zeros(len(run.token_offsets) - 1, np.int64)
+    size = counts - seen[emit]
+    start = run.token_offsets[emit] + seen[emit]
+    idx = np.repeat(start - np.cumsum(size) + size, size) + np.arange(int(size.sum()))
+    run.token_s[idx] = t
+    seen[emit] = counts

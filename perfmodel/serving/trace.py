@@ -4,13 +4,16 @@ that reads back unchanged (``serving.traffic`` makes streams and re-exports both
 A trace is a CSV file with the header ``arrival_s,input_tokens,output_tokens`` and, optionally,
 ``prefix_id,prefix_tokens``: requests with one ``prefix_id`` (any text; empty for none) share
 their first ``prefix_tokens`` prompt tokens, which count in ``input_tokens``; and, optionally,
-``session_id,turn``: the turns of a conversation (``serving.sessions``).
+``session_id,turn``: the turns of a conversation (``serving.sessions``); and, optionally,
+``lora_id``: the LoRA adapter the request names (any text; empty for the base model), ids
+0, 1, ... in order of first arrival (``serving.engines.lora``).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +25,9 @@ from perfmodel.specs.workload import MAX_TOKENS
 COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 PREFIX_COLUMNS = ("prefix_id", "prefix_tokens")
 SESSION_COLUMNS = ("session_id", "turn")
+LORA_COLUMN = "lora_id"
 _COLUMN_LIST = ("arrival_s, input_tokens, output_tokens[, prefix_id, prefix_tokens]"
-                "[, session_id, turn]")
+                "[, session_id, turn][, lora_id]")
 _EXPECTED = f"expected {_COLUMN_LIST}"
 MAX_ARRIVAL_S = 1e9            # about 32 years: a later arrival is a unit or typing mistake
 
@@ -58,7 +62,7 @@ def _columns(path: Path, header: list[str]) -> dict[str, int]:
     """Column name -> position; a missing, unknown or repeated column is an error. An
     unknown column is named by its position, never quoted (a file that is not a trace would
     have its first line echoed)."""
-    known = COLUMNS + PREFIX_COLUMNS + SESSION_COLUMNS
+    known = COLUMNS + PREFIX_COLUMNS + SESSION_COLUMNS + (LORA_COLUMN,)
     for i, name in enumerate(header):
         if name not in known:
             raise SpecError(f"{path}: header column {i + 1} of {len(header)} is not a trace "
@@ -87,6 +91,7 @@ class _Table:
         self.prefix_seen: dict[str, tuple[int, int]] = {}   # id -> (tokens, row)
         self.session: list[str] = []
         self.turn: list[int] = []
+        self.adapter: list[str] = []
 
     def where(self, column: str, line: int) -> str:
         return f"{self.path}: column {column!r}, row {line}"
@@ -105,6 +110,8 @@ class _Table:
             self.session.append(cell["session_id"])
             self.turn.append(_tokens(cell["turn"], self.where("turn", line), 0)
                              if cell["session_id"] else 0)
+        if LORA_COLUMN in cell:
+            self.adapter.append(cell[LORA_COLUMN])
         prefix_id = cell.get("prefix_id", "")
         self.prefix.append(prefix_id)
         self.tokens[2].append(self.prefix_tokens(line, prefix_id, cell.get("prefix_tokens", ""),
@@ -134,12 +141,17 @@ class _Table:
         inputs, outputs, prefix_tokens = (np.asarray(t, np.int64)[order] for t in self.tokens)
         reqs = Requests.of(np.asarray(self.arrival)[order], inputs, outputs, prefix_id,
                            prefix_tokens)
-        if not self.session:
-            return reqs
-        from perfmodel.serving import sessions
+        if self.session:
+            from perfmodel.serving import sessions
 
-        return sessions.attach(reqs, [self.session[i] for i in order],
-                               [self.turn[i] for i in order], str(self.path))
+            reqs = sessions.attach(reqs, [self.session[i] for i in order],
+                                   [self.turn[i] for i in order], str(self.path))
+        if not self.adapter:
+            return reqs
+        names: dict[str, int] = {}
+        adapter = [names.setdefault(self.adapter[i], len(names)) if self.adapter[i] else -1
+                   for i in order]
+        return replace(reqs, adapter=np.asarray(adapter, np.int64))
 
 
 def _number(text: str, where: str, expected: str) -> float:
@@ -180,11 +192,17 @@ def write_trace(requests: Requests, path: str | Path) -> None:
         raise SpecError(f"{path}: a trace holds arrival times; closed-loop requests "
                         f"(--concurrency {requests.closed_loop}) have none to write")
     shared = bool(np.any(requests.prefix_id >= 0))
+    adapters = requests.adapter is not None
     try:
         with Path(path).open("w", newline="", encoding="utf-8") as file:
             writer = csv.writer(file)
-            writer.writerow(COLUMNS + (PREFIX_COLUMNS if shared else ()))
-            writer.writerows(_trace_rows(requests, shared))
+            writer.writerow(COLUMNS + (PREFIX_COLUMNS if shared else ())
+                            + ((LORA_COLUMN,) if adapters else ()))
+            rows = _trace_rows(requests, shared)
+            if adapters:
+                rows = [[*row, str(a) if a >= 0 else ""]
+                        for row, a in zip(rows, requests.adapter.tolist(), strict=True)]
+            writer.writerows(rows)
     except OSError as exc:
         raise SpecError(f"{path}: cannot write: {exc.strerror or type(exc).__name__}") from None
 

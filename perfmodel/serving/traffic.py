@@ -28,7 +28,7 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
              output_len: int, length_dist: str = "fixed", spread: float = DEFAULT_SPREAD,
              lengths_from: Requests | None = None, shared_prefix: int = 0,
              seed: int = 0, turns: int = 1, think_time: float = 0.0,
-             turn_growth: int | None = None) -> Requests:
+             turn_growth: int | None = None, rate_shape: object = None) -> Requests:
     """``n`` requests, open loop at ``rate`` req/s or closed loop with ``concurrency`` users.
 
     Arrivals (open loop; the first arrives one gap after t=0), as vLLM's ``vllm bench
@@ -54,6 +54,9 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
     a later turn adds the last answer and ``turn_growth`` new tokens, mean, default
     ``input_len``, drawn as inputs are, from a fourth spawned generator).
 
+    ``rate_shape`` (``serving.rate_shape.RateShape``, Poisson arrivals only): a rate that
+    varies over time about ``rate``, drawn by thinning (``serving.rate_shape``).
+
     One seed gives one stream; arrivals, input and output lengths each draw from their own
     ``np.random.default_rng`` spawned from ``np.random.SeedSequence(seed)``, so a new rate
     keeps the lengths and a new output length keeps the inputs and arrivals.
@@ -66,6 +69,9 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     inputs, outputs = _lengths(n, length_dist, input_len, output_len, spread, lengths_from,
                                input_rng, output_rng)
+    if rate_shape is not None and (rate is None or arrival != "poisson" or turns != 1):
+        raise SpecError("--rate-shape: shapes a Poisson --rate (--arrival poisson, one "
+                        "turn a conversation)")
     if turns != 1 or think_time or turn_growth is not None:
         return _conversations(n, rate, arrival, burstiness, dist_args=(
             length_dist, spread), inputs=inputs, outputs=outputs, seed=seed, turns=turns,
@@ -74,7 +80,8 @@ def generate(n: int, *, rate: float | None = None, concurrency: int = 0,
     if rate is None:
         times = np.zeros(n)
     else:
-        times = _arrival_times(n, rate, arrival, burstiness, arrival_rng)
+        times = _arrival_times(n, rate, arrival, burstiness, arrival_rng) \
+            if rate_shape is None else _shaped(n, rate, rate_shape, arrival_rng)
         _check_span(times, n, rate)
     prefix_id = np.full(n, 0 if shared_prefix else -1, np.int64)
     return Requests(times, inputs + shared_prefix, outputs, prefix_id,
@@ -167,6 +174,12 @@ def _arrival_times(n: int, rate: float, arrival: str, burstiness: float,
     shape = burstiness if arrival == "gamma" else 1.0
     times = np.cumsum(rng.gamma(shape, 1.0 / (rate * shape), size=n))
     return times * (n / rate / times[-1])   # vLLM: the last request at exactly n/rate
+
+
+def _shaped(n: int, rate: float, shape: object, rng: np.random.Generator) -> np.ndarray:
+    from perfmodel.serving import rate_shape
+
+    return rate_shape.arrival_times(n, rate, shape, rng)
 
 
 def _lengths(n: int, dist: str, input_len: int, output_len: int, spread: float,

@@ -34,6 +34,8 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         attention_program_keys=f.quantity("attention_program_keys", "number", 0.0,
                                           positive=False),
         attention_decode_tile_q=f.integer("attention_decode_tile_q", 0, minimum=0),
+        attention_decode_tile_q_latent=f.integer("attention_decode_tile_q_latent", 0,
+                                                 minimum=0),
         attention_head_dim_half=f.quantity("attention_head_dim_half", "number", 0.0,
                                            positive=False),
         attention_append_kv=f.flag("attention_append_kv", False),

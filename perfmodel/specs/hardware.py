@@ -86,6 +86,13 @@ class Efficiency:
     # query rows of a decode program's tile: a KV group's query heads are padded to it
     # (0: the smallest power of two from 16 to 128, a kernel for skinny shapes)
     attention_decode_tile_q: int = 0
+    # the same for a decode over MLA's latent cache (Q/K wider than 256: the absorbed form),
+    # whose kernels tile a KV head's query heads in 64 rows: FlashMLA (BLOCK_SIZE_M 64, the
+    # query heads padded to it: deepseek-ai/FlashMLA csrc/.../splitkv_mla) and
+    # FlashAttention-3 for head dims 64 + 512 (hopper/tile_size.h tile_size_fwd_sm90:
+    # headdim_v 512 -> kBlockM 64), Hopper's kernels; Blackwell's trtllm-gen MLA kernels
+    # tile otherwise (unpublished). 0: as attention_decode_tile_q
+    attention_decode_tile_q_latent: int = 0
     # attention's MMA share x head_dim / (head_dim + this): the per-score softmax work (an
     # exp, max, rescale) that does not scale with head_dim (0: off; cost/attention.py)
     attention_head_dim_half: float = 0.0

@@ -32,7 +32,7 @@ FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma
             "gemma3_text", "phi3", "llama4", "llama4_text", "gpt_oss", "deepseek_v3",
             "deepseek_v2", "kimi_k2", "jamba", "nemotron_h", "qwen3_next", "minimax",
             "minimax_text_01", "falcon_h1", "zamba2", "deepseek_v32", "glm_moe_dsa",
-            "minimax_m2", "glm4_moe")
+            "minimax_m2", "glm4_moe", "kimi_linear")
 # multimodal configs: the text model's config sits under ``text_config``
 _TEXT = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _FAMILY = {"mixtral": families.mixtral, "qwen3_moe": families.qwen3_moe,
@@ -44,7 +44,7 @@ _FAMILY = {"mixtral": families.mixtral, "qwen3_moe": families.qwen3_moe,
            "jamba": hybrids.jamba, "nemotron_h": hybrids.nemotron_h,
            "qwen3_next": hybrids.qwen3_next, "minimax": hybrids.minimax,
            "minimax_text_01": hybrids.minimax, "falcon_h1": hybrids.falcon_h1,
-           "zamba2": hybrids.zamba2}
+           "zamba2": hybrids.zamba2, "kimi_linear": hybrids.kimi_linear}
 # a family's earlier config.json key names, read as today's before any key is
 _SPELLING = {"zamba2": hybrids.zamba2_keys}
 _ACT = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",

@@ -1,5 +1,6 @@
 """Hybrid (recurrent + attention) families of the Hugging Face ``config.json`` translation
-(``specs.hf``): Jamba, Nemotron-H, Qwen3-Next, MiniMax-Text-01, Falcon-H1, Zamba2.
+(``specs.hf``): Jamba, Nemotron-H, Qwen3-Next, MiniMax-Text-01, Falcon-H1, Zamba2,
+Kimi-Linear.
 
 Each function reads the keys one family adds and writes them into ``out`` (the
 perfmodel/models/README.md schema): the per-layer kinds into ``attention.layer_pattern`` (mamba,
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from perfmodel.specs.fields import Fields
-from perfmodel.specs.hf_families import qwen3_moe, set_pattern
+from perfmodel.specs.hf_families import deepseek, qwen3_moe, set_pattern
 
 # Nemotron-H ``hybrid_override_pattern`` letters: Mamba-2 mixer, attention, MLP
 _NEMOTRON = {"M": "mamba", "*": "global", "-": "mlp"}
@@ -23,7 +24,7 @@ _NEMOTRON = {"M": "mamba", "*": "global", "-": "mlp"}
 _LINEAR_TYPES = {"linear_attention": "linear", "full_attention": "global"}
 # MiniMax-Text-01 ``attn_type_list``: 0 lightning (linear) attention, 1 softmax attention
 _MINIMAX = {0: "linear", 1: "global"}
-# flash-linear-attention chunk_gated_delta_rule's chunk (no config key)
+# flash-linear-attention chunk_gated_delta_rule's and chunk_kda's chunk (no config key)
 _DELTANET_CHUNK = 64
 # Zamba2 ``layers_block_type``: a Mamba layer, or a shared block then a Mamba layer ("m" and
 # "g" in Zyphra's earlier spelling); True: the layer invokes a shared block
@@ -263,3 +264,67 @@ def zamba2(hf: Fields, out: dict[str, Any]) -> None:
                            "adapter_rank": hf.integer("adapter_rank", 128),
                            "attention_adapters": hf.flag("use_shared_attention_adapter", False),
                            "mlp_adapters": hf.flag("use_shared_block_lora", True)}
+
+
+def kimi_linear(hf: Fields, out: dict[str, Any]) -> None:
+    """Kimi-Linear (the hub's ``configuration_kimi.py`` ``KimiLinearConfig``; vLLM
+    ``kimi_linear.py``): KDA on the 1-based ``linear_attn_config.kda_layers``, MLA (the
+    DeepSeek keys) on its ``full_attn_layers``, the two together covering every layer once;
+    KDA of ``num_heads`` x ``head_dim`` for q, k and v, conv ``short_conv_kernel_size``,
+    its state fp32 (vLLM ``kda_state_dtype``); MLA without rotary when ``mla_use_nope``;
+    ``num_experts`` routed experts (``num_experts_per_token``, ``num_shared_experts`` of
+    ``moe_intermediate_size``) after ``first_k_dense_replace`` dense layers; the context
+    ``model_max_length`` where ``max_position_embeddings`` is absent."""
+    linear = hf.sub("linear_attn_config")
+    set_pattern(hf, out, _kimi_kinds(linear, out["n_layers"]))
+    deepseek(hf, out)
+    if hf.flag("mla_use_nope", False):
+        out["position"] = "none"
+    if out.get("max_position_embeddings") is None and hf.has("model_max_length"):
+        out["max_position_embeddings"] = hf.integer("model_max_length")
+    if linear.flag("use_full_rank_gate", False):
+        raise linear.error("use_full_rank_gate", "a full-rank KDA gate is not modelled; "
+                           "expected false (the low-rank f_a / f_b pair)")
+    heads, dim = linear.integer("num_heads"), linear.integer("head_dim")
+    out["linear_attention"] = {"kind": "kda", "n_heads": heads, "n_k_heads": heads,
+                               "head_k_dim": dim, "head_v_dim": dim,
+                               "d_conv": linear.integer("short_conv_kernel_size", 4),
+                               "chunk_size": _DELTANET_CHUNK, "state_dtype": "fp32"}
+    if hf.integer("moe_layer_freq", 1) != 1:
+        raise hf.error("moe_layer_freq", "only 1 (every layer after the dense ones) is "
+                       "supported")
+    if hf.has("num_experts"):
+        groups = hf.integer("num_expert_group", 1)
+        out["moe"] = {"n_experts": hf.integer("num_experts"),
+                      "top_k": hf.integer("num_experts_per_token"),
+                      "expert_intermediate_size": hf.integer("moe_intermediate_size"),
+                      "n_shared_experts": hf.integer("num_shared_experts", 0, minimum=0),
+                      "first_dense_layers": hf.integer("first_k_dense_replace", 0,
+                                                       minimum=0),
+                      "n_groups": groups, "topk_groups": hf.integer("topk_group", groups)}
+
+
+def _kimi_kinds(linear: Fields, layers: int) -> list[str]:
+    """Each layer's kind from the 1-based ``kda_layers`` (linear) and ``full_attn_layers``
+    (global); a list that is not of layer numbers, or two that leave a layer out or name
+    one twice, is an error naming the key."""
+    lists = {}
+    for key in ("kda_layers", "full_attn_layers"):
+        got = linear.raw(key)
+        if not isinstance(got, list) or any(
+                isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= layers
+                for i in got):
+            raise linear.error(key, f"expected a list of 1-based layer numbers up to "
+                               f"num_hidden_layers ({layers})")
+        lists[key] = got
+    kda, full = lists["kda_layers"], lists["full_attn_layers"]
+    both = sorted(set(kda) & set(full)) or sorted({i for i in kda if kda.count(i) > 1}
+                                                  | {i for i in full if full.count(i) > 1})
+    if both:
+        raise linear.error("full_attn_layers", f"layer {both[0]} (1-based) is listed twice "
+                           f"between kda_layers and full_attn_layers; expected each once")
+    missing = sorted(set(range(1, layers + 1)) - set(kda) - set(full))
+    if missing:
+        raise linear.error("kda_layers", f"layer {missing[0]} (1-based) is in neither "
+                           f"kda_layers nor full_attn_layers; expected every layer once")
+    return ["linear" if i + 1 in set(kda) else "global" for i in range(layers)]

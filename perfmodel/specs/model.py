@@ -157,9 +157,14 @@ class Mamba:
 class LinearAttention:
     """A linear-attention layer's mixer: ``gated_deltanet`` (Qwen3-Next; arXiv 2412.06464:
     q, k, v, z and per-head beta and decay gates, a short conv over q, k, v, the chunked
-    delta rule, a gated RMSNorm) or ``lightning`` (MiniMax-01; arXiv 2401.04658: q, k, v and
-    an output gate, fixed per-head decay, no conv, an RMSNorm). State n_heads x head_k_dim x
-    head_v_dim per sequence at ``state_dtype``."""
+    delta rule, a gated RMSNorm), ``kda`` (Kimi Delta Attention, Kimi-Linear; arXiv
+    2510.26692: the gated delta rule with a decay per key channel, head_k_dim values per
+    head and token, from a low-rank projection; q, k, v and beta projections, short convs
+    on q, k, v, a low-rank output gate, a sigmoid-gated RMSNorm: vLLM
+    ``vllm/model_executor/layers/kda.py`` ``KimiDeltaAttention``) or ``lightning``
+    (MiniMax-01; arXiv 2401.04658: q, k, v and an output gate, fixed per-head decay, no
+    conv, an RMSNorm). State n_heads x head_k_dim x head_v_dim per sequence at
+    ``state_dtype``."""
 
     kind: str
     n_heads: int            # value heads (the state's)
@@ -172,7 +177,14 @@ class LinearAttention:
 
     @property
     def delta(self) -> bool:
-        return self.kind == "gated_deltanet"
+        """The delta rule (Gated DeltaNet, KDA): beta, the WY transform, L2-normed q, k."""
+        return self.kind in ("gated_deltanet", "kda")
+
+    @property
+    def channel_gates(self) -> int:
+        """Decay values per head and token: KDA's one per key channel (head_k_dim), none
+        for a per-head scalar decay."""
+        return self.head_k_dim if self.kind == "kda" else 0
 
     @property
     def conv_channels(self) -> int:

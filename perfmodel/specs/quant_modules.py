@@ -19,6 +19,11 @@ from typing import Any
 from perfmodel.specs.fields import Fields
 from perfmodel.specs.model import QUANT_CLASSES
 
+# families whose experts are ``block_sparse_moe.experts.J.w1/w2/w3`` under a
+# ``block_sparse_moe.gate`` router (Mixtral's modeling; MiniMax-M2's
+# ``MiniMaxM2SparseMoeBlock``), where the others use ``mlp.experts.J.gate_proj`` etc.
+W123_FAMILIES = ("mixtral", "minimax_m2")
+
 
 def patterns(q: Fields, key: str) -> list[str]:
     value = q.raw(key, []) or []
@@ -48,7 +53,7 @@ def module_names(out: dict[str, Any]) -> dict[str, list[str]]:
             names["mlp"] += [f"{p}mlp.{n}" for n in dense]
             continue
         block, mats = ("block_sparse_moe", ["w1", "w2", "w3"]) \
-            if out["family"] == "mixtral" else ("mlp", dense)
+            if out["family"] in W123_FAMILIES else ("mlp", dense)
         names["router"].append(f"{p}{block}.gate")
         names["experts"] += [f"{p}{block}.experts.{j}.{n}"
                              for j in sorted({0, moe["n_experts"] - 1}) for n in mats]

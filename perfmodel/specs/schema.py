@@ -135,7 +135,8 @@ def model_from_fields(f: Fields) -> Model:
 
 def _check_recurrent(f: Fields, model: Model) -> None:
     """A pattern's mamba / linear layers need their block and a block needs its layers;
-    MLP-only layers (mlp) exclude MoE; MLA and KV sharing stay with attention-only models."""
+    MLP-only layers (mlp) exclude MoE; KV sharing stays with attention-only models, MLA
+    with attention-only models or MLA beside linear-attention layers (Kimi-Linear)."""
     kinds = set(model.layer_kinds())
     parallel = model.mamba is not None and model.mamba.parallel
     if parallel and (model.mamba.dt_rank or kinds & {"mamba", "linear"}
@@ -152,10 +153,12 @@ def _check_recurrent(f: Fields, model: Model) -> None:
                       "modelled")
     if "mlp" in kinds and model.moe is not None:
         raise f.error("moe", "MoE with MLP-only ('mlp') layers is not modelled")
-    if (kinds & {"mamba", "linear", "mlp"} or parallel) \
-            and (model.mla is not None or model.kv_share > 1):
-        raise f.error("attention.layer_pattern", "recurrent or MLP-only layers with MLA or "
-                      "KV sharing are not modelled")
+    if (kinds & {"mamba", "linear", "mlp"} or parallel) and model.kv_share > 1:
+        raise f.error("attention.layer_pattern", "recurrent or MLP-only layers with KV "
+                      "sharing are not modelled")
+    if (kinds & {"mamba", "mlp"} or parallel) and model.mla is not None:
+        raise f.error("attention.layer_pattern", "Mamba or MLP-only layers with MLA are not "
+                      "modelled (MLA beside linear layers is)")
 
 
 def _check_shared(f: Fields, model: Model) -> None:
@@ -250,7 +253,7 @@ def _linear(f: Fields | None) -> LinearAttention | None:
     """The ``linear_attention:`` block (perfmodel/models/README.md)."""
     if f is None:
         return None
-    out = LinearAttention(kind=f.text("kind", choices=("gated_deltanet", "lightning")),
+    out = LinearAttention(kind=f.text("kind", choices=("gated_deltanet", "kda", "lightning")),
                           n_heads=size(f, "n_heads"), n_k_heads=size(f, "n_k_heads"),
                           head_k_dim=size(f, "head_k_dim"), head_v_dim=size(f, "head_v_dim"),
                           d_conv=size(f, "d_conv", 0, minimum=0),
@@ -258,6 +261,11 @@ def _linear(f: Fields | None) -> LinearAttention | None:
                           state_dtype=f.text("state_dtype", "fp32", DTYPES))
     if out.n_heads % out.n_k_heads:
         raise f.error("n_k_heads", f"expected a divisor of n_heads ({out.n_heads})")
+    if out.kind == "kda" and (out.n_k_heads != out.n_heads or out.head_k_dim != out.head_v_dim
+                              or not out.d_conv):
+        raise f.error("kind", "kda has one num_heads and head_dim for q, k and v and a short "
+                      "conv (vLLM's KimiDeltaAttention): expected n_k_heads = n_heads, "
+                      "head_k_dim = head_v_dim and d_conv >= 1")
     f.finish()
     return out
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from perfmodel.ui.options import Uploads, arguments, line, parse
 
-NOT_OPTIONS = ("fmt", "breakdown")
+NOT_OPTIONS = ("fmt", "breakdown", "energy", "prices")    # output options, not the estimate's
 CURVE_MAX_BATCH = 1024
 
 

@@ -22,7 +22,9 @@ Invariants (what the loop and the look-ahead rely on):
 - A batch is never empty and every request in it computes at least one token
   (``batch.new >= 1``): a committed step always advances time by its priced duration (> 0)
   and the state by at least one token, so the loop ends.
-- A request emits at most one token per step, and exactly its ``output`` tokens in all;
+- A request emits at most one token per step (with speculative decoding, ``engine
+  .speculative``, a verify's accepted drafts and one more: ``engines.speculation``), and
+  exactly its ``output`` tokens in all;
   ``commit`` returns those that emitted and those that emitted their last.
 - ``schedule`` and ``commit`` are deterministic functions of the state: a fork run ahead
   forms the same steps the real run forms, given the same arrivals (the look-ahead's

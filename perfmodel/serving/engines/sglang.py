@@ -44,6 +44,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+import perfmodel.serving.engines.lora as lora
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.serving.engines.sglang_budget import PrefillBudget
 from perfmodel.serving.engines.sglang_policy import POLICIES, sorts
 from perfmodel.serving.engines.sglang_policy import order as policy_order
@@ -76,6 +78,8 @@ class SGLangConfig:
     disable_cuda_graph: bool = False
     context_length: int = 0
     host: HostTime = NO_HOST        # the engine's time outside the GPU (serving.host_time)
+    speculative: object = None      # ``engines.speculation.SpecDecode``; None: off
+    lora: lora.LoraSettings | None = None   # LoRA's settings (``engines.lora``)
 
     name = "sglang"
     scheduler = "continuous"
@@ -168,6 +172,12 @@ class SGLangConfig:
                 out.append("--" + flag.replace("_", "-"))
         if self.context_length:
             out.append(f"--context-length {self.context_length}")
+        if self.speculative is not None:
+            from perfmodel.serving.engines.speculation_flags import engine_flags
+
+            out.append(engine_flags(self.speculative, self.name))
+        if self.lora is not None:
+            out.append(self.lora.flags())
         return " ".join(out)
 
 
@@ -194,7 +204,7 @@ class SGLangState(EngineState):
         batch = self._extend() if self.waiting or self.chunked >= 0 else None
         batch = self._decode() if batch is None else batch
         self.settle()       # overlap: batch n's finishes are processed after n+1 is formed
-        return batch
+        return self.lora_step(batch)
 
     def _live(self) -> np.ndarray:     # the running that decode: not the ``late``
         run = np.array(self.running, np.int64)
@@ -216,11 +226,19 @@ class SGLangState(EngineState):
             self._add_chunked(b, ids, new)
         if sorts(e.schedule_policy, len(self.waiting)):
             self._sort()
+        adapters, skipped = lora.scheduled(self.lora, [*self.running, *ids]), []
         while self.waiting and len(ids) < cap - len(run):
+            if self.lora is not None and not self.lora.admits(self.waiting[0], adapters):
+                if not self.lora.skip(self.waiting, adapters, skipped):  # can_run_lora_
+                    break                                       # batch false: skipped
+                continue
             if not self._add_one(self.waiting[0], b, ids, new):
                 break
+            if self.lora is not None:
+                self.lora.join(ids[-1], adapters)
             if b.state(self.pool.free) != "continue":
                 break
+        lora.requeue(self.lora, self.waiting, skipped)
         if not ids:
             return None
         ids, new = np.array(ids, np.int64), np.array(new, np.int64)
@@ -230,8 +248,10 @@ class SGLangState(EngineState):
             if more is not None:
                 ids, new = np.concatenate([ids, run]), np.concatenate([new, more])
         room = len(self.running) < cap and b.state(self.pool.free) == "continue"
-        return Batch(ids, new, self.computed[ids] + new, True,
-                     (room and not self.waiting and self.chunked < 0) or self._reorders, 0)
+        batch = Batch(ids, new, self.computed[ids] + new, True,
+                      (room and lora.open_queue(self.lora, self.waiting) and self.chunked < 0)
+                      or self._reorders, 0)
+        return batch if self.spec is None else speculation.mark(self, batch)
 
     def _add_chunked(self, b: PrefillBudget, ids: list, new: list) -> None:
         r = self.chunked
@@ -309,20 +329,31 @@ class SGLangState(EngineState):
         self.waiting.extend(q[i] for i in order)
 
     def _decode_slots(self, run: np.ndarray) -> np.ndarray | None:
-        blocks = np.maximum(self.blocks_for(self.computed[run] + 1) - self.own[run]
+        new = self._decode_new(run)
+        blocks = np.maximum(self.blocks_for(self._decode_upto(run, new)) - self.own[run]
                             - self.shared[run], 0)
         if not self.pool.allocate(int(blocks.sum())):
             return None
         self.own[run] += blocks
-        return np.ones(len(run), np.int64)
+        return new
+
+    def _decode_new(self, run: np.ndarray) -> np.ndarray:
+        """One token each; with speculation a decode's drafts too (``EAGLEWorker.verify``:
+        ``speculative_num_draft_tokens`` a request)."""
+        ones = np.ones(len(run), np.int64)
+        return ones if self.spec is None else speculation.need(self, run, ones)
+
+    def _decode_upto(self, run: np.ndarray, new: np.ndarray) -> np.ndarray:
+        upto = self.computed[run] + new
+        return upto if self.spec is None else speculation.slots(self, run, upto)
 
     def _decode(self) -> Batch | None:
         """``update_running_batch``: one token each, retracting when the pool runs short."""
         run = self._live()
         if not len(run):
             return None
-        blocks = np.maximum(self.blocks_for(self.computed[run] + 1) - self.own[run]
-                            - self.shared[run], 0)
+        blocks = np.maximum(self.blocks_for(self._decode_upto(run, self._decode_new(run)))
+                            - self.own[run] - self.shared[run], 0)
         retracted = 0
         if int(blocks.sum()) > self.pool.free:      # check_decode_mem
             order = sorted(range(len(run)), key=lambda i: (int(self.emitted[run[i]]),
@@ -349,10 +380,12 @@ class SGLangState(EngineState):
                              / NEW_TOKEN_RATIO_DECAY_STEPS, floor)
         self.pool.allocate(int(blocks.sum()))
         self.own[run] += blocks
-        ones = np.ones(len(run), np.int64)
+        ones = self._decode_new(run)
         room = len(self.running) < self.engine.max_running_requests
-        return Batch(run, ones, self.computed[run] + 1, False,
-                     (not self.waiting and room) or self._reorders, retracted)
+        batch = Batch(run, ones, self.computed[run] + ones, False,
+                      (lora.open_queue(self.lora, self.waiting) and room) or self._reorders,
+                      retracted)
+        return batch if self.spec is None else speculation.mark(self, batch)
 
     def _retract(self, r: int) -> None:
         """``release_req``: its KV freed without saving it to the tree (its shared prefix

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.serving.forks import Forkable
 from perfmodel.serving.kvpool import KVPool
 
@@ -50,6 +51,8 @@ class Batch:
     prefill: bool
     open: bool
     preempted: int
+    drafts: np.ndarray | None = None    # drafted tokens each row verifies (speculation)
+    lora: tuple | None = None   # (tokens with an adapter, distinct adapters, loads), or None
 
 
 @dataclass(eq=False)
@@ -79,6 +82,8 @@ class EngineState(Forkable):
     lo: int = 0         # every request below has finished: its state is final
     top: int = 0        # no request from here on has been admitted: its state is all zero
     saved: tuple = ()   # ``fork``'s copy of the rows ``lo:top`` of the arrays below
+    spec: object = None     # speculative decoding's settings (``engines.speculation``)
+    lora: Any = None    # the LoRA adapters' slots (``engines.lora.LoraSlots``), or None
 
     MUTABLE = ("computed", "emitted", "own", "shared", "preemptions", "hit_tokens", "padded")
 
@@ -92,12 +97,25 @@ class EngineState(Forkable):
         full = prefix_tokens // engine.block_size
         lag = engine.name in LAGS and engine.scheduler == "continuous" and \
             bool(getattr(engine.host, "schedule_ahead", False))
-        return cls(engine, prompt, output, prefix, full, KVPool(blocks), *zeros, [], deque(),
-                   np.zeros(n, dtype=bool), bool(full.any()) or grows is not None, prefilled,
-                   grows, lag)
+        state = cls(engine, prompt, output, prefix, full, KVPool(blocks), *zeros, [], deque(),
+                    np.zeros(n, dtype=bool), bool(full.any()) or grows is not None,
+                    prefilled, grows, lag)
+        spec = getattr(engine, "speculative", None)
+        if spec is not None:
+            state.spec = spec
+            speculation.attach(state, spec)
+        return state
 
     def blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.engine.block_size)
+
+    def lora_step(self, batch: Batch | None) -> Batch | None:
+        """``batch`` with its adapters activated and counted (``engines.lora``)."""
+        if batch is not None and self.lora is not None:
+            from perfmodel.serving.engines.lora import batch_info
+
+            batch.lora = batch_info(self.lora, batch.ids, batch.new)
+        return batch
 
     def settle(self) -> None:
         """Free the seats and blocks of the requests that finished before the schedule
@@ -157,6 +175,8 @@ class EngineState(Forkable):
     def commit(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Apply a step: (requests that emitted a token, requests that emitted their last:
         finished, though under static batching their seats are freed with the batch's)."""
+        if self.spec is not None:         # several tokens a step (``engines.speculation``)
+            return speculation.commit(self, batch)
         ids, static = batch.ids, self.engine.scheduler == "static"
         self.computed[ids] = batch.context
         if static:
@@ -165,6 +185,13 @@ class EngineState(Forkable):
         else:           # no padding rows: every request's computed tokens are the context
             emit = ids[batch.context >= self.prompt[ids] + self.emitted[ids]]
         self.emitted[emit] += 1
+        return self.finish_step(ids, emit)
+
+    def finish_step(self, ids: np.ndarray, emit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``commit``'s end, once the step's tokens are counted: publish shared prefixes,
+        finish the requests that emitted their last (static batching and async scheduling
+        hold their seats as padding)."""
+        static = self.engine.scheduler == "static"
         if self.engine.prefix_caching and self.sharing:
             self._publish(ids)
         done = emit[self.emitted[emit] >= self.output[emit]]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.cost.memory import usable_bytes
 from perfmodel.serving.engines.state import Batch, EngineState
 from perfmodel.serving.host_time import NO_HOST, HostTime
@@ -60,6 +61,7 @@ class TRTLLMConfig:
     attention_dp_timeout_iters: int = 50
     attention_dp_batching_wait_iters: int = 10
     host: HostTime = NO_HOST        # the engine's time outside the GPU (serving.host_time)
+    speculative: object = None      # ``engines.speculation.SpecDecode``; None: off
 
     name = "trtllm"
     scheduler = "continuous"
@@ -134,6 +136,10 @@ class TRTLLMConfig:
                 f"{{tokens_per_block: {self.tokens_per_block}, enable_block_reuse: "
                 f"{str(self.enable_block_reuse).lower()}}}; cuda_graph_config: "
                 f"{'{}' if self.cuda_graphs else 'null'}")
+        if self.speculative is not None:
+            from perfmodel.serving.engines.speculation_flags import engine_flags
+
+            yaml += "; " + engine_flags(self.speculative, self.name)
         return " ".join(out) + f" --extra_llm_api_options <yaml: {yaml}>"
 
 
@@ -154,8 +160,22 @@ class TRTLLMState(EngineState):
             return None
         room = len(self.running) < self.engine.max_batch_size and \
             int(new.sum()) < self.engine.max_num_tokens
-        return Batch(ids, new, self.computed[ids] + new, bool((new > 1).any()),
-                     admitted_all and self.exhausted and room, preempted)
+        batch = Batch(ids, new, self.computed[ids] + new, bool((new > 1).any()),
+                      admitted_all and self.exhausted and room, preempted)
+        if self.spec is None:
+            return batch
+        batch.prefill = speculation.has_prompt(self, ids, new)
+        return speculation.mark(self, batch)
+
+    def _draft_room(self) -> int:
+        """Positions past a request's final length its drafts may take (speculation)."""
+        spec = self.spec
+        return 0 if spec is None else spec.verify - 1 + spec.lookahead
+
+    def _gen_tokens(self, r: np.ndarray) -> np.ndarray | int:
+        """A generating request's tokens this step: 1, or its drafts too (TensorRT-LLM counts
+        them toward ``max_num_tokens``)."""
+        return 1 if self.spec is None else self.spec.verify
 
     def _held(self, r: np.ndarray) -> np.ndarray:
         return self.own[r] + self.shared[r]
@@ -164,7 +184,7 @@ class TRTLLMState(EngineState):
         """(requests the capacity scheduler lets run, which of them had started)."""
         cap = self.engine.max_batch_size
         run = np.array(self.running[:cap], np.int64)
-        final = self.blocks_for(self.prompt[run] + self.output[run])
+        final = self.blocks_for(self.prompt[run] + self.output[run] + self._draft_room())
         reserve = self.pool.free - int(np.maximum(final - self._held(run), 0).sum())
         new, contributing = [], self._contributing(run)
         for r in self.waiting:
@@ -208,7 +228,8 @@ class TRTLLMState(EngineState):
     def _step_blocks(self, r: np.ndarray, started: np.ndarray) -> np.ndarray:
         """Blocks each needs for its next step: a generating request's next token, a
         context its whole prompt (and output so far)."""
-        tokens = np.where(started & self._generating(r), self.computed[r] + 1,
+        tokens = np.where(started & self._generating(r), self.computed[r] + (
+            1 if self.spec is None else self.spec.verify + self.spec.lookahead),
                           self.prompt[r] + self.emitted[r])
         return np.maximum(self.blocks_for(tokens) - self._held(r), 0)
 
@@ -256,14 +277,15 @@ class TRTLLMState(EngineState):
         for i in np.flatnonzero(~gen).tolist():
             done[i] = self._context_done(int(fit[i]), bool(started[i]))
         whole = len(fit)
-        rest = np.where(gen, 1, self.prompt[fit] + self.emitted[fit] - done)
-        cost = np.where(gen, 1, 0 if e.enable_chunked_prefill else rest)
+        one = self._gen_tokens(fit)
+        rest = np.where(gen, one, self.prompt[fit] + self.emitted[fit] - done)
+        cost = np.where(gen, one, 0 if e.enable_chunked_prefill else rest)
         over = np.flatnonzero(np.cumsum(cost) > e.max_num_tokens)
         stop = min(int(over[0]) if len(over) else len(fit), e.max_batch_size)
         fit, started, gen, done, rest = (a[:stop] for a in (fit, started, gen, done, rest))
         ctx = np.flatnonzero(~gen)
         if e.enable_chunked_prefill:
-            capacity = e.max_num_tokens - int(gen.sum())
+            capacity = e.max_num_tokens - int(cost[gen].sum())
             if int(rest[ctx].sum()) > capacity:
                 rest[ctx] = self._chunk(rest[ctx], capacity)
         admitted = 0
@@ -276,7 +298,8 @@ class TRTLLMState(EngineState):
                 admitted += 1
             self._allocate(np.array([r]), int(done[i]) + int(rest[i]))
         g = fit[gen]
-        self._allocate(g, self.computed[g] + 1)
+        self._allocate(g, self.computed[g] + (1 if self.spec is None else
+                                                self.spec.verify + self.spec.lookahead))
         keep = rest > 0
         taken = stop == whole and admitted == int((~started).sum())
         return fit[keep], rest[keep], taken

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import perfmodel.serving.engines.lora as lora
+import perfmodel.serving.engines.speculation as speculation
 from perfmodel.cost.memory import STEP_TOKENS, usable_bytes
 from perfmodel.serving.engines.state import Batch, EngineState
 from perfmodel.serving.host_time import NO_HOST, HostTime
@@ -85,6 +87,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     max_model_len: int = 0
     host: HostTime = NO_HOST
+    speculative: object = None      # ``engines.speculation.SpecDecode``; None: off
+    lora: lora.LoraSettings | None = None   # --enable-lora's settings (``engines.lora``)
 
     name = "vllm"
 
@@ -133,6 +137,12 @@ class EngineConfig:
             out.append("--enforce-eager")
         if self.max_model_len:
             out.append(f"--max-model-len {self.max_model_len}")
+        if self.speculative is not None:
+            from perfmodel.serving.engines.speculation_flags import engine_flags
+
+            out.append(engine_flags(self.speculative, self.name))
+        if self.lora is not None:
+            out.append(self.lora.flags())
         return " ".join(out)
 
 
@@ -162,8 +172,11 @@ class VLLMState(EngineState):
             return None
         prefill = tokens > len(ids)     # some request computes more than one token (each
         # computes at least one): not vLLM's uniform-decode batch
-        return Batch(ids, new, context, prefill, admit and not self.waiting and room,
-                     preempted)
+        if self.spec is not None and prefill:
+            prefill = speculation.has_prompt(self, ids, new)
+        batch = self.lora_step(Batch(ids, new, context, prefill, admit and room and
+                                     lora.open_queue(self.lora, self.waiting), preempted))
+        return batch if self.spec is None else speculation.mark(self, batch)
 
     def _running(self, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
         run = np.array(self.running, dtype=np.int64)
@@ -171,6 +184,8 @@ class VLLMState(EngineState):
             return run, run, 0
         computed = self.computed[run]
         need = self.prompt[run] + self.emitted[run] - computed
+        if self.spec is not None:       # a decode's drafts (``engines.speculation``)
+            need = speculation.need(self, run, need)
         if self.late:           # finished, output not yet processed: not scheduled again
             need[np.isin(run, self.late)] = 0
         if self.engine.scheduler == "static":
@@ -180,7 +195,9 @@ class VLLMState(EngineState):
             np.minimum(np.maximum(budget - spent + need, 0), need)
         if self.engine.scheduler == "static":      # KV reserved at admission
             return run[new > 0], new[new > 0], 0
-        blocks = np.maximum(-(-(computed + new) // self.engine.block_size) - self.own[run]
+        upto = computed + new if self.spec is None else \
+            speculation.slots(self, run, computed + new)
+        blocks = np.maximum(-(-upto // self.engine.block_size) - self.own[run]
                             - self.shared[run], 0)
         wanted = int(blocks.sum())
         if wanted <= self.pool.free:
@@ -222,8 +239,13 @@ class VLLMState(EngineState):
         ids, chunks = [], []
         static = self.engine.scheduler == "static"
         skipped = []
+        adapters = lora.scheduled(self.lora, self.running)
         while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             r = self.waiting[0]
+            if self.lora is not None and not self.lora.admits(r, adapters):
+                if not self.lora.skip(self.waiting, adapters, skipped):   # max_loras
+                    break                                   # in the step: skipped
+                continue
             tokens = int(self.prompt[r] + self.emitted[r])
             hit_p, hit_own = self._hits(r, tokens)
             done = (hit_p + hit_own) * self.engine.block_size
@@ -248,8 +270,10 @@ class VLLMState(EngineState):
                 self.hit_tokens[r] = done
             self.waiting.popleft()
             self.running.append(r)
+            if self.lora is not None:
+                self.lora.join(r, adapters)
             ids.append(r)
             chunks.append(new)
             budget -= new
-        self.waiting.extendleft(reversed(skipped))
+        lora.requeue(self.lora, self.waiting, skipped)
         return np.array(ids, np.int64), np.array(chunks, np.int64), budget

@@ -56,6 +56,22 @@ def run_replicas(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
     return parts, run_apart(_replica, shared, jobs, workers, cluster, progress)
 
 
+def run_autoscaled(model: Model, hw: Hardware, plan: Parallelism, w: Workload,
+                   engine: EngineConfig, requests: Requests, blocks: int, router: str,
+                   policy: object, startup_s: float, progress: Progress | None,
+                   edge: int | None = None) -> tuple[list, list, object]:
+    """As ``run_replicas``, the replica count set by the autoscaler ``policy``
+    (``fleet.scaling``: replicas launched take ``startup_s`` to serve)."""
+    from perfmodel.serving.fleet import scaling
+
+    def start(reqs: Requests) -> Run:
+        return loop.start(model, hw, plan, w, engine, reqs, blocks, edge)
+
+    step = pipeline.advance if plan.pp > 1 else loop.advance
+    return scaling.run_scaled(start, step, requests, policy, startup_s,
+                              plan.group * plan.pp, router, progress)
+
+
 def _light(run: Run) -> Run:
     """``run`` without the model and hardware, not needed back from a worker: a small
     pickle."""

@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 
 from perfmodel.serving.disagg import Pool, simulate_disaggregated
-from perfmodel.serving.engines.vllm import EngineConfig
+from perfmodel.serving.engines import engine_config
+from perfmodel.serving.engines.speculation_flags import simulate_flags
 from perfmodel.serving.planner.search import unit
+from perfmodel.serving.results import SimResult
 from perfmodel.serving.simulate import simulate
 from perfmodel.serving.traffic import generate
 from perfmodel.specs.hardware import Hardware
@@ -29,6 +31,8 @@ from perfmodel.specs.model import Model
 Plan = Target = Any     # serving.planner's records (which import this module)
 
 MEASURE = 1000          # requests measured per check
+# each engine's batch ceiling, as its settings and simulate's options name it
+BATCH = {"vllm": "max_num_seqs", "sglang": "max_running_requests", "trtllm": "max_batch_size"}
 WARM = 2.0              # slot-holding times of warm-up
 BATCHES = 10
 T95 = 2.262             # Student t, 9 degrees of freedom, two-sided 95%
@@ -64,20 +68,8 @@ def check(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target: Ta
     command that reproduces the run, and whether the SLOs are met."""
     pre, dec, copies, share, (warm, n_measure, drain) = sizes(plan, cols, i, target, measure)
     rate, n = float(cols["rate_req_s"][i]), warm + n_measure + drain
-    reqs = generate(n, rate=share, input_len=target.lengths[0], output_len=target.lengths[1],
-                    **_lengths(target), seed=seed)
-    wl = plan.precision.workload(model)
-    engine = EngineConfig(max_num_seqs=plan.max_num_seqs)
-    one = plan.parallelism
-    if pre:         # each pool an engine with the host time, as simulate adds it
-        res = simulate_disaggregated(model, reqs, Pool(hw, replace(one, dp=pre)),
-                                     Pool(hw, replace(one, dp=dec),
-                                          replace(engine, host=target.host)),
-                                     plan.link or "network",
-                                     EngineConfig(host=target.host), wl)
-    else:
-        res = simulate(model, hw, reqs, one, replace(engine, host=target.host), wl)
-    out = reqs.output_tokens
+    res = simulated(model, hw, plan, cols, i, target, measure, seed)
+    out = res.requests.output_tokens
     tpot = np.where(out > 1, (res.finish_s - res.first_token_s) / np.maximum(out - 1, 1),
                     np.nan)
     cut = slice(warm, warm + n_measure)
@@ -109,6 +101,26 @@ def check(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target: Ta
             "meets_slos": bool(met), "sure": bool(upper)}
 
 
+def simulated(model: Model, hw: Hardware, plan: Plan, cols: dict, i: int, target: Target,
+              measure: int, seed: int) -> SimResult:
+    """The run ``check`` measures: candidate ``i``'s unit serving its share of the rate
+    (what ``command`` reproduces)."""
+    pre, dec, _, share, counts = sizes(plan, cols, i, target, measure)
+    reqs = generate(sum(counts), rate=share, input_len=target.lengths[0],
+                    output_len=target.lengths[1], **_lengths(target), seed=seed)
+    wl = plan.precision.workload(model)
+    engine = engine_config(hw.engine, **{BATCH[hw.engine]: plan.max_num_seqs},
+                           speculative=target.speculative if plan.speculative else None)
+    one = plan.parallelism
+    if pre:         # each pool an engine with the host time, as simulate adds it
+        return simulate_disaggregated(model, reqs, Pool(hw, replace(one, dp=pre)),
+                                      Pool(hw, replace(one, dp=dec),
+                                           replace(engine, host=target.host)),
+                                      plan.link or "network",
+                                      replace(engine_config(hw.engine), host=target.host), wl)
+    return simulate(model, hw, reqs, one, replace(engine, host=target.host), wl)
+
+
 def _lengths(target: Target) -> dict:
     if target.trace is not None:
         return {"length_dist": "empirical", "lengths_from": target.trace}
@@ -136,8 +148,10 @@ def _unit_words(plan: Plan, pre: int, dec: int, copies: int) -> str:
 
 def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float, n: int,
             seed: int, pre: int = 0, dec: int = 1) -> str:
-    """The ``perfmodel simulate`` command of the check (aggregated); a disaggregated unit
-    has no simulate options, so its Python call."""
+    """The ``perfmodel simulate`` command of the check: the same requests (rate, count,
+    lengths, seed), engine flags, device and parallelism; a disaggregated unit as
+    ``pre`` prefill and ``dec`` decode instances, the decode pool's batch ceiling its
+    own, the KV over the plan's link without contention, as the check prices it."""
     lengths = (f"--length-dist empirical --lengths-from {target.trace_path}"
                if target.trace is not None else
                f"--length-dist {target.length_dist}"
@@ -145,26 +159,17 @@ def command(model: Model, hw: Hardware, plan: Plan, target: Target, rate: float,
     par = f"--ep {plan.ep} --attention-dp" if plan.attention_dp else \
         f"--tp {plan.tp}" + (f" --pp {plan.pp}" if plan.pp > 1 else "") + \
         (f" --ep {plan.ep}" if plan.ep > 1 else "")
-    model_arg = model.name
-    par_py = f"P(tp={plan.tp}, ep={plan.ep}, attention_dp={plan.attention_dp}, "
-    if pre:
-        host = f"HostTime(**{target.host.constants()!r})"
-        return (f"python -c \"import perfmodel as pm; from perfmodel.serving import disagg, "
-                f"traffic; from perfmodel.serving.engines import EngineConfig as E; from "
-                f"perfmodel.specs.workload import Parallelism as P; from perfmodel.serving."
-                f"host_time import HostTime; m, h = pm.model("
-                f"'{model_arg}'), pm.hardware('{hw.name}'); r = traffic.generate({n}, rate="
-                f"{rate:.6g}, input_len={target.lengths[0]}, output_len={target.lengths[1]}, "
-                f"seed={seed}); print(disagg.simulate_disaggregated(m, r, disagg.Pool(h, "
-                f"{par_py}dp={pre})), disagg.Pool(h, {par_py}dp={dec}), E(max_num_seqs="
-                f"{plan.max_num_seqs}, host={host})), '{plan.link}', E(host={host}), "
-                f"pm.Workload.for_model(m, weights_dtype='{plan.precision.weights}', act_dtype="
-                f"'{plan.precision.activations}', kv_dtype='{plan.precision.kv}'))"
-                f".summary({target.slo_ttft_s:g}, {target.slo_tpot_s:g}))\"")
     engine = f" --engine {hw.engine}" if hw.engine != "vllm" else ""
-    return (f"perfmodel simulate -m {model_arg} -H {hw.name}{engine} {par} "
-            f"{plan.precision.simulate_flags()} --max-num-seqs {plan.max_num_seqs} "
+    flag = BATCH[hw.engine].replace("_", "-")
+    batch = f"--{flag} {plan.max_num_seqs}" if not pre else \
+        f"--prefill-replicas {pre} --decode-replicas {dec} --decode-flag " \
+        f"{flag}={plan.max_num_seqs} --kv-link {plan.link or 'network'} --no-kv-contention"
+    host = target.host_flags or ("--no-host-time" if target.host.none else "")
+    return (f"perfmodel simulate -m {model.name} -H {hw.name}{engine} {par} "
+            f"{plan.precision.simulate_flags()} {batch} "
             f"--rate {rate:.6g} --num-requests {n} --input-len {target.lengths[0]} "
             f"--output-len {target.lengths[1]} {lengths} --seed {seed} "
             f"--slo-ttft {target.slo_ttft_s:g} --slo-tpot {target.slo_tpot_s:g}"
-            + (f" {target.host_flags}" if target.host_flags else ""))
+            + (f" {host}" if host else "")
+            + (f" {simulate_flags(target.speculative, hw.engine)}" if plan.speculative
+               else ""))

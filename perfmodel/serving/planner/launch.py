@@ -124,6 +124,7 @@ class Deployment:
     gpu_memory_utilization: float = 0.9
     versions: dict = field(default_factory=lambda: dict(VERSIONS))
     platform: str = "cuda"      # serving.planner.platforms: cuda, rocm, tpu, neuron, gaudi
+    speculative: object = None  # ``engines.speculation.SpecDecode``: the drafter's flags
 
     def __post_init__(self) -> None:
         platform(self.platform)
@@ -249,6 +250,7 @@ def _vllm(dep: Deployment, s: Server, role: str) -> list[str]:
     args += ["--kv-cache-dtype", "fp8"] if dep.kv_dtype == "fp8" else []
     args += [*as_flags(scheduler("vllm", s)),
              "--gpu-memory-utilization", f"{dep.gpu_memory_utilization:g}"]
+    args += _speculative(dep, "vllm")
     return args + (["--kv-transfer-config", NIXL] if role else [])
 
 
@@ -261,6 +263,7 @@ def _sglang(dep: Deployment, s: Server, role: str) -> list[str]:
     args += ["--quantization", "fp8"] if dep.online_fp8() else []
     args += ["--kv-cache-dtype", "fp8_e4m3"] if dep.kv_dtype == "fp8" else []
     args += as_flags(scheduler("sglang", s))
+    args += _speculative(dep, "sglang")
     if role:
         args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
     return [*args, "--host", "0.0.0.0"]
@@ -273,7 +276,7 @@ def _trtllm_yaml(dep: Deployment, s: Server, role: str) -> str:
              f"moe_expert_parallel_size: {s.ep}",
              f"enable_attention_dp: {'true' if s.dp > 1 else 'false'}",
              *as_yaml(scheduler("trtllm", s)), "kv_cache_config:",
-             *(f"  {k}: {v}" for k, v in kv.items())]
+             *(f"  {k}: {v}" for k, v in kv.items()), *_speculative(dep, "trtllm")]
     if role:
         lines += ["cache_transceiver_config:", "  backend: NIXL"]
         lines += ["disable_overlap_scheduler: true"] if role == "prefill" else []
@@ -376,6 +379,16 @@ def _front(dep: Deployment, engine: str) -> list[Step]:
                              "addresses and ports above; each an independent replica)")
         return [Step(f"in front of the {dep.replicas} servers", cmd, checked=False)]
     return []
+
+
+def _speculative(dep: Deployment, engine: str) -> list[str]:
+    """The drafter's flags (vLLM ``--speculative-config``, SGLang ``--speculative-*``) or
+    TensorRT-LLM's ``speculative_config`` YAML (``engines.speculation_flags``)."""
+    if dep.speculative is None:
+        return []
+    from perfmodel.serving.engines.speculation_flags import launch_args
+
+    return launch_args(dep.speculative, engine)
 
 
 def _join(args: list[str]) -> str:

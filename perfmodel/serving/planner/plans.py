@@ -24,6 +24,8 @@ import numpy as np
 from perfmodel.serving.host_time import NO_HOST, HostTime
 from perfmodel.serving.planner import search
 from perfmodel.serving.planner.check import MEASURE, check, unchecked_command
+from perfmodel.serving.planner.energy import COLUMNS as ENERGY
+from perfmodel.serving.planner.energy import check_energy, energy_cost
 from perfmodel.serving.planner.prices import OBJECTIVES, priced
 from perfmodel.serving.planner.search import (  # noqa: F401 - the planner's public names
     LOADS,
@@ -74,6 +76,7 @@ class Target:
     trace_path: str = ""
     host: HostTime = NO_HOST        # the engine's host time in the simulated check
     host_flags: str = ""            # the simulate options that name it
+    speculative: object = None      # ``engines.speculation.SpecDecode``: searched on and off
 
     def __post_init__(self) -> None:
         for flag, value in (("--slo-ttft", self.slo_ttft_s), ("--slo-tpot", self.slo_tpot_s),
@@ -118,6 +121,7 @@ class Plan:
     max_num_seqs: int
     max_num_batched_tokens: int = 8192
     link: str = ""
+    speculative: str = ""           # the speculative method it serves with ("": none)
 
     @property
     def parallelism(self) -> Parallelism:
@@ -161,7 +165,7 @@ def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def candidates(model: Model, hardware: list[Hardware], target: Target,
-               pessimistic: bool = False) -> tuple[dict, list[str]]:
+               pessimistic: bool = False, energy: bool = False) -> tuple[dict, list[str]]:
     """Every candidate within ``target.gpus`` as columns, before the SLOs, and what the
     search left out in words (``planner.search`` builds the rows)."""
     prompt, gen = target.lengths
@@ -170,9 +174,10 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
     for hw in hardware:
         notes += search.left_out(model, hw, cap)
         count = len(parts)
-        for plan in search.replica_plans(model, hw, cap):
+        for plan, spec, tag in search.with_speculation(model, hw, cap, target.speculative):
             try:
-                times = search.replica_times(model, hw, plan, prompt, gen, pessimistic)
+                times = search.replica_times(model, hw, plan, prompt, gen, pessimistic,
+                                             energy, spec, tag)
             except SpecError:       # a split the model's heads or the device cannot take
                 continue
             if not len(times["batch"]):
@@ -183,7 +188,7 @@ def candidates(model: Model, hardware: list[Hardware], target: Target,
                 if plan.pp == 1 else {}     # a disaggregated pipeline is not simulated
             budget = cap // plan.devices
             row, pre, dec = search.replicas(times, gen, target.slo_ttft_s, target.rate,
-                                            budget, bool(moved))
+                                            budget, bool(moved) and spec is None)
             part = _part(hw, plan, times, row, pre, dec, moved)
             fits = part["gpus"] <= cap
             over += [(int(g), label(part, i)) for i, g in enumerate(part["gpus"]) if g > cap]
@@ -236,7 +241,8 @@ def _part(hw: Hardware, plan: Parallelism, times: dict, row: np.ndarray, pre: np
             "nodes": -(-gpus // node), "transfer_s": transfer, "link": link}
     full |= {k: times[k][row] for k in ("precision", "weights_dtype", "act_dtype", "kv_dtype",
                                          "batch", "kv_max_batch", "prefill_s", "step_s",
-                                         "static_tokens_per_s")}
+                                         "static_tokens_per_s", "speculative") if k in times}
+    full |= {k: times[k][row] for k in ENERGY if k in times}
     return {k: np.asarray(v)[ok] for k, v in full.items()}
 
 
@@ -290,19 +296,24 @@ def label(cols: dict, i: int) -> str:
     """'h100-sxm TP4 x2 W8A8-fp8 B64', 'h100-sxm TP2 1P+3D bf16 B128'."""
     split = f"{cols['prefill_replicas'][i]}P+{cols['decode_replicas'][i]}D" \
         if cols["prefill_replicas"][i] else f"x{cols['decode_replicas'][i]}"
+    spec = f" +{cols['speculative'][i]}" if "speculative" in cols and \
+        cols["speculative"][i] else ""
     return f"{cols['hardware'][i]} {cols['parallel'][i]} {split} {cols['precision'][i]} " \
-           f"B{cols['batch'][i]}"
+           f"B{cols['batch'][i]}{spec}"
 
 
 def plan(model: Model, hardware: list[Hardware], target: Target, measure: int = MEASURE,
          seed: int = 0, confirm: int = CONFIRM, objective: str | None = None,
          prices: dict[str, float] | None = None,
          progress: Callable[[str], None] | None = None,
-         pessimistic: bool = False) -> PlanResult:
+         pessimistic: bool = False, energy: bool = False,
+         usd_per_kwh: float | None = None) -> PlanResult:
     """Search, estimate, rank by ``objective`` (default: fewest GPUs with a rate, most
     goodput per GPU without) within the SLOs, and check the first ``confirm`` in
     simulation, stopping at the first that meets both SLOs beyond its 95% interval.
-    ``progress(stage)`` is told each stage."""
+    ``progress(stage)`` is told each stage. ``energy`` (implied by objective "energy"): each
+    candidate's joules per output token and, priced, its $ per million tokens
+    (``planner.energy``; ``usd_per_kwh`` the electricity's part)."""
     if not hardware:
         raise SpecError("-H: expected at least one device")
     objective = objective or ("gpus" if target.rate is not None else "goodput")
@@ -315,8 +326,13 @@ def plan(model: Model, hardware: list[Hardware], target: Target, measure: int = 
                         f"context limit {model.max_position_embeddings}")
     tell = progress or (lambda _: None)
     tell(f"estimating candidates on {', '.join(h.name for h in hardware)}")
-    cols, searched = candidates(model, hardware, target, pessimistic)
+    energy = energy or objective == "energy"
+    cols, searched = candidates(model, hardware, target, pessimistic, energy)
+    if objective == "energy":
+        check_energy(cols, hardware)
     cols, note = priced(evaluate(cols, target), hardware, objective, prices)
+    if energy:
+        cols = energy_cost(cols, target.lengths[1], usd_per_kwh)
     cols["pareto"] = front(cols, target)
     order = ranking(cols, target, objective)
     devices = {h.name: h for h in hardware}
@@ -349,7 +365,8 @@ def record(model: Model, cols: dict, i: int) -> Plan:
                 Precision(str(cols["weights_dtype"][i]), str(cols["act_dtype"][i]),
                           str(cols["kv_dtype"][i])),
                 int(cols["gpus"][i]), int(cols["nodes_per_replica"][i]), int(cols["batch"][i]),
-                link=str(cols["link"][i]))
+                link=str(cols["link"][i]),
+                speculative=str(cols["speculative"][i]) if "speculative" in cols else "")
 
 
 def ranking(cols: dict, target: Target, objective: str = "goodput") -> np.ndarray:
@@ -371,10 +388,11 @@ def ranking(cols: dict, target: Target, objective: str = "goodput") -> np.ndarra
 def distinct(cols: dict, order: np.ndarray, count: int) -> list[int]:
     """The first ``count`` of ``order`` that differ in more than the batch (device, plan,
     split and precision), so the simulations check different deployments."""
-    keys = ("hardware", "tp", "pp", "ep", "attention_dp", "prefill_replicas", "precision")
+    keys = ("hardware", "tp", "pp", "ep", "attention_dp", "prefill_replicas", "precision",
+            "speculative")
     seen, out = set(), []
     for i in order.tolist():
-        key = tuple(str(cols[k][i]) for k in keys)
+        key = tuple(str(cols[k][i]) for k in keys if k in cols)
         if key not in seen and len(out) < count:
             seen.add(key)
             out.append(i)

@@ -9,6 +9,10 @@ A prices file::
     usd_per_gpu_hour:
       h100-sxm: 2.69
       h200-sxm: 3.59
+    usd_per_kwh: 0.08        # optional: electricity, for the energy part of the cost
+
+``usd_per_kwh`` (``read_energy_price``) prices the joules ``cost.power`` gives a plan or
+an estimate; ``usd_per_gpu_hour`` alone leaves it out.
 """
 
 from __future__ import annotations
@@ -23,19 +27,21 @@ from perfmodel.specs.hardware import Hardware
 
 # --objective: (its column, +1 smallest first / -1 largest first)
 OBJECTIVES = {"gpus": ("gpus", 1), "cost": ("usd_per_hour", 1),
-              "goodput": ("throughput_per_gpu", -1)}
+              "goodput": ("throughput_per_gpu", -1), "energy": ("j_per_output_token", 1)}
 # "devices": GPUs, TPU chips or HPUs alike (the plan's own lines name the unit)
 WORDS = {"gpus": "fewest devices", "cost": "lowest cost per hour",
-         "goodput": "most goodput (output tokens/s within the SLOs) per device"}
+         "goodput": "most goodput (output tokens/s within the SLOs) per device",
+         "energy": "fewest joules per output token (cost/power.py)"}
 SECONDS_PER_HOUR = 3600.0
 MAX_USD = 1000.0            # per GPU-hour: above it is a typo, or a node's price
+MAX_USD_PER_KWH = 10.0      # electricity: above it is a typo (or cents, not dollars)
 
 
 def read_prices(path: Path) -> dict[str, float]:
     """Device name -> US dollars per GPU-hour, from a prices YAML (one-line errors naming
     the file and field)."""
     f = Fields(read_mapping(path, "a prices YAML"), str(path),
-               allowed=("source", "usd_per_gpu_hour"))
+               allowed=("source", "usd_per_gpu_hour", "usd_per_kwh"))
     f.text("source")
     table = f.sub("usd_per_gpu_hour")
     out = {}
@@ -47,6 +53,21 @@ def read_prices(path: Path) -> dict[str, float]:
                               f"got {value!r}")
         out[str(name)] = float(value)
     return out
+
+
+def read_energy_price(path: Path) -> float | None:
+    """US dollars per kWh of electricity from a prices YAML's optional ``usd_per_kwh``
+    (None where the file gives none; one-line errors naming the file and field)."""
+    f = Fields(read_mapping(path, "a prices YAML"), str(path),
+               allowed=("source", "usd_per_gpu_hour", "usd_per_kwh"))
+    if not f.has("usd_per_kwh"):
+        return None
+    value = f.raw("usd_per_kwh")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value <= MAX_USD_PER_KWH:
+        raise f.error("usd_per_kwh", f"expected US dollars per kWh in (0, "
+                      f"{MAX_USD_PER_KWH:g}], got {value!r}")
+    return float(value)
 
 
 def priced(cols: dict, hardware: list[Hardware], objective: str,

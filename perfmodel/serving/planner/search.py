@@ -14,6 +14,7 @@ checks what this builds).
 - A precision recipe (``Precision``): weights, activations and KV cache dtypes, named as
   the engines name them (vLLM ``--quantization fp8`` is W8A8-fp8; ``--kv-cache-dtype fp8``).
 - A batch ceiling (``max_num_seqs``) in ``BATCHES``, capped at what the KV cache holds.
+- Speculative decoding on and off, where the user offers a drafter (``with_speculation``).
 - Replicas: with a rate, the fewest that serve it within the TTFT SLO (aggregated), or
   the fewest copies of each small prefill:decode unit (``RATIOS``); without one, the GPU
   budget filled.
@@ -27,8 +28,11 @@ from math import gcd
 import numpy as np
 
 from perfmodel.cost.memory import memory_estimate
+from perfmodel.schedules.draft_memory import with_draft
 from perfmodel.schedules.estimates import estimate_many
+from perfmodel.schedules.speculative import Speculation
 from perfmodel.serving.disagg import Pool, kv_transfer_s
+from perfmodel.serving.planner.energy import energy_times
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
@@ -113,6 +117,21 @@ def replica_plans(model: Model, hw: Hardware, gpus: int) -> list[Parallelism]:
     return plans
 
 
+def with_speculation(model: Model, hw: Hardware, gpus: int, offered: object = None
+                     ) -> list[tuple]:
+    """(plan, ``Speculation`` or None, its ``speculative`` column: None when no drafter is
+    offered, "" off, the method on) of every ``replica_plans`` plan without speculation
+    and, where the user offers a drafter (``offered``: ``engines.speculation.SpecDecode``)
+    the estimate prices (not n-gram lookup), every plan of one stage with it
+    (``check_speculation``: no speculative decoding under pipeline parallelism); those are
+    searched aggregated only (a disaggregated pool's drafts are not simulated)."""
+    plans = replica_plans(model, hw, gpus)
+    spec = None if offered is None else offered.speculation()
+    out = [(p, None, None if offered is None else "") for p in plans]
+    return out + ([(p, spec, offered.method) for p in plans if p.pp == 1]
+                  if spec is not None else [])
+
+
 def fits_in_node(model: Model, hw: Hardware) -> bool:
     """Whether some tensor-parallel plan inside one node holds ``model``'s weights and a
     one-token sequence in any precision recipe (``recipes``)."""
@@ -149,21 +168,29 @@ def left_out(model: Model, hw: Hardware, gpus: int) -> list[str]:
 
 
 def replica_times(model: Model, hw: Hardware, plan: Parallelism, prompt: int, gen: int,
-                  pessimistic: bool = False) -> dict:
+                  pessimistic: bool = False, energy: bool = False,
+                  speculation: Speculation | None = None, tag: str | None = None) -> dict:
     """For every precision recipe x batch in ``BATCHES`` (capped at the KV ceiling,
     ``memory.max_batch``; a batch above it is the ceiling's row, a recipe that holds no
     sequence is left out): one request's prefill alone (the estimate's TTFT at batch 1),
     the mean decode step at the batch (its TPOT: the mean context) and the static
     request's throughput at the batch, from one ``estimate_many`` call. ``pessimistic``:
     the slow end of the estimate's 80% band (``ttft_s_high``/``tpot_s_high``) where the
-    estimate carries one (``banded`` says whether it did)."""
+    estimate carries one (``banded`` says whether it did). ``energy``: each row's joules
+    per output token and watts per device too (``planner.energy``, at the centre).
+    ``speculation``: decode by its rounds (``schedules.speculate``: TPOT and throughput),
+    the drafter's weights and KV in the ceiling (``schedules.draft_memory.with_draft``);
+    ``tag``: its ``speculative`` column, one per row (None: no column)."""
     choices = recipes(model, hw)
     rows = [replace(p.workload(model), batch=b, prompt_len=prompt, gen_len=gen,
                     cuda_graphs=True) for p in choices for b in (1, *BATCHES)]
     ws = Workloads.from_list(rows)
-    ceiling = memory_estimate(model, hw, plan, ws).max_batch
+    mem = memory_estimate(model, hw, plan, ws)
+    if speculation is not None:
+        mem = with_draft(mem, model, hw, plan, ws, speculation)
+    ceiling = mem.max_batch
     ws = replace(ws, batch=np.maximum(np.minimum(ws.batch, ceiling), 1))
-    e = estimate_many(hw, model, ws, plan)
+    e = estimate_many(hw, model, ws, plan, speculation)
     slow_ttft, slow_tpot = getattr(e, "ttft_s_high", None), getattr(e, "tpot_s_high", None)
     banded = pessimistic and slow_ttft is not None and slow_tpot is not None \
         and bool(getattr(e, "has_band", True))
@@ -179,7 +206,11 @@ def replica_times(model: Model, hw: Hardware, plan: Parallelism, prompt: int, ge
     keep = (ceil[:, 1:] >= 1) & (np.diff(batch, axis=1) > 0)    # capped repeats dropped
     keep[:, 0] = ceil[:, 1] >= 1
     which = np.repeat(np.arange(len(choices)), len(BATCHES)).reshape(keep.shape)[keep]
-    return {"recipe": which, "precision": np.array([choices[k].name for k in which]),
+    spent = {k: np.asarray(v).reshape(shape)[:, 1:][keep]
+             for k, v in energy_times(e).items()} if energy else {}
+    if tag is not None:
+        spent["speculative"] = np.full(len(which), tag)
+    return spent | {"recipe": which, "precision": np.array([choices[k].name for k in which]),
             "weights_dtype": np.array([choices[k].weights for k in which]),
             "act_dtype": np.array([choices[k].activations for k in which]),
             "kv_dtype": np.array([choices[k].kv for k in which]),
