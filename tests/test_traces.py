@@ -224,3 +224,15 @@ def test_a_native_trace_keeps_its_own_message(tmp_path):
         traces.read(path)
     assert "expected a time >= 0 s" in str(exc.value)
     assert "published format" not in str(exc.value)
+
+
+@pytest.mark.parametrize("fmt", ["auto", *traces.FORMATS])
+def test_a_pipe_is_refused_unread(tmp_path, fmt):
+    """Telling a format reads no byte of a pipe (the read would block): each reader says
+    it is not a regular file."""
+    import os
+
+    fifo = tmp_path / "t.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecError, match="not a regular file"):
+        traces.read(fifo, fmt)

@@ -49,7 +49,10 @@ def detect(path: Path) -> str:
 
 
 def _detect(path: Path) -> str | None:
-    """The format of ``path``, or None where its first line fits none."""
+    """The format of ``path``, or None where its first line fits none (not a regular
+    file, a pipe say: ``native``, whose reader says so without reading it)."""
+    if not path.is_file():
+        return "native"
     try:
         with path.open("rb") as file:
             head = file.read(_HEAD_BYTES).decode("utf-8-sig", errors="replace")
