@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfmodel.cli.app import app
+from perfmodel.serving import traces
 from perfmodel.serving.host_time import load_profile
 from perfmodel.serving.planner.prices import read_prices
 from perfmodel.serving.trace import read_trace
@@ -36,6 +37,19 @@ FILES = {   # name -> text: the shapes a file that is not ours takes
     "cell.csv": f"arrival_s,input_tokens,output_tokens\n{SECRET},1,1\n",
     "prefix.csv": "arrival_s,input_tokens,output_tokens,prefix_id,prefix_tokens\n"
                   f"0,10,1,{SECRET},2\n1,10,1,{SECRET},3\n",
+    "mooncake.jsonl": json.dumps({"timestamp": SECRET, "input_length": 1, "output_length": 1,
+                                  "hash_ids": []}) + "\n",
+    "mooncake-len.jsonl": json.dumps({"timestamp": 0, "input_length": SECRET,
+                                      "output_length": 1}) + "\n",
+    "mooncake-hash.jsonl": json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1,
+                                       "hash_ids": {SECRET: 1}}) + "\n",
+    "azure.csv": f"TIMESTAMP,ContextTokens,GeneratedTokens\n{SECRET},1,1\n",
+    "azure-tokens.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                        f"2024-05-10 00:00:00,{SECRET},1\n",
+    "burstgpt.csv": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    f"{SECRET},ChatGPT,1,1,2,API log\n",
+    "sharegpt.json": json.dumps([{"id": SECRET, "conversations": [{"value": 1}, SECRET]}]),
+    "sharegpt-top.json": json.dumps([{SECRET: [SECRET]}]),
     "band.yaml": f"version: 1\nuncertainty: {{{SECRET}: 1}}\n",
     "base-name.yaml": f"version: 1\nbase: {SECRET}\n",
     "base-path.yaml": "version: 1\nbase: keys.yaml\n",
@@ -43,7 +57,10 @@ FILES = {   # name -> text: the shapes a file that is not ours takes
     "unit.yaml": f"version: 1\nname: x\ncompute:\n  peak_flops_per_s: {{bf16: {SECRET} TFLOPS}}\n",
 }
 LOADERS = {"model": load.model, "hardware": load.hardware, "trace": read_trace,
-           "prices": read_prices, "profile": load_profile}
+           "prices": read_prices, "profile": load_profile,
+           # the public trace readers, told the format or left to tell it (issue 35)
+           "trace-auto": lambda p: traces.read(p),
+           **{f"trace-{f}": (lambda p, f=f: traces.read(p, f)) for f in traces.FORMATS}}
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +110,15 @@ def test_the_messages_stay_useful(files):
 @pytest.mark.parametrize("args", [
     ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--trace", "{f}/environ.txt"],
     ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--trace", "{f}/passwd.csv"],
+    ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--trace", "{f}/mooncake.jsonl"],
+    ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--trace", "{f}/azure.csv"],
+    ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--trace", "{f}/burstgpt.csv"],
+    ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--trace", "{f}/sharegpt.json",
+     "--rate", "1"],
+    ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--trace", "{f}/passwd.csv",
+     "--trace-format", "azure"],
+    ["plan", "-m", "llama-3-8b", "-H", "h100-sxm", "--slo-ttft", "1", "--slo-tpot", "0.1",
+     "--trace", "{f}/keys.json", "--trace-format", "mooncake"],
     ["simulate", "-m", "llama-3-8b", "-H", "h100-sxm", "--rate", "1",
      "--lengths-from", "{f}/key.pem"],
     ["estimate", "-m", "{f}/keys.yaml", "-H", "h100-sxm"],

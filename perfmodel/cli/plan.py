@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from perfmodel.cli import trace_inputs
 from perfmodel.cli.atomic import staged
 from perfmodel.cli.common import ModelOpt, WeightsFormatOpt, fail, out_dir, out_path, save
 from perfmodel.cli.devices import EngineOpt, devices
@@ -83,7 +84,8 @@ def plan_cmd(
     spread: Annotated[float, Opt(min=0.0, rich_help_panel=_ASK, help=(
         "uniform: +- share of the mean; lognormal: sigma"))] = 0.5,
     trace: Annotated[Path | None, Opt(rich_help_panel=_ASK, help=(
-        "CSV trace (arrival_s,input_tokens,output_tokens): its mean lengths and rate; the "
+        "CSV trace (arrival_s,input_tokens,output_tokens) or a public one (--trace-format):"
+        " its mean lengths and rate; the "
         "check draws its lengths"))] = None,
     objective: Annotated[Objective | None, Opt(rich_help_panel=_SEARCH, help=(
         "fewest GPUs (default with a rate), lowest cost per hour (needs prices), or most "
@@ -120,6 +122,9 @@ def plan_cmd(
     acceptance_mode: AcceptanceMode = "expected",
     acceptance_seed: AcceptanceSeed = 0,
     energy: EnergyOpt = False,
+    trace_format: trace_inputs.FormatOpt = "auto",
+    trace_window: trace_inputs.WindowOpt = None,
+    trace_speedup: trace_inputs.SpeedupOpt = 1.0,
 ) -> None:
     """Plan a deployment: device, parallelism (TP in a node, wide EP across nodes),
     precision recipe, max batch, replicas, aggregated or disaggregated prefill/decode,
@@ -148,7 +153,8 @@ def plan_cmd(
         m = with_weights_format(load.model(model), weights_format_name)
         hws = devices("--hardware", hardware, engine)
         target = _target(gpus, slo_ttft, slo_tpot, input_len, output_len, trace, rate,
-                         length_dist.value, spread)
+                         length_dist.value, spread,
+                         (trace_format, trace_window, trace_speedup))
         flags = " ".join(f"--{k} {v}" for k, v in (
             ("engine-version", engine_version), ("engine-mode", engine_mode),
             ("engine-profile", engine_profile)) if v is not None and host_time)
@@ -176,12 +182,13 @@ def plan_cmd(
 
 def _target(gpus: int | None, slo_ttft: float, slo_tpot: float, input_len: int | None,
             output_len: int | None, trace: Path | None, rate: float | None = None,
-            length_dist: str = "fixed", spread: float = 0.5) -> Any:
+            length_dist: str = "fixed", spread: float = 0.5,
+            shape: tuple = ("auto", None, 1.0)) -> Any:
     """The planner's ``Target``: lengths and rate from the options, or a trace's means and
-    rate."""
+    rate (a trace in any format of ``serving.traces``, its window and speed-up applied)."""
     from perfmodel.serving.planner.plans import Target
-    from perfmodel.serving.traffic import read_trace
 
+    trace_inputs.check(trace, None, shape)
     if trace is None:
         for flag, value in (("--input-len", input_len), ("--output-len", output_len)):
             if value is None:
@@ -190,7 +197,7 @@ def _target(gpus: int | None, slo_ttft: float, slo_tpot: float, input_len: int |
                       length_dist=length_dist, spread=spread)
     if input_len is not None or output_len is not None:
         fail("--input-len / --output-len: the lengths come from --trace; drop them")
-    reqs = read_trace(trace)
+    reqs = trace_inputs.requests(trace, shape)
     span = float(reqs.arrival_s.max() - reqs.arrival_s.min())
     if rate is None:
         if len(reqs) < 2 or span <= 0:
@@ -198,7 +205,8 @@ def _target(gpus: int | None, slo_ttft: float, slo_tpot: float, input_len: int |
                  f"times to give a rate, got {len(reqs)} over {span:g} s; or give --rate")
         rate = (len(reqs) - 1) / span
     return Target(gpus, slo_ttft, slo_tpot, float(reqs.input_tokens.mean()),
-                  float(reqs.output_tokens.mean()), rate, reqs, trace_path=str(trace))
+                  float(reqs.output_tokens.mean()), rate, reqs, trace_path=str(trace) + (
+                      f" --trace-format {shape[0]}" if shape[0] != "auto" else ""))
 
 
 def _without_empty_speculative(plan: dict) -> dict:

@@ -17,6 +17,7 @@ from perfmodel.cli import simulate_disagg_opts as pd_opts
 from perfmodel.cli import simulate_lora as sl
 from perfmodel.cli import simulate_offload_opts as kv_opts
 from perfmodel.cli import speculative as sp
+from perfmodel.cli import trace_inputs
 from perfmodel.cli.common import (
     AttentionDp,
     DtypeOpt,
@@ -77,7 +78,7 @@ def simulate_cmd(
     host_time: HostOnOpt = True,
     trace: Annotated[Path | None, Opt(rich_help_panel=_TRAFFIC, help=(
         "CSV of arrival_s,input_tokens,output_tokens[,prefix_id,prefix_tokens]"
-        "[,session_id,turn]"))] = None,
+        "[,session_id,turn]; or a public trace (--trace-format)"))] = None,
     rate: Annotated[str | None, Opt(rich_help_panel=_TRAFFIC, help=(
         "requests per second; several, comma-separated, draw latency against load"))] = None,
     concurrency: Annotated[int, Opt(min=0, rich_help_panel=_TRAFFIC, help=(
@@ -222,6 +223,9 @@ def simulate_cmd(
     ssd_kv_gb: kv_opts.SsdGb = None,
     kv_offload_write_policy: kv_opts.WritePolicy = "write_through",
     kv_offload_overlap: kv_opts.Overlap = None,
+    trace_format: trace_inputs.FormatOpt = "auto",
+    trace_window: trace_inputs.WindowOpt = None,
+    trace_speedup: trace_inputs.SpeedupOpt = 1.0,
 ) -> None:
     """Simulate a serving engine under a stream of requests: queueing, TTFT, TPOT, ITL,
     end-to-end latency, throughput and goodput, per request and in percentiles."""
@@ -234,11 +238,7 @@ def simulate_cmd(
     pd = simulate_disagg.wanted(ctx, options)
     folder = None if out is None else out_dir(Path(out))
     if trace is not None:
-        given = [name for name in _GENERATED
-                 if ctx.get_parameter_source(name).name == "COMMANDLINE"]
-        if given:
-            fail(f"--{given[0].replace('_', '-')}: a --trace sets its own arrivals and "
-                 "lengths; drop --" + ", --".join(g.replace("_", "-") for g in given))
+        trace_inputs.refuse(ctx, trace, (trace_format, trace_window, trace_speedup), _GENERATED)
     if pd:
         if energy or prices is not None:
             fail("--energy / --prices: not priced for a disaggregated deployment yet; drop "

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from perfmodel.cli import simulate_lora
+from perfmodel.cli import simulate_lora, trace_inputs
 from perfmodel.cli.common import fail, numbers, plan, weights_format, workload
 from perfmodel.cli.devices import device
 from perfmodel.cli.host import host_profile
@@ -43,10 +43,13 @@ def inputs(p: dict[str, Any]) -> tuple:
                        p["input_len"], p["output_len"], p["arrival"], p["burstiness"],
                        p["length_dist"], p["spread"], p["lengths_from"], p["shared_prefix"],
                        p["seed"], (p["turns"], p["think_time"], p["turn_growth"]),
-                       3 if p.get("band", True) else 1, p.get("rate_shape"))
+                       3 if p.get("band", True) else 1, p.get("rate_shape"),
+                       trace_inputs.shape(p))
     from perfmodel.serving.engines.vllm import context_limit
 
-    streams = _within_limit(streams, context_limit(m, engine), p["trace"] is None)
+    streams = _within_limit(streams, context_limit(m, engine), p["trace"] is None, p["trace"]
+                            is not None and not trace_inputs.native(p["trace"],
+                                                                    trace_inputs.shape(p)))
     engine = simulate_lora.configure(engine, hw, p)
     streams = simulate_lora.with_adapters(streams, p)
     _warn_idle(streams, layout)
@@ -80,19 +83,22 @@ def _offload(p: dict[str, Any], hw: Any) -> Any:
     return off
 
 
-def _within_limit(streams: list, limit: int, generated: bool) -> list:
-    """Generated streams less their requests past the context limit, each count said on
-    stderr (vLLM rejects them with HTTP 400: ``traffic.within_limit``); a trace's such
+def _within_limit(streams: list, limit: int, generated: bool, published: bool = False
+                  ) -> list:
+    """Generated streams, and a trace in a published format (``serving.traces``: made for
+    another model), less their requests past the context limit, each count said on stderr
+    (vLLM rejects them with HTTP 400: ``traffic.within_limit``); a native trace's such
     request stays an error (``simulate`` names it)."""
     from perfmodel.serving import traffic
 
-    if not generated:
+    if not generated and not published:
         return streams
     out = []
     for r, reqs, label in streams:
         kept, dropped = traffic.within_limit(reqs, limit)
         if dropped:
-            typer.echo(f"warning: {label}: {dropped:,} of {len(reqs):,} generated requests "
+            what = "generated requests" if generated else "requests of the trace"
+            typer.echo(f"warning: {label}: {dropped:,} of {len(reqs):,} {what} "
                        f"are longer (input + output) than the context limit {limit:,}: "
                        "rejected, as vLLM rejects them (HTTP 400), and left out of every "
                        "figure", err=True)
@@ -158,17 +164,28 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
              input_len: int, output_len: int, arrival: str, burstiness: float,
              length_dist: str, spread: float, lengths_from: Path | None,
              shared_prefix: int, seed: int, talk: tuple = (1, None, None),
-             copies: int = 1, shape: str | None = None) -> list:
+             copies: int = 1, shape: str | None = None,
+             trace_shape: tuple = ("auto", None, 1.0)) -> list:
     """[(offered rate or None, Requests, label)]: one stream, or one per --rate; each
-    simulated ``copies`` times (the band's edges), which must fit in memory."""
+    simulated ``copies`` times (the band's edges), which must fit in memory. A trace
+    without arrival times (``trace_inputs.timeless``) takes them from --rate."""
     from perfmodel.serving import traffic
     from perfmodel.serving.requests import check_memory
 
-    sources = sum(x is not None and x != 0 for x in (trace, rate, concurrency or None))
+    trace_inputs.check(trace, lengths_from, trace_shape)
+    timeless = trace_inputs.timeless(trace, trace_shape)
+    sources = sum(x is not None and x != 0 for x in (trace, None if timeless else rate,
+                                                     concurrency or None))
+    if trace is not None and rate is not None and not timeless:
+        fail(f"--rate: {trace.name} has its own arrival times; drop --rate (--trace-speedup "
+             "X sends them X times faster)")
     if sources != 1:
         fail("give one source of traffic: --trace FILE, --rate R or --concurrency C")
+    if timeless:
+        return trace_inputs.at_rates(trace_inputs.requests(trace, trace_shape), trace, numbers(
+            "--rate", rate, float, minimum=0.0) if rate else [], arrival, burstiness, seed)
     if trace is not None:
-        reqs = traffic.read_trace(trace)
+        reqs = trace_inputs.requests(trace, trace_shape)
         if talk[1] is not None:
             from perfmodel.serving import sessions
 
@@ -177,7 +194,8 @@ def _traffic(trace: Path | None, rate: str | None, concurrency: int, n: int,
                        "sent that long after the previous turn's answer; their recorded "
                        "arrival times are not used", err=True)
         return [(None, reqs, trace.name)]
-    lengths = traffic.read_trace(lengths_from) if lengths_from is not None else None
+    lengths = trace_inputs.requests(lengths_from, trace_shape, "--lengths-from") \
+        if lengths_from is not None else None
     common = dict(input_len=input_len, output_len=output_len, length_dist=length_dist,
                   spread=spread, lengths_from=lengths, shared_prefix=shared_prefix, seed=seed)
     if talk != (1, None, None):
