@@ -75,3 +75,16 @@ def test_maf_shape_by_hand() -> None:
     flops = 2.0 * 4096 * 4864 * 32896
     hand = flops / (1307.4e12 * 0.5669 * 32896 / (32896 + 128)) + 2e-6
     assert predict_rows([row], hw)[0]["predicted_s"] == pytest.approx(hand, rel=1e-9)
+
+
+def test_compare_reads_the_sample() -> None:
+    """The sample is in the shared schema: ``perfmodel compare`` predicts it as it stands."""
+    from typer.testing import CliRunner
+
+    from perfmodel.cli.app import load_plugins
+
+    out = CliRunner().invoke(load_plugins(), ["compare", str(HERE / "gemm.csv"), "-H", "mi300x",
+                                   "--device-filter", "mi300x"])
+    assert out.exit_code == 0, out.output
+    assert "3 rows predicted on mi300x" in out.output
+    assert "4.3%" in out.output    # the fit's median |error| (calibration: fit_median_abs_error)
