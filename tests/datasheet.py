@@ -2,7 +2,9 @@
 fitted constants into them (tests/data/datasheet/: the files at 6bdb01e, datasheet and
 cited efficiency defaults). Hand-derived goldens of the cost formulas and the old core's
 snapshot are priced on these, so each derivation stays true to the constants it names;
-tests/test_calibrated_goldens.py derives goldens on the shipped, calibrated files."""
+tests/test_calibrated_goldens.py derives goldens on the shipped, calibrated files. mi300x.yaml
+is the file before its gemm_fraction was fitted to AMD's published GEMM figures
+(reports/amd_published/)."""
 
 from __future__ import annotations
 

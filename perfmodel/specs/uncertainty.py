@@ -65,8 +65,8 @@ class Uncertainty:
         """One line for a report: whose band it is."""
         if self.uncalibrated:
             return ("uncalibrated device: 80% band from the residuals datasheet constants had "
-                    "on the calibrated devices' kernels before calibration (no kernel "
-                    "measurements of this device or its family)")
+                    "on the calibrated devices' kernels before calibration (no band fitted "
+                    "to kernel measurements of this device or its family)")
         if self.family is not None:
             return (f"80% band from the {self.family} family's leave-one-device-out residuals "
                     f"(no kernel measurements of this device)")
