@@ -48,7 +48,7 @@ def _no_figures(monkeypatch):
 
     for name in ("time_series", "latency_cdfs"):
         monkeypatch.setattr(serving_plots, name, lambda *a, **k: None)
-    monkeypatch.setattr("perfmodel.cli.simulate.save", lambda *a, **k: None)
+    monkeypatch.setattr("perfmodel.cli.simulate_files.save", lambda *a, **k: None)
 
 
 def _simulate(tmp_path: Path, *args: str) -> tuple[list[dict], str]:
