@@ -13,9 +13,10 @@ import perfmodel as pm
 from perfmodel.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
-NEW = ("mi325x", "mi355x", "tpu-v7", "trainium2", "gaudi3", "h20", "rtx-5090",
+NEW = ("mi325x", "mi355x", "tpu-v7", "trainium2", "trainium3", "gaudi3", "h20", "rtx-5090",
        "rtx-pro-6000-server", "dgx-spark")
-UNCALIBRATED = ("mi325x", "mi355x", "mi300x", "tpu-v7", "tpu-v6e", "trainium2", "gaudi3",
+UNCALIBRATED = ("mi325x", "mi355x", "mi300x", "tpu-v7", "tpu-v6e", "trainium2", "trainium3",
+                "gaudi3",
                 "rtx-5090", "dgx-spark")
 runner = CliRunner()
 
