@@ -182,3 +182,26 @@ def test_a_requests_file_without_a_runs_rows_is_said(tmp_path):
     quiet = runner.invoke(app, ["compare-serving", str(exp), "--requests", str(req),
                                 "--only", "capped", "--no-progress", "-f", "json"])
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+
+
+def test_a_request_the_engine_can_never_admit_is_one_clear_error() -> None:
+    """SGLang's prefill adder reserves room past the prompt (a page per request and its
+    expected output), so a prompt one token short of the whole pool passes simulate's
+    pool-size check but is never admitted: one SpecError naming the request, where the loop
+    used to end in a ValueError from pricing an empty list of steps."""
+    import perfmodel as pm
+    from perfmodel.serving.engines import engine_config
+    from perfmodel.serving.pricing import kv_pool
+    from perfmodel.serving.simulate import simulate
+    from perfmodel.specs.workload import Parallelism, Workload
+
+    m, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
+    cfg = engine_config("sglang", mem_fraction_static=0.2)
+    blocks = kv_pool(m, hw, Parallelism(), Workload.for_model(m), cfg).blocks
+    prompt = blocks * cfg.block_size - 2
+    one = np.array([0])
+    reqs = Requests(arrival_s=np.array([0.0]), input_tokens=np.array([prompt]),
+                    output_tokens=np.array([1]), prefix_id=one - 1, prefix_tokens=one)
+    with pytest.raises(SpecError, match=r"sglang cannot admit request 0 \(\d+ prompt \+ 1 "
+                                        r"output tokens\) into a KV pool of \d+ blocks"):
+        simulate(m, hw, reqs, engine=cfg)

@@ -31,6 +31,7 @@ from perfmodel.serving.lookahead import Dry, Guess, dry_run
 from perfmodel.serving.pricing import StepPricer
 from perfmodel.serving.requests import Requests
 from perfmodel.serving.results import StepLog, record_output
+from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 from perfmodel.specs.workload import Parallelism, Workload
@@ -111,6 +112,8 @@ def advance(run: Run, progress: Progress | None = None) -> None:
             run.state.settle()                  # or not), and the engine schedules afresh
             run.cutoff = run.t
             continue
+        if not dry.plans:
+            _stuck(run)
         times = run.pricer.times(dry.plans)
         guess.learn(dry.features, times)
         stood = _replay(run, dry, times, run.pricer.last_host)
@@ -122,6 +125,23 @@ def advance(run: Run, progress: Progress | None = None) -> None:
         guess.marks = stood < len(dry.plans)
         if progress is not None:
             progress(run.done, run.known, run.t)
+
+
+def _stuck(run: Run) -> None:
+    """No step can be formed: with nothing running, the engine's admission rule refuses the
+    request at the head of the queue for good (SGLang's reserves room for the output past
+    the prompt, so a prompt near the whole pool is never admitted, where a real server
+    rejects or hangs). One clear error naming the request, not a loop that cannot end."""
+    st = run.state
+    if st.running or not st.waiting:
+        raise RuntimeError("simulate: no step could be formed with requests in flight")
+    r = st.waiting[0]
+    req = run.arrivals.requests
+    raise SpecError(f"simulate: {st.engine.name} cannot admit request {r} "
+                    f"({int(req.input_tokens[r])} prompt + {int(req.output_tokens[r])} output "
+                    f"tokens) into a KV pool of {st.pool.total} blocks of "
+                    f"{st.engine.block_size} tokens, even alone: give it a larger pool "
+                    "(--gpu-memory-utilization / --mem-fraction-static) or a shorter request")
 
 
 def _valid(run: Run, dry: Dry, times: np.ndarray) -> tuple[int, list]:
