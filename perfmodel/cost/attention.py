@@ -109,11 +109,8 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
         splits = kv_splits(np.maximum(pool, 1), np.maximum((tiles * decode).max(axis=-1), 1),
                            units)
         work = np.broadcast_to(programs * keys, decode.shape)
-        row_tile = np.where(op.g("qk_dim") > LATENT_QK_DIM,
-                            eff.attention_decode_tile_q_latent or eff.attention_decode_tile_q,
-                            eff.attention_decode_tile_q)
-        tiled = rows / (np.ceil(rows / np.maximum(row_tile, 1)) * np.maximum(row_tile, 1))
-        fill = np.broadcast_to(np.where(row_tile > 0, tiled, _pad(rows, 128)[0]), decode.shape)
+        fill = np.broadcast_to(_row_fill(rows, decode_row_tile(hw, op.g("qk_dim"))),
+                               decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
     else:
         programs = op.batch * op.g("n_heads") * decode
@@ -134,6 +131,27 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
     makespan = np.maximum(longest, busy / units + (np.ceil(n / units) - n / units) * shortest)
     return eff.attention * head_share(hw, op.qk_dim) * pad * divide(total, units * makespan), \
         splits
+
+
+def decode_row_tile(hw: Hardware, qk_dim: np.ndarray) -> np.ndarray | int:
+    """Query rows a decode program's tile pads a KV head's query heads to:
+    ``attention_decode_tile_q``, or ``attention_decode_tile_q_latent`` where it is set and
+    the Q/K head is MLA's latent (wider than ``LATENT_QK_DIM``); 0: the skinny-shape rule."""
+    eff = hw.efficiency
+    latent = eff.attention_decode_tile_q_latent
+    if not latent or latent == eff.attention_decode_tile_q:
+        return eff.attention_decode_tile_q
+    return np.where(qk_dim > LATENT_QK_DIM, latent, eff.attention_decode_tile_q)
+
+
+def _row_fill(rows: np.ndarray, tile: np.ndarray | int) -> np.ndarray:
+    """Useful share of the padded rows: ``rows`` in tiles of ``tile``, or where ``tile`` is
+    0 the smallest power of two from 16 to 128 (``tiling._pad``, computed only then)."""
+    size = np.maximum(tile, 1)
+    fill = rows / (np.ceil(rows / size) * size)
+    if np.any(np.asarray(tile) == 0):
+        fill = np.where(np.asarray(tile) > 0, fill, _pad(rows, 128)[0])
+    return fill
 
 
 def head_share(hw: Hardware, head_dim: np.ndarray) -> np.ndarray | float:
