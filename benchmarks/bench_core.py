@@ -2,6 +2,7 @@
 
     python benchmarks/bench_core.py [--quick]
     python benchmarks/bench_core.py --sweep-memory     # the 10^6-point sweep's peak memory
+    python benchmarks/bench_core.py --moe              # the MoE cases only
 
 Not a test: prints the numbers docs/speed.md quotes. Every measurement is Llama-3-70B on an
 H100 SXM, 2,048-token prompts and 256 generated tokens (255 decode steps summed exactly),
@@ -55,6 +56,51 @@ def single_estimate(seconds: float = 3.0) -> float:
         pm.estimate(hw, model, pm.Workload(batch=1 + done % 64, prompt_len=2048, gen_len=256))
         done += 1
     return (time.perf_counter() - start) / done
+
+
+MOE_CASES = (  # label, model, device, tensor parallel
+    ("DeepSeek-V3, 8x H200 (TP8)", "deepseek-v3", "h200-sxm", 8),
+    ("Qwen3-30B-A3B, 1x H100", "qwen3-30b-a3b", "h100-sxm", 1),
+)
+
+
+def moe_estimate(name: str, device: str, tp: int, seconds: float) -> float:
+    """Seconds per ``estimate()`` call of an MoE model (the checkpoint's own dtypes), the
+    batch cycling over 1..64, 2048/256, as ``single_estimate``."""
+    from perfmodel.specs.workload import Parallelism
+
+    hw, model, plan = pm.hardware(device), pm.model(name), Parallelism(tp=tp)
+
+    def one(b: int) -> None:
+        pm.estimate(hw, model, pm.Workload(batch=b, prompt_len=2048, gen_len=256), plan)
+
+    for b in range(1, 65):
+        one(b)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        one(1 + done % 64)
+        done += 1
+    return (time.perf_counter() - start) / done
+
+
+def moe_grid_rate(repeats: int) -> tuple[float, int]:
+    """Configurations per second of ``estimate_many`` on Qwen3-30B-A3B (one H100), 2,000
+    batches x bf16/fp8 weights and KV."""
+    hw, model = pm.hardware("h100-sxm"), pm.model("qwen3-30b-a3b")
+    grid = pm.Workloads.grid(weights_dtype=["bf16", "fp8"], kv_dtype=["bf16", "fp8"],
+                             batch=list(range(1, 2001)), prompt_len=2048, gen_len=256)
+    seconds = _median(lambda: pm.estimate_many(hw, model, grid), repeats)
+    return len(grid) / seconds, len(grid)
+
+
+def moe(quick: bool) -> None:
+    """The MoE cases (issue 32: MoE estimates no slower than twice the tree before it)."""
+    for label, name, device, tp in MOE_CASES:
+        ms = moe_estimate(name, device, tp, 1.0 if quick else 3.0) * 1e3
+        print(f"estimate() MoE, {label}: {ms:.2f} ms per configuration")
+    rate, n = moe_grid_rate(3 if quick else 5)
+    print(f"estimate_many MoE, Qwen3-30B-A3B 1x H100: {rate:,.0f} configurations/s "
+          f"({n:,} per call)")
 
 
 def cli_seconds(args: list[str], repeats: int) -> float:
@@ -129,6 +175,7 @@ def million_sweep() -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--moe", action="store_true", help="only the MoE cases")
     parser.add_argument("--sweep-memory", action="store_true", help=(
         "only the 10^6-point sweep's peak memory (minutes; run it alone: the peak is the "
         "largest child process's)"))
@@ -139,6 +186,9 @@ def main() -> None:
               f"resident, {cpu:.0f} s CPU, {wall:.0f} s wall")
         return
     quick = args.quick
+    if args.moe:
+        moe(quick)
+        return
     reps = 3 if quick else 5
     rate, n = grid_rate(12_500, 3 if quick else 5)
     print(f"estimate_many: {rate:,.0f} configurations/s ({n:,} configurations per call, "

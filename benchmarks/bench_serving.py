@@ -2,7 +2,7 @@
 time, and what priced them (steps priced ahead per ``price_step`` call, steps priced but not
 kept).
 
-    python benchmarks/bench_serving.py [--quick] [--fleet N] [--scale N,N,...] [--band]
+    python benchmarks/bench_serving.py [--quick] [--fleet N] [--scale N,N,...] [--band] [--moe]
 
 Not a test: prints the numbers docs/speed.md quotes. The headline case is the issue's: 10,000
 requests of mixed lengths (log-normal, mean 512 prompt / 256 output tokens, sigma 0.5) on
@@ -14,7 +14,9 @@ one replica at half load for each trace length, the CPU time per request (flat: 
 look-ahead's cost follows the requests in flight, not the trace's length). ``--band``: each
 case also with its 80% band as ``simulate`` draws it (``serving.bands.edge_summaries``: the
 edges on a twelfth of the run) and as it did before (two more whole runs). On a shared
-2-core machine wall times move by 10-30% between runs, CPU times less.
+2-core machine wall times move by 10-30% between runs, CPU times less. ``--moe``: the MoE
+cases only (``MOE_CASES``: Qwen3-30B-A3B on one H100, Qwen3-235B-A22B and DeepSeek-V3 on
+8 H200s at TP8).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import time
 
 import perfmodel as pm
 from perfmodel.serving import traffic
-from perfmodel.serving.bands import edge_summaries
 from perfmodel.serving.engines import engine_config
 from perfmodel.serving.simulate import simulate
 from perfmodel.specs.workload import Parallelism
@@ -42,15 +43,25 @@ CASES = (  # label, model, requests, rate, input, output, dist, engine
      {"name": "trtllm"}),
 )
 
+MOE_CASES = (  # label, model, requests, rate, input, output, dist, engine, device, tp
+    ("5k mixed, Qwen3-30B-A3B", "qwen3-30b-a3b", 5_000, 20.0, 512, 256, "lognormal", {},
+     "h100-sxm", 1),
+    ("2k mixed, Qwen3-235B-A22B TP8", "qwen3-235b-a22b", 2_000, 8.0, 1024, 256, "lognormal",
+     {}, "h200-sxm", 8),
+    ("2k mixed, DeepSeek-V3 TP8", "deepseek-v3", 2_000, 8.0, 1024, 256, "lognormal", {},
+     "h200-sxm", 8),
+)
+
 
 def run(label: str, name: str, n: int, rate: float, inp: int, out: int, dist: str,
-        engine: dict) -> object:
+        engine: dict, device: str = "h100-sxm", tp: int = 1) -> object:
     reqs = traffic.generate(n, rate=rate, input_len=inp, output_len=out, length_dist=dist,
                             seed=0)
-    model, hw = pm.model(name), pm.hardware("h100-sxm")
+    model, hw = pm.model(name), pm.hardware(device)
     start, cpu = time.perf_counter(), _cpu()
     flags = dict(engine)
-    res = simulate(model, hw, reqs, engine=engine_config(flags.pop("name", "vllm"), **flags))
+    res = simulate(model, hw, reqs, Parallelism(tp=tp),
+                   engine=engine_config(flags.pop("name", "vllm"), **flags))
     wall, cpu = time.perf_counter() - start, _cpu() - cpu
     steps = len(res.steps.start_s)
     priced, calls = res.info["steps_priced"], res.info["price_calls"]
@@ -66,6 +77,7 @@ def main() -> None:
     parser.add_argument("--fleet", type=int, default=0, help="requests over 16 replicas")
     parser.add_argument("--scale", default="", help="trace lengths, one replica at half load")
     parser.add_argument("--band", action="store_true", help="also time the 80%% band")
+    parser.add_argument("--moe", action="store_true", help="the MoE cases only")
     args = parser.parse_args()
     if args.fleet:
         fleet(args.fleet)
@@ -74,7 +86,7 @@ def main() -> None:
         for n in (int(x) for x in args.scale.split(",")):
             scale(n)
         return
-    for case in CASES[:1] if args.quick else CASES:
+    for case in MOE_CASES if args.moe else CASES[:1] if args.quick else CASES:
         res = run(*case)
         if args.band:
             band(case, res)
@@ -83,15 +95,18 @@ def main() -> None:
 def band(case: tuple, res: object) -> None:
     """The band of ``case`` (already run at the centre as ``res``): on the sample, then
     the two whole edge runs the band took before."""
-    _, name, n, rate, inp, out, dist, engine = case
+    from perfmodel.serving.bands import edge_summaries
+
+    _, name, n, rate, inp, out, dist, engine, *where = case
+    device, tp = where or ("h100-sxm", 1)
     reqs = traffic.generate(n, rate=rate, input_len=inp, output_len=out, length_dist=dist,
                             seed=0)
-    model, hw = pm.model(name), pm.hardware("h100-sxm")
+    model, hw = pm.model(name), pm.hardware(device)
     flags = dict(engine)
     cfg = engine_config(flags.pop("name", "vllm"), **flags)
 
     def at(q: object, edge: int) -> object:
-        return simulate(model, hw, q, engine=cfg, edge=edge)
+        return simulate(model, hw, q, Parallelism(tp=tp), engine=cfg, edge=edge)
 
     for how, fn in (("sample", lambda: edge_summaries(reqs, res, at)),
                     ("two whole runs", lambda: (at(reqs, 0).summary(),
