@@ -237,11 +237,11 @@ def test_cli_bad_options_one_line(args, says):
 
 
 def test_cli_device_without_host_block():
-    out = runner.invoke(app, ["simulate", "-m", "llama-3-8b", "-H", "l4", "--num-requests",
+    out = runner.invoke(app, ["simulate", "-m", "llama-3-8b", "-H", "gaudi3", "--num-requests",
                               "2", "--rate", "1", "--no-band", "--no-progress",
                               "--max-model-len", "2048", "--kv-offload", "cpu"])
     assert out.exit_code != 0
-    assert "hardware l4 has no host: block" in out.output
+    assert "hardware gaudi3 has no host: block" in out.output
 
 
 def test_cli_warns_of_an_assumed_or_oversized_cpu_tier():

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.cost.sums import sum_rows
 from perfmodel.specs.uncertainty import ERROR_CLASSES, Uncertainty
 
 RULES = ("quadrature", "linear")
@@ -47,17 +48,7 @@ def class_seconds(time_s: np.ndarray, codes: np.ndarray) -> np.ndarray:
     codes = np.broadcast_to(codes, time_s.shape)
     out = np.zeros((len(ERROR_CLASSES), *time_s.shape[1:]))
     for k in np.unique(codes).tolist():
-        out[k] = _sum0(np.where(codes == k, time_s, 0.0))
-    return out
-
-
-def _sum0(a: np.ndarray) -> np.ndarray:
-    """``a`` summed over its first axis in order, row by row: a configuration's sum then
-    does not depend on how many are priced together (numpy sums a lone column pairwise,
-    eight partial sums at a time, a wider array row by row)."""
-    out = np.zeros(a.shape[1:])
-    for row in a:
-        out = out + row
+        out[k] = sum_rows(np.where(codes == k, time_s, 0.0))
     return out
 
 
@@ -79,7 +70,7 @@ def band(class_s: np.ndarray, unc: Uncertainty, rule: str = "quadrature",
     if rule not in RULES:
         raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
     class_s = np.asarray(class_s, dtype=float)
-    total = _sum0(class_s)
+    total = sum_rows(class_s)
     shift = np.zeros_like(total)
     below, above = [], []
     for k, name in enumerate(ERROR_CLASSES):
@@ -98,9 +89,9 @@ def band(class_s: np.ndarray, unc: Uncertainty, rule: str = "quadrature",
         return total, total
     down, up = np.stack(below), np.stack(above)
     if rule == "linear":
-        return total + shift - _sum0(down), total + shift + _sum0(up)
-    return (total + shift - np.sqrt(_sum0(down ** 2)),
-            total + shift + np.sqrt(_sum0(up ** 2)))
+        return total + shift - sum_rows(down), total + shift + sum_rows(up)
+    return (total + shift - np.sqrt(sum_rows(down ** 2)),
+            total + shift + np.sqrt(sum_rows(up ** 2)))
 
 
 def edges(time_s: np.ndarray, codes: np.ndarray, unc: Uncertainty | None

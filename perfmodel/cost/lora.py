@@ -46,6 +46,7 @@ import numpy as np
 from perfmodel.cost.ops import Gemm
 from perfmodel.cost.params import kv_heads_per_device
 from perfmodel.cost.roofline import op_time
+from perfmodel.cost.sums import sum_rows
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
@@ -142,8 +143,8 @@ class LoraCost:
 
     @property
     def time(self) -> np.ndarray:
-        """Seconds of each step (N,)."""
-        return self.time_s.sum(axis=0)
+        """Seconds of each step (N,), the same for a step priced alone or with others."""
+        return sum_rows(self.time_s)
 
 
 def step_cost(model: Model, hw: Hardware, tp: int, modules: tuple[str, ...], rank: int,

@@ -16,7 +16,7 @@ The engines' rules:
   ``--lora-eviction-policy lru``) and every ``--lora-paths`` adapter in host memory from
   start-up.
 - A load copies the adapter's A and B (``cost.lora.adapter_bytes`` at ``--max-lora-rank``)
-  from pinned host memory over the host link (``engines/host_links.yaml``), synchronously
+  from pinned host memory over the host link (the hardware's ``host:`` block), synchronously
   before the step's forward (vLLM's ``set_active_adapters`` in the model runner's input
   preparation; SGLang's ``prepare_lora_batch``): the step takes that much longer.
 - Scheduling: a waiting request whose adapter is not among the step's adapters when there
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -42,8 +41,9 @@ from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.model import Model
 
-LINKS = Path(__file__).parent / "host_links.yaml"
-FALLBACK_LINK = "pcie4"
+# a device with no ``host:`` block: PCIe Gen4 x16, 16 GT/s x 16 lanes = 32 GB/s per direction
+# (PCI-SIG PCIe 4.0 base specification), the slowest link a data-centre GPU of these years has
+FALLBACK_LINK_BYTES_PER_S = 32e9
 ENGINES = ("vllm", "sglang")
 # the ranks vLLM's LoRAConfig accepts (``LoRAConfig.__post_init__``: possible_max_ranks)
 VLLM_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -57,8 +57,8 @@ class LoraSettings:
     adapters in host memory (vLLM ``--max-cpu-loras``, 0: ``max_loras``; SGLang: every
     adapter, 0 here too); ``modules``: the target modules (``cost.lora.MODULES``, default
     all); ``paths``: SGLang's ``--lora-paths`` names (the adapters a request may name; empty:
-    any); ``host_bytes_per_s``: the host link a load crosses (0: the device's, from
-    ``host_links.yaml``)."""
+    any); ``host_bytes_per_s``: the host link a load crosses (0: the device's, from its
+    ``host:`` block)."""
 
     max_loras: int = 1
     max_lora_rank: int = 16
@@ -111,18 +111,13 @@ class LoraSettings:
 
 
 def host_link(hw: Hardware) -> tuple[float, str]:
-    """(bytes per second of ``hw``'s host-to-device link, a warning or ""): the device's
-    link in ``host_links.yaml``, else PCIe Gen4, said in the warning."""
-    import yaml
-
-    from perfmodel.specs.units import parse_quantity
-
-    data = yaml.safe_load(LINKS.read_text())
-    name = data["devices"].get(hw.name)
-    warning = "" if name else (
-        f"warning: LoRA loads: {hw.name} has no host link in {LINKS.name}; adapters load at "
-        f"{FALLBACK_LINK} ({data['links'][FALLBACK_LINK]} per direction)")
-    return parse_quantity(data["links"][name or FALLBACK_LINK], "bytes_per_s"), warning
+    """(bytes per second of ``hw``'s host-to-device link, a warning or ""): the hardware's
+    ``host:`` block (``specs.hardware.HostLink``), else PCIe Gen4, said in the warning."""
+    if hw.host is not None:
+        return hw.host.link_bytes_per_s, ""
+    return FALLBACK_LINK_BYTES_PER_S, (
+        f"warning: LoRA loads: hardware {hw.name} has no host: block; adapters load at PCIe "
+        f"Gen4's {FALLBACK_LINK_BYTES_PER_S / 1e9:g} GB/s per direction")
 
 
 def check_requests(requests: object, settings: LoraSettings | None, where: str) -> None:
