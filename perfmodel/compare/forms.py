@@ -20,6 +20,14 @@ measured call ran more than one kernel, companion records whose times add to it:
   the up/gate grouped GEMM over the experts it touches, the gated activation and the down
   grouped GEMM, as ``cost.layers`` prices a MoE block; ``weight_dtype``, ``weight_format``
   and ``act_quant`` as for a GEMM (both GEMMs);
+- ``linear_attention``: a linear-attention layer's scan (``cost.scan.LinearScan``, the
+  gated delta rule) over ``batch`` sequences of ``q_len`` new tokens, state before when
+  kv_len > q_len, ``n_heads`` value heads of ``head_dim`` keys and ``v_dim`` values, q and
+  k of ``n_kv_heads`` heads (L2-normalised in the call where ``l2norm`` is 1), chunks of
+  ``chunk``, ``channel_gates`` decay channels per head (KDA; 0: one decay per head and
+  token, Gated DeltaNet's g and beta); an fp32 state;
+- ``conv1d``: the short causal conv over ``m`` tokens of ``n`` channels of ``batch``
+  sequences, width ``width``, ``calls`` calls (``cost.scan.Conv1d``);
 - ``all_reduce`` / ``all_to_all``: ``message_bytes`` per device over ``n_devices``; nodes are
   ceil(n_devices / the device's ``interconnect.max_devices``) (``cost.collectives``).
 """
@@ -36,6 +44,7 @@ from perfmodel.compare.moe_routing import is_known, routed_load
 from perfmodel.cost.ops import AllReduce, AllToAll, Attention, Gemm, KvWrite, OpRecord, pointwise
 from perfmodel.cost.quantize import ActQuant
 from perfmodel.cost.routing import expected_distinct, zipf_popularity
+from perfmodel.cost.scan import Conv1d, LinearScan
 from perfmodel.specs.dtypes import BYTES, CODE, weight_bytes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.formats import weight_formats
@@ -252,3 +261,34 @@ def collective_parts(kind: str, rows: Sequence[dict], col: Callable[[str], np.nd
     nodes = np.ceil(devices / per_node)
     record = AllToAll if kind == "all_to_all" else AllReduce
     return [(record(payload=col("message_bytes"), devices=devices, nodes=nodes), True)]
+
+
+def scan_parts(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np.ndarray,
+               where: str, line: Sequence[int]) -> list[Part]:
+    """A linear-attention scan row as the record the model's step prices it with
+    (``cost.recurrent._linear`` / ``_kda``: q and k counted at the value heads)."""
+    heads, d_k = col("n_heads"), col("head_dim")
+    qk = _numbers(rows, "n_kv_heads", 0.0, where, line)
+    v_dim = _numbers(rows, "v_dim", 0.0, where, line)
+    chunk = np.maximum(_numbers(rows, "chunk", 64.0, where, line), 1.0)
+    norm = _numbers(rows, "l2norm", 0.0, where, line) > 0
+    channels = _numbers(rows, "channel_gates", 0.0, where, line)
+    scan = LinearScan(batch=col("batch")[:, None], q_len=col("q_len")[:, None],
+                      kv_len=col("kv_len")[:, None], heads=heads, qk_heads=heads, d_k=d_k,
+                      d_v=np.where(v_dim > 0, v_dim, d_k), chunk=chunk, delta=True,
+                      gates=np.where(channels > 0, 1, 2),
+                      l2norm_heads=np.where(norm, np.where(qk > 0, qk, heads), 0),
+                      channel_gates=channels, act_bytes=BYTES[dtype], state_bytes=4.0,
+                      dtype=dtype)
+    return [(scan, True)]
+
+
+def conv_parts(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np.ndarray,
+               where: str, line: Sequence[int]) -> list[Part]:
+    """A short-conv row: ``calls`` causal_conv1d calls of ``m`` tokens, ``n`` channels."""
+    seqs = np.maximum(_numbers(rows, "batch", 1.0, where, line), 1.0)
+    width = np.maximum(_numbers(rows, "width", 4.0, where, line), 1.0)
+    calls = np.maximum(_numbers(rows, "calls", 1.0, where, line), 1.0)
+    return [(Conv1d(rows=col("m"), seqs=seqs, n=col("n"), width=width,
+                    act_bytes=BYTES[dtype], state_bytes=BYTES[dtype], dtype=dtype,
+                    count=calls), True)]

@@ -86,6 +86,10 @@ def _parts(kind: str, rows: Sequence[dict], where: str, line: Sequence[int],
         return forms.attention_parts(rows, col, dtype, where, line)
     if kind == "moe":
         return forms.moe_parts(rows, col, dtype, where, line)
+    if kind == "linear_attention":
+        return forms.scan_parts(rows, col, dtype, where, line)
+    if kind == "conv1d":
+        return forms.conv_parts(rows, col, dtype, where, line)
     if kind in ("all_reduce", "all_to_all"):
         return forms.collective_parts(kind, rows, col, hw)
     if kind in POINTWISE:

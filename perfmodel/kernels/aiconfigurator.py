@@ -34,8 +34,11 @@ collector timed decides the row form:
 - ``context_mla_perf`` / ``generation_mla_perf``: one layer's MLA attention as the
   collector lays it out (``mla``).
 
+- ``gdn_perf`` / ``kda_perf``: the linear-attention layers' short conv and chunked or
+  recurrent scan, one kernel call a row (``kernels.aic_linear``).
+
 Every other table (MLA's BMMs and modules, wide-EP MLA, sparse / compressed attention
-modules, KDA, GDN, Mamba2, mHC, DeepEP and MoE all-to-all, wide-EP modules, quantization
+modules, Mamba2, mHC, DeepEP and MoE all-to-all, wide-EP modules, quantization
 kernels) is kept with its op name and time and no formula.
 
 Left out (counted in the manifest): rows the database derives rather than measures —
@@ -54,6 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.kernels import aic_linear
 from perfmodel.specs.errors import SpecError
 
 SOURCE = "aiconfigurator-core"
@@ -267,6 +271,8 @@ READERS: dict[str, Callable] = {
     "moe_perf": lambda df, e, v: moe(df),
     "nccl_perf": lambda df, e, v: comm(df, False),
     "custom_allreduce_perf": lambda df, e, v: comm(df, True),
+    "gdn_perf": lambda df, e, v: aic_linear.linear(df, e, "gdn_perf"),
+    "kda_perf": lambda df, e, v: aic_linear.linear(df, e, "kda_perf"),
 }
 
 

@@ -47,6 +47,7 @@ class Kind:
 _MN = ("m", "n")
 _ATTENTION = ("batch", "q_len", "kv_len", "n_heads", "n_kv_heads", "head_dim")
 _COLLECTIVE = ("message_bytes", "n_devices")   # bytes of each device's buffer, devices
+_SCAN = ("batch", "q_len", "kv_len", "n_heads", "head_dim")
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("gemm", "gemm", "gemm", "own", own_fraction=False, row=("m", "n", "k")),
@@ -78,9 +79,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     # recurrent layers (``cost.scan``): the chunked scan is matmul work within chunks and a
     # stream over the tokens and the state; fused, timed by the stream rule's max(compute,
     # memory), unfused, as its chain of operators (``efficiency.scan_kernel``)
+    # (rows: ``compare.forms`` ``scan_parts`` / ``conv_parts``)
     Kind("ssm_scan", "recurrent", "scan", "own", row=None),
-    Kind("linear_attention", "recurrent", "scan", "own", row=None),
-    Kind("conv1d", "recurrent", "stream", "own", row=None),
+    Kind("linear_attention", "recurrent", "scan", "own", row=_SCAN),
+    Kind("conv1d", "recurrent", "stream", "own", row=_MN),
     # a measured MoE layer (``compare.forms``): its experts' two grouped GEMMs and the
     # activation between them (m tokens, n hidden, k the expert width per device)
     Kind("moe", "gemm", "gemm", "own", own_fraction=False, own_latency=False,
