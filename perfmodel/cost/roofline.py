@@ -37,6 +37,7 @@ from perfmodel.cost.ops import AllReduce, AllToAll, Gemm, OpRecord, Pointwise
 from perfmodel.cost.outliers import OutlierGemm, in_series
 from perfmodel.cost.scan import Scan
 from perfmodel.cost.scan_chain import chain, chain_times
+from perfmodel.cost.scan_kernels import scan_kernel_time
 from perfmodel.cost.timebase import (
     BOUNDS,
     COMMUNICATION,
@@ -173,10 +174,14 @@ def _outlier_time(op: OutlierGemm, hw: Hardware, timing: np.ndarray | int) -> Op
 
 
 def _scan_time(op: Scan, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
-    """A recurrent layer's chunked scan: one fused kernel (the stream rule), or where the
-    device runs it unfused, its chain of operators, each timed by its own rule, in series
-    (``cost.scan_chain``)."""
+    """A recurrent layer's chunked scan: one fused kernel (the stream rule), or a
+    linear-attention scan as the engine's kernels run it where the device's file gives
+    them (``cost.scan_kernels``), or where the device runs it unfused, its chain of
+    operators, each timed by its own rule, in series (``cost.scan_chain``)."""
     if hw.efficiency.scan_kernel == "fused":
+        if hw.efficiency.scan_kernels and op.kind == "linear_attention" \
+                and np.all(op.delta):          # the delta rule's kernels (not lightning)
+            return scan_kernel_time(op, hw, timing)
         return _stream_time(op, hw, timing)
     ch = chain(op)
     per_group = timing if isinstance(timing, int) else np.asarray(timing)[..., None]

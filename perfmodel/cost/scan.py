@@ -107,6 +107,10 @@ class Scan(Grouped):
     act_bytes: Num = 2.0
     state_bytes: Num = 4.0
 
+    def group_work(self) -> tuple[np.ndarray, ByteCounts]:
+        """(FLOPs, bytes) of each group (the groups axis kept)."""
+        return self._per_group
+
     @cached_property
     def _per_group(self) -> tuple[np.ndarray, ByteCounts]:
         g = self.g

@@ -97,3 +97,7 @@ def compute_codes(weights: np.ndarray | int, acts: np.ndarray | int) -> np.ndarr
 MOE_FORMATS = ("bf16", "fp8", "fp8_block", "fp4", "w4a16", "w4a8", "w8a16")
 # the quantized classes a dense GEMM's kernel is calibrated by (``efficiency.gemm_kernels``)
 DENSE_FORMATS = ("fp8", "fp8_block", "fp4")
+# the kernels a GPU engine runs a linear-attention scan with, per kind of call: the chunked
+# prefill and the recurrent step (decode, speculative verify) of the gated delta rule
+# (Gated DeltaNet) and of KDA (a decay per key channel); ``efficiency.scan_kernels``
+SCAN_CLASSES = ("delta_chunk", "delta_step", "kda_chunk", "kda_step")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from perfmodel.specs.dtypes import DENSE_FORMATS, DTYPE_BYTES, DTYPES, MOE_FORMATS
+from perfmodel.specs.dtypes import DENSE_FORMATS, DTYPE_BYTES, DTYPES, MOE_FORMATS, SCAN_CLASSES
 from perfmodel.specs.fields import Fields
 from perfmodel.specs.hardware import DequantKernel, Efficiency
 from perfmodel.specs.kinds import OWN_FRACTION, OWN_LATENCY
@@ -54,6 +54,7 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
                                          memory_only=False),
         moe_kernels=_moe_kernels(f.sub("moe_kernels", required=False), MOE_FORMATS),
         gemm_kernels=_moe_kernels(f.sub("gemm_kernels", required=False), DENSE_FORMATS),
+        scan_kernels=_scan_kernels(f.sub("scan_kernels", required=False)),
         parallel_grain_elements=f.integer("parallel_grain_elements", 0, minimum=0),
         launch_mode=f.text("launch_mode", "async", ("async", "sync")),
         layer_overhead_s=f.quantity("layer_overhead_s", "s", 0.0, positive=False),
@@ -153,6 +154,30 @@ def _moe_kernels(f: Fields | None, classes: tuple[str, ...]) -> dict[str, tuple[
                     k.quantity("programs_per_unit", "number", 0.0, positive=False),
                     k.quantity("depth_s", "s", 0.0, positive=False))
         out[name] = row
+        k.finish()
+    f.finish()
+    return out
+
+
+def _scan_kernels(f: Fields | None) -> dict[str, tuple[float, ...]]:
+    """``scan_kernels``: per call class (``SCAN_CLASSES``) ``gemm_fraction`` and
+    ``memory_fraction`` (both in (0, 1]), ``latency_s`` (per launch), ``step_s`` (per serial
+    step of the state recurrence, default 0), ``launches`` (kernels per call, default 1) and
+    ``state_columns`` (value columns of the state one program carries; 0, the default: a
+    head's whole state) (``cost.scan_kernels``)."""
+    if f is None:
+        return {}
+    out = {}
+    for name in list(f.data):
+        if name not in SCAN_CLASSES:
+            raise f.error(name, f"expected a scan call class: {', '.join(SCAN_CLASSES)}")
+        k = f.sub(name)
+        out[name] = (k.quantity("gemm_fraction", "number", maximum=1.0),
+                     k.quantity("memory_fraction", "number", maximum=1.0),
+                     k.quantity("latency_s", "s", positive=False),
+                     k.quantity("step_s", "s", 0.0, positive=False),
+                     float(k.integer("launches", 1, minimum=1)),
+                     float(k.integer("state_columns", 0, minimum=0)))
         k.finish()
     f.finish()
     return out

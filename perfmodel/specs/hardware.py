@@ -154,6 +154,11 @@ class Efficiency:
     # a dense GEMM of a quantized class (fp8, fp8_block, fp4): (best-shape share of the
     # dtype's peak, streaming share, fixed cost s) of the kernel the engine runs for it
     gemm_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # a linear-attention scan's kernels per call class (``specs.dtypes.SCAN_CLASSES``):
+    # (share of the dtype's peak, streaming share, fixed cost s per launch, s per serial
+    # step of the state recurrence, launches of the call, state columns one program
+    # carries; ``cost.scan_kernels``); empty: the scan is one fused kernel (stream rule)
+    scan_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"
