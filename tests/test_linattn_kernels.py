@@ -15,9 +15,9 @@ from perfmodel.cost.scan_kernels import call_class, chain_bytes
 from perfmodel.cost.timebase import peak
 from perfmodel.kernels.aic_linear import linear
 from perfmodel.specs.dtypes import CODE
+from perfmodel.specs.efficiency_block import _scan_kernels
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.fields import Fields
-from perfmodel.specs.efficiency_block import _scan_kernels
 from perfmodel.specs.load import hardware
 
 H200 = hardware("h200-sxm")
@@ -88,9 +88,9 @@ def test_chain_bytes_by_hand():
 
 
 def test_chunked_time_by_hand():
-    """Every term by hand on an H200 (its file's bf16 peak and bandwidth): memory-bound at memory_fraction 0.5 plus (6 + 2 l2norm) launches of 3 us; the
-    serial term, ceil(2 x 32 x 4 / 132) = 2 waves x 2 chunks x step_s, wins when step_s is
-    large."""
+    """Every term by hand on an H200 (its file's bf16 peak and bandwidth): memory-bound at
+    memory_fraction 0.5 plus (6 + 2 l2norm) launches of 3 us; the serial term,
+    ceil(2 x 32 x 4 / 132) = 2 waves x 2 chunks x step_s, wins when step_s is large."""
     (_, op), = records([_row()])
     fast = _with({"delta_chunk": (0.9, 0.5, 3e-6, 0.0, 6.0, 32.0)})
     flops, counts = op.group_work()
@@ -135,7 +135,7 @@ def test_hardware_block_checked():
     assert _scan_kernels(f.sub("scan_kernels")) == {
         "delta_chunk": (0.1, 0.5, 3e-6, 0.0, 6.0, 0.0)}
     bad = Fields({"scan_kernels": {"gdn": {"gemm_fraction": 0.1}}}, "h.yaml")
-    with pytest.raises(SpecError, match="scan_kernels.*gdn.*expected a scan call class"):
+    with pytest.raises(SpecError, match=r"scan_kernels.*gdn.*expected a scan call class"):
         _scan_kernels(bad.sub("scan_kernels"))
     over = Fields({"scan_kernels": {"kda_step": {"gemm_fraction": 1.5, "memory_fraction": 0.5,
                                                  "latency_s": 1e-6}}}, "h.yaml")

@@ -28,7 +28,7 @@ import yaml
 
 from perfmodel.compare.rows import records
 from perfmodel.cost.roofline import op_time
-from perfmodel.cost.scan_kernels import FIELDS, call_class
+from perfmodel.cost.scan_kernels import call_class
 from perfmodel.kernels.compare import device_for
 from perfmodel.kernels.corpus import read_file
 from perfmodel.specs.dtypes import SCAN_CLASSES
@@ -99,8 +99,7 @@ def _sample(r: Rows) -> Rows:
 def with_class(hw: Hardware, engine: str, cls: str, values: dict[str, float]) -> Hardware:
     """``hw`` with class ``cls``'s figures: ``values`` and the engine's source figures."""
     src = SOURCES["engines"][engine][cls]
-    row = tuple(values[f] for f in FITTED) + (float(src["launches"]),
-                                              float(src["state_columns"]))
+    row = (*(values[f] for f in FITTED), float(src["launches"]), float(src["state_columns"]))
     table = dict(hw.efficiency.scan_kernels) | {cls: row}
     return replace(hw, efficiency=replace(hw.efficiency, scan_kernels=table))
 
