@@ -66,8 +66,11 @@ def table(op: Scan, hw: Hardware) -> np.ndarray:
 
 
 def call_class(op: Scan) -> np.ndarray:
-    """Each group's call class: an index into ``SCAN_CLASSES`` (groups axis kept)."""
-    chunked = (op.q_len > 1) & (op.g("chunk") > 1)
+    """Each group's call class: an index into ``SCAN_CLASSES`` (groups axis kept). A
+    group of one new token after a state is a recurrent step (decode), and so is any call
+    of chunk 1; every other call, a one-token prompt included, runs the chunked kernels."""
+    decode = (op.q_len == 1) & (op.kv_len > op.q_len)
+    chunked = (op.g("chunk") > 1) & ~decode
     return 2 * (op.g("channel_gates") > 0) + ~chunked
 
 
