@@ -27,7 +27,7 @@ written and read (2 d_v a) and k read again by kernels 4, 5 and 6 (3 d_k a).
 A fused kernel (FlashInfer's GDN prefill, vLLM's on SM90 / SM100; FlashKDA) is one launch
 with no such traffic. A recurrent step (decode, a speculative verify's tokens one after
 the other: ``fused_recurrent_*``) is one launch that streams each sequence-head's state in
-and out.
+and out; a verify also writes the state after each draft token (``checkpoints``).
 
 Each call's time, per group of sequences of one call class (``specs.dtypes.SCAN_CLASSES``):
 
@@ -84,6 +84,16 @@ def chain_bytes(op: Scan) -> np.ndarray:
     return op.batch * op.q_len * g("heads") * per
 
 
+def checkpoints(op: Scan) -> np.ndarray:
+    """The states a recurrent call over several tokens (a speculative verify) writes
+    beyond its last, per group: one per token before the last (the engines' chain verify
+    keeps each draft token's state to roll back to: vLLM's ``fused_recurrent_*`` with 2-D
+    ``ssm_state_indices`` [sequences, draft tokens], SGLang's intermediate state cache)."""
+    g = op.g
+    state = g("heads") * g("d_k") * g("d_v") * g("state_bytes")
+    return op.batch * np.maximum(op.q_len - 1, 0) * state
+
+
 def scan_kernel_time(op: Scan, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
     """Every instance of ``op`` timed as the engine's scan kernels (module docstring)."""
     cls = call_class(op)
@@ -92,7 +102,8 @@ def scan_kernel_time(op: Scan, hw: Hardware, timing: np.ndarray | int) -> OpTime
     live = (op.batch > 0) & (op.q_len > 0)
     chunked = cls % 2 == 0
     flops, counts = op.group_work()
-    nbytes = counts.total + np.where(chunked & (launches > 1), chain_bytes(op), 0.0)
+    nbytes = counts.total + np.where(chunked & (launches > 1), chain_bytes(op), 0.0) \
+        + np.where(~chunked & (op.q_len > 1), checkpoints(op), 0.0)
     compute = flops / (peak(hw, op.dtype)[..., None] * gf)
     memory = nbytes / (hw.memory_bytes_per_s * mf)
     p = op.g("d_v")
