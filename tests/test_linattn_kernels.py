@@ -148,7 +148,7 @@ def test_verify_writes_a_state_per_draft_token():
     it ends with: 3 x 2 sequences x 32 x 128 x 128 x 4 bytes at the class's fraction."""
     table = {"delta_step": (0.9, 0.5, 0.0, 0.0, 1.0, 8.0)}
     (_, op), = records([_row(q_len=4, kv_len=5, chunk=1, l2norm=0)])
-    flops, counts = op.group_work()
+    _, counts = op.group_work()
     extra = 3 * 2 * 32 * 128 * 128 * 4
     want = (float(np.ravel(counts.total)[0]) + extra) / (H200.memory_bytes_per_s * 0.5)
     assert float(op_time(op, _with(table), "kernel").time_s[0]) == pytest.approx(want)

@@ -19,6 +19,7 @@ fitted together predict it.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -192,29 +193,63 @@ def entries(results: list[dict], name: str, engine: str) -> dict[str, dict]:
 
 def hardware_text(text: str, results: list[dict], name: str) -> str:
     """A shipped hardware YAML with each engine's ``scan_kernels`` (top-level efficiency
-    for vLLM, the engine the file describes; ``engines.<engine>.efficiency`` else)."""
-    doc = yaml.safe_load(text)
+    for vLLM, the engine the file describes; ``engines.<engine>.efficiency`` else),
+    written as text into the block so the file's other lines and comments stay."""
     lines = text.splitlines(keepends=True)
-    engines = doc.get("engines") or {}
-    tops = {k: doc.get(k) for k in ("calibration", "uncertainty")}
     for engine in ENGINES:
         table_ = entries(results, name, engine)
         if not table_:
             continue
-        if engine == "vllm":
-            start, end = kw._block_span(lines, "efficiency")
-            lines = lines[:start] + [x for x in lines[start:end]
-                                     if not x.startswith("  scan_kernels:")] + lines[end:]
-            flow = yaml.safe_dump({"scan_kernels": table_}, default_flow_style=True,
-                                  width=10**6).strip()[1:-1]
-            kw._set(lines, "efficiency", "scan_kernels", flow.split(": ", 1)[1])
-        elif engine in engines:
-            engines[engine].setdefault("efficiency", {})["scan_kernels"] = table_
-    for key in kw.TOP_BLOCKS:
-        lines = kw._strip_top(lines, key)
-    out = "".join(lines).rstrip("\n") + "\n"
-    extra = {k: v for k, v in tops.items() if v} | ({"engines": engines} if engines else {})
-    return out + kw._dump(extra)
+        flow = {c: yaml.safe_dump(v, default_flow_style=True, width=10**6,
+                                  sort_keys=False).strip() for c, v in table_.items()}
+        at = _efficiency_line(lines, None if engine == "vllm" else engine)
+        if at is None:
+            continue
+        indent = len(lines[at]) - len(lines[at].lstrip()) + 2
+        lines = _without(lines, at, indent)
+        block = [" " * indent + "scan_kernels:\n"] + [
+            " " * (indent + 2) + f"{c}: {v}\n" for c, v in flow.items()]
+        lines = lines[:at + 1] + block + lines[at + 1:]
+    return "".join(lines)
+
+
+def _efficiency_line(lines: list[str], engine: str | None) -> int | None:
+    """The index of the ``efficiency:`` line of the top level (``engine`` None) or of
+    ``engines.<engine>``; None where the file has none."""
+    if engine is None:
+        return next((i for i, x in enumerate(lines) if x.rstrip() == "efficiency:"), None)
+    top = next((i for i, x in enumerate(lines) if x.rstrip() == "engines:"), None)
+    if top is None:
+        return None
+    mine = next((i for i in range(top + 1, len(lines))
+                 if lines[i].rstrip() == f"  {engine}:"), None)
+    if mine is None:
+        return None
+    for i in range(mine + 1, len(lines)):
+        if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= 2:
+            return None
+        if lines[i].rstrip() == "    efficiency:":
+            return i
+    return None
+
+
+def _without(lines: list[str], at: int, indent: int) -> list[str]:
+    """``lines`` without a ``scan_kernels`` entry of the block whose header is line ``at``."""
+    out, i = lines[:at + 1], at + 1
+    while i < len(lines):
+        x = lines[i]
+        depth = len(x) - len(x.lstrip())
+        if x.strip() and depth < indent:
+            break
+        if depth == indent and x.lstrip().startswith("scan_kernels:"):
+            i += 1
+            while i < len(lines) and (not lines[i].strip()
+                                      or len(lines[i]) - len(lines[i].lstrip()) > indent):
+                i += 1
+            continue
+        out.append(x)
+        i += 1
+    return out + lines[i:]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -224,10 +259,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engine", action="append", choices=ENGINES)
     p.add_argument("--report", default="reports/kernels/linattn")
     p.add_argument("--write-hardware", action="store_true")
+    p.add_argument("--reuse", action="store_true",
+                   help="write from the report folder's calibration.json, no fit")
     a = p.parse_args(argv)
-    results = calibrate(a.source, a.hardware, tuple(a.engine or ENGINES))
     report = Path(a.report)
     report.mkdir(parents=True, exist_ok=True)
+    saved = report / "calibration.json"
+    if a.reuse:
+        results = json.loads(saved.read_text())
+    else:
+        results = calibrate(a.source, a.hardware, tuple(a.engine or ENGINES))
+        saved.write_text(json.dumps(results, indent=1) + "\n")
     (report / "calibration.md").write_text(
         "# Linear-attention scan kernels: per device x engine x call class\n\n"
         f"Regenerate: `{COMMAND}`\n\nMedian |predicted/measured - 1| of the collector's "
