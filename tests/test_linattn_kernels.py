@@ -121,8 +121,9 @@ def test_serial_term_follows_waves_not_batch():
 def test_decode_is_a_step_class_and_without_a_table_the_stream_rule():
     (_, op), = records([_row(q_len=1, kv_len=2, chunk=1)])
     assert int(np.ravel(call_class(op))[0]) == 1                    # delta_step
-    plain = float(op_time(op, H200, "kernel").time_s[0])
-    assert plain == float(_stream_time(op, H200, 0).time_s[0])
+    bare = _with({})                          # no scan_kernels: one fused kernel
+    plain = float(op_time(op, bare, "kernel").time_s[0])
+    assert plain == float(_stream_time(op, bare, 0).time_s[0])
     other = _with({"delta_chunk": (0.9, 0.9, 1.0, 1.0, 6.0, 32.0)})  # only the chunk class
     step = float(op_time(op, other, "kernel").time_s[0])
     assert step < 1e-3                        # the step class takes the device's figures
@@ -152,3 +153,21 @@ def test_verify_writes_a_state_per_draft_token():
     extra = 3 * 2 * 32 * 128 * 128 * 4
     want = (float(np.ravel(counts.total)[0]) + extra) / (H200.memory_bytes_per_s * 0.5)
     assert float(op_time(op, _with(table), "kernel").time_s[0]) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("device", ["h100-sxm", "h200-sxm", "b200"])
+def test_shipped_source_figures_are_the_kernels(device):
+    """Each engine's shipped scan_kernels carry the launches and state columns of the
+    kernels' source (validate/corpus/scan_kernels.yaml), and a chunked prefill is slower
+    than before (the stream rule) for a long Qwen3-Next-sized prompt."""
+    from validate.corpus.scan import SOURCES
+
+    (_, op), = records([_row(batch=1, q_len=8192, kv_len=8192)])
+    for engine, classes in SOURCES["engines"].items():
+        hw = hardware(device, engine)
+        assert hw.efficiency.scan_kernels, (device, engine)
+        for cls, src in classes.items():
+            row = hw.efficiency.scan_kernels[cls]
+            assert row[4:] == (src["launches"], src["state_columns"]), (device, engine, cls)
+        plain = replace(hw, efficiency=replace(hw.efficiency, scan_kernels={}))
+        assert op_time(op, hw, "kernel").time_s[0] > op_time(op, plain, "kernel").time_s[0]

@@ -13,7 +13,7 @@ fitted together predict it.
 
     perfmodel kernels import aiconfigurator --out /tmp/corpus --device h200-sxm ...
     python -m validate.corpus.scan --from /tmp/corpus -H h100-sxm -H h200-sxm -H b200 \
-        --report reports/kernels/linattn [--write-hardware]
+        -H b300 -H gb200 --report reports/kernels/linattn [--write-hardware] [--reuse]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from validate.corpus.rows import newest
 from validate.corpus.sets import fold_of
 
 COMMAND = ("python -m validate.corpus.scan --from <corpus> -H h100-sxm -H h200-sxm -H b200 "
-           "--write-hardware")
+           "-H b300 -H gb200 --write-hardware")
 SOURCES = yaml.safe_load((Path(__file__).parent / "scan_kernels.yaml").read_text())
 ENGINES = tuple(SOURCES["engines"])
 # fitted field -> (lower, upper, start, why that range)
