@@ -24,7 +24,8 @@ from perfmodel.specs.errors import SpecError
 PROVENANCE = ("source_version", "engine", "engine_version", "kernel", "timing", "table")
 EXTRA = ("weight_dtype", "weight_format", "act_quant", "kv_dtype", "window", "kv_write",
          "v_dim", "cache_dim", "experts", "topk", "ep", "skew", "distribution",
-         "message_bytes", "n_devices", "algorithm")
+         "message_bytes", "n_devices", "algorithm", "mode", "nodes", "sms", "groups",
+         "topk_groups")
 COLUMNS = (*SCHEMA, *PROVENANCE, *EXTRA)
 SUFFIX = ".csv.gz"
 MANIFEST = "manifest.yaml"

@@ -154,6 +154,11 @@ class Efficiency:
     # a dense GEMM of a quantized class (fp8, fp8_block, fp4): (best-shape share of the
     # dtype's peak, streaming share, fixed cost s) of the kernel the engine runs for it
     gemm_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # DeepEP's dispatch / combine kernels (``cost.ep.KERNELS``): (fixed cost s, share of the
+    # NVLink reached, share of the NIC reached, copy rate per SM bytes/s (0: no cap), extra
+    # fixed cost across nodes s) as the engine runs them; a kernel not listed prices at the
+    # collective figures
+    ep_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"
