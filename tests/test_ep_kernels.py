@@ -19,10 +19,10 @@ from perfmodel.specs.errors import SpecError
 
 H200, DSV3 = pm.hardware("h200-sxm"), pm.model("deepseek-v3")
 FP8 = 1 + 4 / 128
-TABLE = {"normal_dispatch": (25e-6, 0.6, 1.0, 15e9, 0.0),
-         "normal_combine": (45e-6, 0.5, 1.0, 12e9, 0.0),
-         "ll_dispatch": (12e-6, 0.5, 0.9, 0.0, 20e-6),
-         "ll_combine": (12e-6, 0.45, 0.9, 0.0, 20e-6)}
+TABLE = {"normal_dispatch": (25e-6, 0.6, 1.0, 15e9, 0.0, 0.0),
+         "normal_combine": (45e-6, 0.5, 1.0, 12e9, 0.0, 0.0),
+         "ll_dispatch": (12e-6, 0.5, 0.9, 0.0, 20e-6, 0.0),
+         "ll_combine": (12e-6, 0.45, 0.9, 0.0, 20e-6, 0.0)}
 
 
 def _hw(table: dict = TABLE, hw: pm.Hardware = H200) -> pm.Hardware:
@@ -74,6 +74,28 @@ def test_time_by_hand():
     assert fast == pytest.approx(25e-6 + moved.link / (0.6 * 450e9), rel=1e-12)
 
 
+def test_each_token_copy_costs_its_sms_a_fixed_time():
+    """copy_s 0.5 us: 4096 tokens copied 8 (1 - C(224,8)/C(256,8)) times each, at 4 SMs,
+    add copies x 0.5 us / 4 to the SM-bound time."""
+    slow = dict(TABLE, normal_dispatch=(25e-6, 0.6, 1.0, 15e9, 0.0, 0.5e-6))
+    devices, nodes = ep.reach(256, 8, 8, 8)
+    b = ep.token_bytes(0, 7168, FP8, 8)
+    moved = ep.traffic(0, 4096, b, 8, 8, 1, devices, nodes)
+    assert moved.copies == pytest.approx(4096 * 8 * (1 - comb(224, 8) / comb(256, 8)))
+    t = ep.ep_parts(_hw(slow), 0, moved, 1, 4).total
+    assert t == pytest.approx(25e-6 + moved.sent / 60e9 + moved.copies * 0.5e-6 / 4,
+                              rel=1e-12)
+
+
+def test_low_latency_runs_one_warp_group_per_expert():
+    """internode_ll.cu: ceil(E / ceil(E / SMs)) SMs; H200's 132 SMs hold 256 experts in
+    2 groups (128 SMs), 8 experts on 8 SMs; a dispatch of 3 tokens keeps 3 busy."""
+    assert ep.sm_budget(2, 0, 256, 4096, 132) == 128
+    assert ep.sm_budget(3, 0, 8, 4096, 132) == 8
+    assert ep.sm_budget(2, 0, 256, 3, 132) == 3
+    assert ep.sm_budget(0, 24, 256, 5, 132) == 10     # normal: two SMs a channel
+
+
 def test_across_nodes_pays_the_nic_and_its_latency():
     """16 ranks on 2 nodes, low-latency: half the pairs cross the NIC at 0.9 x 50 GB/s,
     and the extra fixed cost of the RDMA path is added only across nodes."""
@@ -107,7 +129,7 @@ def test_hardware_reader_checks_ep_kernels():
 
     good = _ep_kernels(Fields({"ll_dispatch": {"latency_s": "12 us", "link_fraction": 0.5}},
                               "h.yaml", "efficiency.ep_kernels"))
-    assert good["ll_dispatch"] == pytest.approx((12e-6, 0.5, 1.0, 0.0, 0.0))
+    assert good["ll_dispatch"] == pytest.approx((12e-6, 0.5, 1.0, 0.0, 0.0, 0.0))
     with pytest.raises(SpecError, match="expected a DeepEP kernel"):
         _ep_kernels(Fields({"ll_dispatc": {"latency_s": "1 us", "link_fraction": 0.5}},
                            "h.yaml", "efficiency.ep_kernels"))

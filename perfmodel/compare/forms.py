@@ -290,6 +290,8 @@ def ep_row_parts(kind: str, rows: Sequence[dict], col: Callable[[str], np.ndarra
     elem = np.array([ep.PAYLOAD[d] for d in dtypes])
     moved = ep.traffic(code, col("m"), ep.token_bytes(code, col("n"), elem, topk), topk, n,
                        nodes, reach[:, 0], reach[:, 1])
+    units = hw.compute_units if hw is not None else 10**6
+    sms = ep.sm_budget(code, _numbers(rows, "sms", 0.0, where, line), experts, col("m"), units)
     return [(AllToAll(payload=moved.sent, devices=n, nodes=nodes, kernel=code,
                       link_bytes=moved.link, network_bytes=moved.network,
-                      sms=_numbers(rows, "sms", 0.0, where, line)), True)]
+                      copies=moved.copies, sms=sms), True)]

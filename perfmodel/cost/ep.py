@@ -18,14 +18,17 @@ Kernels (DeepEP legacy kernels, github.com/deepseek-ai/DeepEP at dd758ca,
   holding one of its experts and is forwarded over NVLink to the ranks there
   (``is_forwarder`` warps); bytes per token = hidden x dtype + scales + top-k indices and
   weights + ``SourceMeta`` (``get_num_bytes_per_token``).
-- low-latency mode (``internode_ll.cu``, ``dispatch`` / ``combine``): one message per
+- low-latency mode (``internode_ll.cu``, ``dispatch`` / ``combine``): one warp group per
+  expert on ``ceil(E / ceil(E / SMs))`` SMs (``sm_budget``), one message per
   (token, expert) pair, no deduplication (``dst_expert_idx`` per top-k slot), of
   ``sizeof(int4) + hidden (+ hidden / 128 float scales)`` bytes in fp8 or ``16 + 2 hidden``
   in bf16 (``num_bytes_per_msg``); IBGDA puts over RDMA, NVLink P2P inside a node when
   allowed. The combine sends each pair's bf16 output back.
 
-Time = latency_s (+ network_latency_s across nodes) + max(sent / (sms x sm_bytes_per_s),
-link / (link x link_fraction), network / (NIC x network_fraction)). The constants are per
+Time = latency_s (+ network_latency_s across nodes) + max((sent / sm_bytes_per_s + copies x
+copy_s) / sms, link / (link x link_fraction), network / (NIC x network_fraction)): the SMs
+copy bytes at a rate and pay a fixed cost per token copy (its flags, indices and queue
+slots: a warp's bookkeeping per token, whatever its width). The constants are per
 device and engine (``efficiency.ep_kernels.<kernel>``, fitted by ``validate.corpus.ep``
 on the collectors' rows); a kernel not listed prices at the collective figures
 (``collective_latency_s``, ``collective_fraction``, the NIC at its rate, no SM cap).
@@ -48,7 +51,7 @@ Num = float | np.ndarray
 
 KERNELS = ("normal_dispatch", "normal_combine", "ll_dispatch", "ll_combine")
 FIELDS = ("latency_s", "link_fraction", "network_fraction", "sm_bytes_per_s",
-          "network_latency_s")
+          "network_latency_s", "copy_s")
 DEFAULT_SMS = 20            # deep_ep/buffers/legacy.py: Buffer.num_sms = 20
 LL_HEADER = 16.0            # internode_ll.cu: sizeof(int4) ahead of each message
 SCALE_GROUP = 128           # internode_ll.cu kNumPerChannels: one fp32 scale per 128
@@ -61,11 +64,13 @@ PAYLOAD = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4.0 / SCALE_GROUP, "fp4": 0.5 
 
 class Traffic(NamedTuple):
     """Bytes one device moves in a dispatch or combine: ``sent`` (every copy its SMs make,
-    its own rank's included), over the ``link`` (NVLink) and over the ``network`` (RDMA)."""
+    its own rank's included), over the ``link`` (NVLink) and over the ``network`` (RDMA),
+    and the token ``copies`` (messages) its SMs make."""
 
     sent: np.ndarray
     link: np.ndarray
     network: np.ndarray
+    copies: np.ndarray | float = 0.0
 
 
 def kernel_code(mode: str, phase: str) -> int:
@@ -100,7 +105,22 @@ def traffic(kernel: Num, tokens: Num, nbytes: Num, topk: Num, devices: Num, node
     sent = np.where(ll, pairs, t * (np.asarray(reach_devices) + own) * b)
     link = np.where(ll, pairs * (ppn - 1) / n, t * np.asarray(reach_devices) * b)
     network = np.where(ll, pairs * (n - ppn) / n, t * np.asarray(reach_nodes) * b)
-    return Traffic(sent, link, network)
+    return Traffic(sent, link, network, sent / np.where(b > 0, b, 1.0))
+
+
+def sm_budget(kernel: Num, sms: Num, experts: Num, tokens: Num, units: int) -> np.ndarray:
+    """SMs that copy: normal mode its ``sms`` (0: DeepEP's default) in channels of two, each
+    channel a range of the tokens (``get_channel_task_range``): at most 2 x tokens of them;
+    low-latency ``ceil(E / ceil(E / units))`` SMs of one warp group per expert
+    (internode_ll.cu launch: ``num_warp_groups = ceil_div(num_experts, num_device_sms)``),
+    whose dispatch sends token ``sm_id, sm_id + num_sms, ...`` (at most ``tokens`` SMs busy)
+    and whose combine sends per expert."""
+    k, e, t = (np.asarray(x, dtype=float) for x in (kernel, experts, tokens))
+    normal = np.minimum(np.where(np.asarray(sms) > 0, sms, DEFAULT_SMS), 2.0 * t)
+    groups = np.ceil(e / max(int(units), 1))
+    ll = np.ceil(e / groups)
+    ll = np.where(k == 2, np.minimum(ll, t), ll)
+    return np.where(k >= 2, ll, normal)
 
 
 def reach(n_experts: int, top_k: int, devices: int, per_node: int, groups: int = 1,
@@ -115,7 +135,8 @@ def constants(hw: Hardware) -> np.ndarray:
     """(kernels, fields) table of ``hw``'s ``ep_kernels``; a kernel not listed at the
     collective figures (module doc)."""
     link = hw.interconnect
-    default = (link.collective_latency_s, hw.efficiency.collective_fraction, 1.0, 0.0, 0.0)
+    default = (link.collective_latency_s, hw.efficiency.collective_fraction, 1.0, 0.0, 0.0,
+               0.0)
     table = hw.efficiency.ep_kernels
     return np.array([table.get(name, default) for name in KERNELS], dtype=float)
 
@@ -128,12 +149,13 @@ def _over(nbytes: np.ndarray, rate: np.ndarray) -> np.ndarray:
 def ep_parts(hw: Hardware, kernel: Num, moved: Traffic, nodes: Num, sms: Num = DEFAULT_SMS
              ) -> Parts:
     """A DeepEP dispatch or combine (``kernel``: index in ``KERNELS``) moving ``moved`` on
-    ``hw``, as its two terms (module doc). ``sms`` matters to normal mode only."""
+    ``hw``, as its two terms (module doc); ``sms``: the SMs that copy (``sm_budget``)."""
     p = constants(hw)[np.asarray(kernel, dtype=int)]
-    lat, lf, nf, sm_rate, net_lat = (p[..., i] for i in range(len(FIELDS)))
+    lat, lf, nf, sm_rate, net_lat, copy_s = (p[..., i] for i in range(len(FIELDS)))
     link = hw.interconnect
     units = np.where(np.asarray(sms) > 0, sms, DEFAULT_SMS)
-    cap = np.where(sm_rate > 0, _over(moved.sent, units * sm_rate), 0.0)
+    cap = np.where(sm_rate > 0, _over(moved.sent, units * sm_rate), 0.0) \
+        + np.asarray(moved.copies) * copy_s / units
     wire = np.maximum(cap, np.maximum(_over(moved.link, link.link_bytes_per_s * lf),
                                       _over(moved.network, link.network_bytes_per_s * nf)))
     m = np.asarray(nodes, dtype=float)

@@ -329,9 +329,12 @@ def _deepep(b: Block, v: Values, hw: Hardware | None) -> AllToAll:
     code = np.where(v.tokens <= v.seqs, 2, 0) + combine
     moved = ep.traffic(code, v.pairs / topk, ep.token_bytes(code, c["width"], elem, topk),
                        topk, devices, nodes, reach[:, :1], reach[:, 1:])
+    experts = np.array([[s.moe.n_experts] for s in b.specs], dtype=float)
+    sms = ep.sm_budget(code, ep.DEFAULT_SMS, experts, v.pairs / topk,
+                       hw.compute_units if hw is not None else 10**6)
     return AllToAll(payload=moved.sent, devices=devices, nodes=nodes, dtype=v.act,
                     count=c["count"], kernel=code, link_bytes=moved.link,
-                    network_bytes=moved.network, sms=float(ep.DEFAULT_SMS))
+                    network_bytes=moved.network, copies=moved.copies, sms=sms)
 
 
 def build(block: Block, v: Values, step: object, hw: Hardware | None,

@@ -151,8 +151,8 @@ def _collective_time(op: AllReduce | AllToAll, hw: Hardware, timing: np.ndarray 
         deepep = np.asarray(op.kernel) >= 0
         if deepep.any():
             ep = ep_parts(hw, np.maximum(op.kernel, 0),
-                          Traffic(op.payload, op.link_bytes, op.network_bytes), op.nodes,
-                          op.sms)
+                          Traffic(op.payload, op.link_bytes, op.network_bytes, op.copies),
+                          op.nodes, op.sms)
             parts = Parts(np.where(deepep, ep.latency_s, parts.latency_s),
                           np.where(deepep, ep.wire_s, parts.wire_s))
     else:

@@ -164,8 +164,8 @@ EP_KERNELS = ("normal_dispatch", "normal_combine", "ll_dispatch", "ll_combine") 
 
 def _ep_kernels(f: Fields | None) -> dict[str, tuple[float, ...]]:
     """``ep_kernels``: per DeepEP kernel (``cost.ep.KERNELS``) ``latency_s``,
-    ``link_fraction`` and ``network_fraction`` (in (0, 1]), ``sm_bytes_per_s`` and
-    ``network_latency_s`` (defaults 0: off)."""
+    ``link_fraction`` and ``network_fraction`` (in (0, 1]), ``sm_bytes_per_s``,
+    ``network_latency_s`` and ``copy_s`` (defaults 0: off)."""
     if f is None:
         return {}
     out = {}
@@ -177,7 +177,8 @@ def _ep_kernels(f: Fields | None) -> dict[str, tuple[float, ...]]:
                      k.quantity("link_fraction", "number", maximum=1.0),
                      k.quantity("network_fraction", "number", 1.0, maximum=1.0),
                      k.quantity("sm_bytes_per_s", "bytes_per_s", 0.0, positive=False),
-                     k.quantity("network_latency_s", "s", 0.0, positive=False))
+                     k.quantity("network_latency_s", "s", 0.0, positive=False),
+                     k.quantity("copy_s", "s", 0.0, positive=False))
         k.finish()
     f.finish()
     return out
