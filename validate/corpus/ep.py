@@ -291,7 +291,7 @@ def _flow(table: dict) -> dict:
                        "link_fraction": round(v["link_fraction"], 4)}
         if v["sm_bytes_per_s"]:
             out[kernel]["sm_bytes_per_s"] = f"{v['sm_bytes_per_s'] / 1e9:.4g} GB/s"
-        if v["copy_s"]:
+        if v["copy_s"] >= 1e-12:        # below a picosecond: the fit's lower bound, 0
             out[kernel]["copy_s"] = f"{v['copy_s'] * 1e6:.4g} us"
         if v["network_latency_s"] or v["network_fraction"] != 1.0:
             out[kernel]["network_fraction"] = round(v["network_fraction"], 4)
@@ -300,42 +300,55 @@ def _flow(table: dict) -> dict:
 
 
 def _note(r: Result) -> str:
-    return (f"ep_kernels: fit on {len(r.s.measured)} DeepEP dispatch/combine rows "
-            f"({', '.join(r.s.versions)}), held-out {_median(r.held)}, leave one device out "
-            f"{_median(r.lodo)} ({COMMAND})")
+    return (f"fit on {len(r.s.measured)} DeepEP dispatch/combine rows "
+            f"({', '.join(r.s.versions)}): held-out {_median(r.held)}, leave one device out "
+            f"{_median(r.lodo)}; python -m validate.corpus.ep, cost/ep.py")
 
 
-def hardware_text(text: str, mine: dict[str, Result]) -> str:
-    """A shipped hardware YAML with each engine's ``ep_kernels``: the top-level efficiency
-    for vLLM (the engine the top level describes), ``engines.<engine>.efficiency`` for the
-    others; the fit's note in that engine's calibration block."""
-    doc = yaml.safe_load(text)
+def _flow_line(table: dict) -> str:
+    return yaml.safe_dump({"ep_kernels": _flow(table)}, default_flow_style=True,
+                          width=10**6).strip()[1:-1]
+
+
+def hardware_text(text: str, mine: dict[str, tuple[dict, str]]) -> str:
+    """A shipped hardware YAML with each engine's ``ep_kernels`` (engine -> (table, note)),
+    written as text so that every other line and comment stays: one flow line in the
+    top-level efficiency for vLLM (the engine the top level describes), in
+    ``engines.<engine>.efficiency`` for the others, each under a comment with its fit."""
     lines = text.splitlines(keepends=True)
-    engines = doc.get("engines") or {}
-    tops = {k: doc.get(k) for k in ("calibration", "uncertainty")}
-    for engine, r in mine.items():
-        flow = _flow(r.table)
+    for engine, (table, note) in mine.items():
         if engine == "vllm":
-            start, end = kw._block_span(lines, "efficiency")
-            lines = lines[:start] + [x for x in lines[start:end]
-                                     if not x.startswith("  ep_kernels:")] + lines[end:]
-            text_ = yaml.safe_dump({"ep_kernels": flow}, default_flow_style=True,
-                                   width=10**6).strip()[1:-1]
-            kw._set(lines, "efficiency", "ep_kernels", text_.split(": ", 1)[1])
-            block = tops
+            start, end, indent = *kw._block_span(lines, "efficiency"), 2
         else:
-            block = engines.setdefault(engine, {})
-            block.setdefault("efficiency", {})["ep_kernels"] = flow
-        c = block.get("calibration")
-        if c is not None:
-            kept = [p for p in str(c.get("note", "")).split("; ")
-                    if p and not p.startswith("ep_kernels:")]
-            c["note"] = "; ".join([*kept, _note(r)])
-    for key in kw.TOP_BLOCKS:
-        lines = kw._strip_top(lines, key)
-    out = "".join(lines).rstrip("\n") + "\n"
-    extra = {k: v for k, v in tops.items() if v} | ({"engines": engines} if engines else {})
-    return out + kw._dump(extra)
+            start, end, indent = *_engine_efficiency(lines, engine), 6
+        pad = " " * indent
+        body = [x for x in lines[start:end] if not x.startswith(f"{pad}ep_kernels:")
+                and not x.startswith(f"{pad}# ep_kernels:")]
+        new = [f"{pad}# ep_kernels: {note}\n", f"{pad}{_flow_line(table)}\n"]
+        lines = lines[:start] + new + body + lines[end:]
+    return "".join(lines)
+
+
+def _engine_efficiency(lines: list[str], engine: str) -> tuple[int, int]:
+    """(first line after ``engines.<engine>.efficiency:``, end); the block is added after
+    ``engines.<engine>:`` (and ``engines:`` at the end) where the file has none."""
+    top = next((i for i, x in enumerate(lines) if x.rstrip() == "engines:"), None)
+    if top is None:
+        lines += ["engines:\n"]
+        top = len(lines) - 1
+    head = next((i for i in range(top + 1, len(lines)) if lines[i].rstrip() == f"  {engine}:"
+                 ), None)
+    if head is None:
+        lines.insert(top + 1, f"  {engine}:\n")
+        head = top + 1
+    eff = next((i for i in range(head + 1, len(lines)) if not lines[i].startswith("    ")
+                or lines[i].rstrip() == "    efficiency:"), len(lines))
+    if eff >= len(lines) or lines[eff].rstrip() != "    efficiency:":
+        lines.insert(head + 1, "    efficiency:\n")
+        eff = head + 1
+    end = next((i for i in range(eff + 1, len(lines)) if lines[i].strip()
+                and not lines[i].startswith("      ")), len(lines))
+    return eff + 1, end
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -363,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.write_hardware:
         for name in a.hardware:
             path = kw.shipped_path(name)
-            mine = {e: r for (n, e), r in results.items() if n == name}
+            mine = {e: (r.table, _note(r)) for (n, e), r in results.items() if n == name}
             path.write_text(hardware_text(path.read_text(), mine))
             print(f"wrote {path}")
 
