@@ -200,3 +200,21 @@ def test_shipped_constants_are_fitted_and_bounded():
                 assert 0.5e-6 <= v["latency_s"] <= 1e-3
                 assert BOUNDS["link_fraction"][1] <= v["link_fraction"] <= 1.0
                 assert v["sm_bytes_per_s"] == 0 or 1e9 <= v["sm_bytes_per_s"] <= 100e9
+
+
+def test_writer_keeps_every_line_and_reads_back(tmp_path):
+    """validate.corpus.ep writes ep_kernels as text: the shipped file's other lines and
+    comments all stay, and the loader reads back what was written."""
+    from validate.corpus.ep import hardware_text
+    from validate.corpus.write import shipped_path
+
+    text = shipped_path("h200-sxm").read_text()
+    table = {"ll_dispatch": (11e-6, 0.5, 1.0, 9e9, 0.0, 0.3e-6)}
+    out = hardware_text(text, {"vllm": (table, "a note"), "trtllm": (table, "b note")})
+    kept = [x for x in text.splitlines() if "ep_kernels" not in x]
+    assert [x for x in out.splitlines() if "ep_kernels" not in x] == kept
+    path = tmp_path / "h200-sxm.yaml"
+    path.write_text(out)
+    for engine in ("vllm", "trtllm"):
+        got = pm.hardware(path, engine).efficiency.ep_kernels["ll_dispatch"]
+        assert got == pytest.approx(table["ll_dispatch"], rel=1e-3)
