@@ -309,8 +309,9 @@ def _other(b: Block, v: Values, hw: Hardware | None, timing: np.ndarray | int) -
 def _deepep(b: Block, v: Values, hw: Hardware | None) -> AllToAll:
     """Expert-parallel dispatch / combine of this device's tokens as DeepEP runs them
     (``cost.ep``, one formula with the kernel corpus): low-latency for a decode step, normal
-    mode otherwise (SGLang's ``--deepep-mode auto``: ``DeepEPMode.resolve`` picks
-    low_latency for a decode batch, normal for extend), at DeepEP's default SM budget.
+    mode otherwise (SGLang's ``--deepep-mode auto``: ``DeepEPMode.resolve``,
+    python/sglang/srt/layers/moe/utils.py, picks NORMAL when ``is_extend_in_batch``, which
+    the DP ranks OR-reduce, else LOW_LATENCY), at DeepEP's default SM budget.
     Tokens = this device's (token, expert) pairs over top-k; a spec without routing
     (``moe`` None) sends every pair evenly (``collectives.all_to_all_parts``)."""
     c = b.const
