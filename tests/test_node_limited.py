@@ -148,25 +148,36 @@ def test_monte_carlo_agrees(experts, top_k, ep, per_node, groups, picked):
 
 
 def test_the_dispatch_sends_fewer_bytes_over_the_network_with_the_limit():
-    """DeepSeek-V3 EP16 + DP attention on 2 x 8 H200: the dispatch record's network share
-    is 0.9629211 / 8 = 12.04% of the pair bytes (12.46% with the limit lifted), and its
-    time is no longer; on one node (EP8) nothing changes."""
+    """DeepSeek-V3 EP16 + DP attention on 2 x 8 H200, a prefill step (DeepEP's normal mode,
+    which sends a token once per remote node, ``cost.ep``): the dispatch's network bytes are
+    0.9629211 remote nodes a token (0.9965101 with the limit lifted), 12.04% of the pair
+    bytes, and its time is no longer; on one node (EP8) the limit lowers the devices a token
+    reaches, so its copies. A decode step runs the low-latency kernels, one message per
+    pair: half the pairs cross and the time stays, limit or not."""
     plan = pm.Parallelism(ep=16, attention_dp=True)
     free = replace(DSV3, moe=replace(DSV3.moe, topk_groups=8))
-    step, dtypes = Step.uniform(64, 1, 2048), Dtypes.of("fp8")
+    step, dtypes = Step.uniform(4, 256, 256), Dtypes.of("fp8")
 
-    def dispatch(model, p=plan):
+    def dispatch(model, p=plan, step=step):
         return next(r for r in step_records(model, H200, p, step, dtypes)
                     if r.name == "moe_dispatch")
 
     limited, lifted = dispatch(DSV3), dispatch(free)
-    assert float(np.ravel(limited.off_node)[0]) == pytest.approx(0.9629211 / 8, rel=1e-6)
-    assert float(np.ravel(lifted.off_node)[0]) == pytest.approx(0.9965101 / 8, rel=1e-6)
+    ratio = float(np.ravel(limited.network_bytes)[0] / np.ravel(lifted.network_bytes)[0])
+    assert ratio == pytest.approx(0.9629211 / 0.9965101, rel=1e-6)
     assert remote_share(DSV3.moe, 16, 8) == pytest.approx(0.9629211 / 8, rel=1e-6)
+    decode = Step.uniform(64, 1, 2048)
+    a, b = dispatch(DSV3, step=decode), dispatch(free, step=decode)
+    assert np.ravel(a.network_bytes)[0] == pytest.approx(np.ravel(a.payload)[0] / 2)
+    assert np.ravel(a.network_bytes)[0] == pytest.approx(np.ravel(b.network_bytes)[0])
     assert np.all(op_time(limited, H200).time_s <= op_time(lifted, H200).time_s)
     one = pm.Parallelism(ep=8, attention_dp=True)
-    assert op_time(dispatch(DSV3, one), H200).time_s == pytest.approx(
-        op_time(dispatch(free, one), H200).time_s, rel=1e-12)
+    # one node: normal mode copies a token per device reached, which the limit (4 groups,
+    # one device each) lowers; low-latency sends every pair either way
+    assert op_time(dispatch(DSV3, one), H200).time_s < op_time(dispatch(free, one),
+                                                                H200).time_s
+    assert op_time(dispatch(DSV3, one, decode), H200).time_s == pytest.approx(
+        op_time(dispatch(free, one, decode), H200).time_s, rel=1e-12)
 
 
 def test_the_estimate_states_the_nodes_a_token_reaches():

@@ -165,15 +165,17 @@ def test_attention_dp_splits_the_batch_and_the_cache():
 
 
 def test_dispatch_bytes_by_hand():
-    """One decode step of 16 sequences per device, top 8 of 7168-wide activations: each
-    device sends 16 x 8 pairs x 7168 x (1 + 4/128) B in fp8 with block scales, (15/16) of
-    them off the device, and receives as much; combine sends them back in bf16."""
+    """One decode step of 16 sequences per device, top 8 of 7168-wide activations: DeepEP's
+    low-latency dispatch (a decode step) sends each of the 16 x 8 pairs as one message of
+    7168 x (1 + 4/128) B in fp8 with block scales plus its 16-byte header (internode_ll.cu
+    ``num_bytes_per_msg``), (15/16) of them off the device, and receives as much; combine
+    sends them back in bf16."""
     from perfmodel.cost.step import Dtypes, Step, price_step
 
     dpa = pm.Parallelism(ep=16, attention_dp=True)
     cost = price_step(DSV3, H200, dpa, Step.uniform(16, 1, 1024), Dtypes.of("fp8"))
     i = cost.names.index("moe_dispatch")
-    per_layer = 16 * 8 * 7168 * (1 + 4 / 128) * 15 / 16
+    per_layer = 16 * 8 * (7168 * (1 + 4 / 128) + 16) * 15 / 16
     assert cost.bytes.act_read[i, 0] == pytest.approx(58 * per_layer, rel=1e-9)
 
 

@@ -29,7 +29,8 @@ measured call ran more than one kernel, companion records whose times add to it:
 - ``conv1d``: the short causal conv over ``m`` tokens of ``n`` channels of ``batch``
   sequences, width ``width``, ``calls`` calls (``cost.scan.Conv1d``);
 - ``all_reduce`` / ``all_to_all``: ``message_bytes`` per device over ``n_devices``; nodes are
-  ceil(n_devices / the device's ``interconnect.max_devices``) (``cost.collectives``).
+  ceil(n_devices / the device's ``interconnect.max_devices``) (``cost.collectives``);
+- ``ep_dispatch`` / ``ep_combine``: a DeepEP kernel (``ep_row_parts``, ``cost.ep``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from functools import lru_cache
 import numpy as np
 
 from perfmodel.compare.moe_routing import is_known, routed_load
+from perfmodel.cost import ep
 from perfmodel.cost.ops import AllReduce, AllToAll, Attention, Gemm, KvWrite, OpRecord, pointwise
 from perfmodel.cost.quantize import ActQuant
 from perfmodel.cost.routing import expected_distinct, zipf_popularity
@@ -292,3 +294,44 @@ def conv_parts(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np
     return [(Conv1d(rows=col("m"), seqs=seqs, n=col("n"), width=width,
                     act_bytes=BYTES[dtype], state_bytes=BYTES[dtype], dtype=dtype,
                     count=calls), True)]
+
+
+EP_OPS = ("ep_dispatch", "ep_combine")
+
+
+def ep_row_parts(kind: str, rows: Sequence[dict], col: Callable[[str], np.ndarray],
+                 hw: Hardware | None, where: str, line: Sequence[int]) -> list[Part]:
+    """DeepEP dispatch / combine rows: ``mode`` normal | ll, ``m`` tokens per rank of hidden
+    ``n`` in the row's ``dtype`` (its scales added, ``cost.ep.PAYLOAD``), ``topk`` of
+    ``experts`` over ``n_devices`` on ``nodes`` nodes (default: ceil over the device's
+    ``max_devices``), ``sms`` (0: DeepEP's default), routing limited to ``topk_groups`` of
+    ``groups`` node groups (default 1: uniform)."""
+    modes = _text(rows, "mode")
+    for i, name in enumerate(modes):
+        if name not in ("normal", "ll"):
+            raise SpecError(f"{where}: row {line[i]}: column mode: expected normal or ll, "
+                            f"got {name!r}")
+    dtypes = [d or "bf16" for d in _text(rows, "dtype")]
+    for i, name in enumerate(dtypes):
+        if name not in ep.PAYLOAD:
+            raise SpecError(f"{where}: row {line[i]}: column dtype: expected one of "
+                            f"{', '.join(ep.PAYLOAD)} for {kind}, got {name!r}")
+    n = col("n_devices")
+    per_node = hw.interconnect.max_devices if hw is not None else 8
+    nodes = _numbers(rows, "nodes", 0.0, where, line)
+    nodes = np.where(nodes >= 1, nodes, np.ceil(n / per_node))
+    groups = np.maximum(_numbers(rows, "groups", 1.0, where, line), 1.0)
+    picked = np.maximum(_numbers(rows, "topk_groups", 1.0, where, line), 1.0)
+    phase = kind.removeprefix("ep_")
+    code = np.array([ep.kernel_code(m, phase) for m in modes])
+    experts, topk = col("experts"), col("topk")
+    reach = np.array([ep.reach(e, k, d, max(int(d // m), 1), g, p) for e, k, d, m, g, p
+                      in zip(experts, topk, n, nodes, groups, picked, strict=True)])
+    elem = np.array([ep.PAYLOAD[d] for d in dtypes])
+    moved = ep.traffic(code, col("m"), ep.token_bytes(code, col("n"), elem, topk), topk, n,
+                       nodes, reach[:, 0], reach[:, 1])
+    units = hw.compute_units if hw is not None else 10**6
+    sms = ep.sm_budget(code, _numbers(rows, "sms", 0.0, where, line), experts, col("m"), units)
+    return [(AllToAll(payload=moved.sent, devices=n, nodes=nodes, kernel=code,
+                      link_bytes=moved.link, network_bytes=moved.network,
+                      copies=moved.copies, sms=sms), True)]

@@ -92,6 +92,8 @@ def _parts(kind: str, rows: Sequence[dict], where: str, line: Sequence[int],
         return forms.conv_parts(rows, col, dtype, where, line)
     if kind in ("all_reduce", "all_to_all"):
         return forms.collective_parts(kind, rows, col, hw)
+    if kind in forms.EP_OPS:
+        return forms.ep_row_parts(kind, rows, col, hw, where, line)
     if kind in POINTWISE:
         code = np.array([POINTWISE_CODE[r["op"]] for r in rows])
         return [(Pointwise(code=code, rows=col("m"), n=col("n"), act_bytes=b, dtype=dtype),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfmodel.cost import ep
 from perfmodel.cost.layers import experts_touched, mla_absorbed
 from perfmodel.cost.operators import (
     ROW_QUANTITIES,
@@ -298,16 +299,43 @@ def _other(b: Block, v: Values, hw: Hardware | None, timing: np.ndarray | int) -
     if kind is AllReduceSpec:
         return AllReduce(payload=v.tokens * c["width"] * v.ab, devices=c["devices"],
                          dtype=v.act, count=c["count"])
-    if kind is AllToAllSpec:        # the pairs this device's tokens send to their experts
-        per_node = hw.interconnect.max_devices if hw is not None else None
-        elem = np.where(c["elem_bytes"] > 0, c["elem_bytes"], v.ab)
-        nodes = np.ceil(c["devices"] / (per_node or c["devices"]))
-        share = np.array([[remote_share(s.moe, int(s.devices), per_node)] for s in b.specs])
-        return AllToAll(payload=v.pairs * c["width"] * elem, devices=c["devices"],
-                        nodes=nodes, dtype=v.act, count=c["count"], off_node=share)
+    if kind is AllToAllSpec:
+        return _deepep(b, v, hw)
     on = hw is not None and hw.efficiency.layer_overhead_s > 0
     host = np.asarray(timing) == HOST
     return LayerOverhead(dtype=v.act, count=c["count"] * (host & on) * np.ones_like(v.tokens))
+
+
+def _deepep(b: Block, v: Values, hw: Hardware | None) -> AllToAll:
+    """Expert-parallel dispatch / combine of this device's tokens as DeepEP runs them
+    (``cost.ep``, one formula with the kernel corpus): low-latency for a decode step, normal
+    mode otherwise (SGLang's ``--deepep-mode auto``: ``DeepEPMode.resolve``,
+    python/sglang/srt/layers/moe/utils.py, picks NORMAL when ``is_extend_in_batch``, which
+    the DP ranks OR-reduce, else LOW_LATENCY), at DeepEP's default SM budget.
+    Tokens = this device's (token, expert) pairs over top-k; a spec without routing
+    (``moe`` None) sends every pair evenly (``collectives.all_to_all_parts``)."""
+    c = b.const
+    per_node = hw.interconnect.max_devices if hw is not None else None
+    elem = np.where(c["elem_bytes"] > 0, c["elem_bytes"], v.ab)
+    devices = c["devices"]
+    nodes = np.ceil(devices / (per_node or devices))
+    if any(s.moe is None for s in b.specs):
+        return AllToAll(payload=v.pairs * c["width"] * elem, devices=devices, nodes=nodes,
+                        dtype=v.act, count=c["count"])
+    topk = np.array([[s.moe.top_k] for s in b.specs], dtype=float)
+    reach = np.array([ep.reach(s.moe.n_experts, s.moe.top_k, s.devices,
+                               min(per_node or s.devices, s.devices), s.moe.n_groups,
+                               s.moe.topk_groups) for s in b.specs])
+    combine = np.array([[s.name.endswith("combine")] for s in b.specs], dtype=int)
+    code = np.where(v.tokens <= v.seqs, 2, 0) + combine
+    moved = ep.traffic(code, v.pairs / topk, ep.token_bytes(code, c["width"], elem, topk),
+                       topk, devices, nodes, reach[:, :1], reach[:, 1:])
+    experts = np.array([[s.moe.n_experts] for s in b.specs], dtype=float)
+    sms = ep.sm_budget(code, ep.DEFAULT_SMS, experts, v.pairs / topk,
+                       hw.compute_units if hw is not None else 10**6)
+    return AllToAll(payload=moved.sent, devices=devices, nodes=nodes, dtype=v.act,
+                    count=c["count"], kernel=code, link_bytes=moved.link,
+                    network_bytes=moved.network, copies=moved.copies, sms=sms)
 
 
 def build(block: Block, v: Values, step: object, hw: Hardware | None,

@@ -351,6 +351,15 @@ class AllToAll(AllReduce):
     kind: ClassVar[str] = "all_to_all"
     passes: ClassVar[float] = 1.0
     off_node: Num = -1.0        # share over the NIC (``collectives.all_to_all_parts``)
+    # a DeepEP kernel (index in ``cost.ep.KERNELS``; -1: NCCL's even all-to-all): then
+    # ``payload`` is every byte its SMs copy, ``link_bytes`` / ``network_bytes`` the bytes
+    # over NVLink and RDMA, ``copies`` the token copies its SMs make, ``sms`` the SMs that
+    # copy (``cost.ep.ep_parts``)
+    kernel: Num = -1.0
+    link_bytes: Num = 0.0
+    network_bytes: Num = 0.0
+    copies: Num = 0.0
+    sms: Num = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -31,8 +31,9 @@ import numpy as np
 
 from perfmodel.cost import moe
 from perfmodel.cost.attention import attention_time
-from perfmodel.cost.collectives import all_reduce_parts, all_to_all_parts
+from perfmodel.cost.collectives import Parts, all_reduce_parts, all_to_all_parts
 from perfmodel.cost.dequant import combine, dequant_time
+from perfmodel.cost.ep import Traffic, ep_parts
 from perfmodel.cost.ops import AllReduce, AllToAll, Gemm, OpRecord, Pointwise
 from perfmodel.cost.outliers import OutlierGemm, in_series
 from perfmodel.cost.scan import Scan
@@ -148,6 +149,13 @@ def _collective_time(op: AllReduce | AllToAll, hw: Hardware, timing: np.ndarray 
     network; ring or tree for an all-reduce). Launches are not added."""
     if isinstance(op, AllToAll):
         parts = all_to_all_parts(hw, op.devices, op.payload, op.nodes, op.off_node)
+        deepep = np.asarray(op.kernel) >= 0
+        if deepep.any():
+            ep = ep_parts(hw, np.maximum(op.kernel, 0),
+                          Traffic(op.payload, op.link_bytes, op.network_bytes, op.copies),
+                          op.nodes, op.sms)
+            parts = Parts(np.where(deepep, ep.latency_s, parts.latency_s),
+                          np.where(deepep, ep.wire_s, parts.wire_s))
     else:
         parts = all_reduce_parts(hw, op.devices, op.payload, op.nodes)
     wire_s, latency_s = parts.wire_s, parts.latency_s

@@ -38,8 +38,12 @@ collector timed decides the row form:
   recurrent scan, one kernel call a row (``kernels.aic_linear``).
 
 Every other table (MLA's BMMs and modules, wide-EP MLA, sparse / compressed attention
-modules, Mamba2, mHC, DeepEP and MoE all-to-all, wide-EP modules, quantization
+modules, Mamba2, mHC, TensorRT-LLM's own MoE all-to-all, wide-EP modules, quantization
 kernels) is kept with its op name and time and no formula.
+
+- ``wideep_deepep_normal_perf`` / ``wideep_deepep_ll_perf`` (sglang) and ``moe_a2a_perf``
+  (vLLM, TensorRT-LLM): DeepEP's dispatch and combine, one row per phase (``ep_long``,
+  ``deepep``), priced by ``cost.ep``.
 
 Left out (counted in the manifest): rows the database derives rather than measures —
 kernel sources named ``<a>_minus_<b>`` (vLLM's ``computescale_perf`` is the difference of
@@ -255,6 +259,63 @@ def comm(df, custom: bool) -> tuple[dict, np.ndarray]:
             "timing": np.where(eager, "stream", "kernel")}, size > 0
 
 
+# comm dtype of a DeepEP row -> (dispatch payload, combine payload); "default": the
+# collectors' FP8 dispatch (per_token_cast_to_fp8 / use_fp8=True) and BF16 combine
+EP_DTYPES = {"default": ("fp8", "bf16"), "bfloat16": ("bf16", "bf16"), "fp8": ("fp8", "fp8"),
+             "nvfp4": ("fp4", "bf16"), "fp4": ("fp4", "fp4")}
+EP_MODES = {"normal": "normal", "ll": "ll", "deepep_ht": "normal", "deepep_ll": "ll",
+            "trtllm_deepep_ht": "normal", "trtllm_deepep_ll": "ll"}
+# sglang's wide tables: phase -> (time columns in us, SM column)
+EP_PHASES = {"wideep_deepep_normal_perf": {
+                 "dispatch": (("dispatch_transmit_us", "dispatch_notify_us"), "dispatch_sms"),
+                 "combine": (("combine_transmit_us", "combine_notify_us"), "combine_sms")},
+             "wideep_deepep_ll_perf": {"dispatch": (("dispatch_avg_t_us",), ""),
+                                       "combine": (("combine_avg_t_us",), "")}}
+
+
+def ep_long(df, table: str, device_dir: str):
+    """A DeepEP table as one row per dispatch or combine with ``latency`` in ms, ``phase``,
+    ``mode`` (normal | ll), ``sms``, ``ep`` and ``nodes``. sglang's wide tables hold both
+    phases in a row of a full node per ``node_num`` (8 GPUs, 4 on GB200 / GB300:
+    ``collector/wideep/sglang/collect_deepep_normal.py``); ``moe_a2a_perf`` one phase a row,
+    times in us."""
+    import pandas as pd
+
+    if table == "moe_a2a_perf":
+        return df.assign(latency=df["latency"].to_numpy(dtype=float) * 1e-3,
+                         mode=df["comm_backend"].astype(str), ep=df["ep_size"],
+                         nodes=df["node_num"], num_token=df["num_tokens"], num_topk=df["topk"])
+    per_node = 4 if device_dir.startswith("gb") else 8
+    parts = []
+    for phase, (times, sms) in EP_PHASES[table].items():
+        us = df[list(times)].to_numpy(dtype=float).sum(axis=1)
+        parts.append(df.assign(latency=us * 1e-3, phase=phase, comm_dtype="default",
+                               mode=df["op_name"].astype(str),
+                               sms=df[sms] if sms else 0, nodes=df["node_num"],
+                               ep=df["node_num"].to_numpy(dtype=int) * per_node))
+    return pd.concat(parts, ignore_index=True)
+
+
+def deepep(df) -> tuple[dict, np.ndarray]:
+    """Columns of DeepEP dispatch / combine rows (``ep_long``): op ``ep_<phase>``, the
+    payload dtype, tokens per rank ``m``, hidden ``n``; the internode collector's routing
+    picks ``min(nodes, 4)`` of ``nodes`` node groups (``deepep/test_internode.py``
+    ``--num-topk-groups``), the others route uniformly. DeepEP V2 backends are unknown."""
+    phase = df["phase"].astype(str).to_numpy()
+    mode = df["mode"].astype(str).map(EP_MODES)
+    spec = [EP_DTYPES.get(x) for x in df["comm_dtype"].astype(str)]
+    known = mode.notna().to_numpy() & np.array([x is not None for x in spec]) \
+        & np.isin(phase, ("dispatch", "combine"))
+    dtype = [("" if s is None else s[0] if p == "dispatch" else s[1])
+             for s, p in zip(spec, phase, strict=True)]
+    nodes = df["nodes"].to_numpy(dtype=float)
+    return {"op": np.char.add("ep_", phase.astype(str)), "dtype": dtype,
+            "mode": mode.fillna(""), "m": df["num_token"], "n": df["hidden_size"],
+            "topk": df["num_topk"], "experts": df["num_experts"], "n_devices": df["ep"],
+            "nodes": nodes, "sms": df["sms"], "groups": nodes,
+            "topk_groups": np.minimum(nodes, 4), "timing": "kernel"}, known
+
+
 def other(df) -> tuple[dict, np.ndarray]:
     """A table with no formula: its op name and time only."""
     op = df["op_name"].astype(str) if "op_name" in df.columns else "unknown"
@@ -273,6 +334,7 @@ READERS: dict[str, Callable] = {
     "custom_allreduce_perf": lambda df, e, v: comm(df, True),
     "gdn_perf": lambda df, e, v: aic_linear.linear(df, e, "gdn_perf"),
     "kda_perf": lambda df, e, v: aic_linear.linear(df, e, "kda_perf"),
+    **{t: lambda df, e, v: deepep(df) for t in (*EP_PHASES, "moe_a2a_perf")},
 }
 
 
@@ -285,12 +347,13 @@ def read_table(path: Path, skipped: Counter):
     device_dir, _family, engine, version = path.parts[-5:-1]
     table = path.stem
     df = pq.read_table(path).to_pandas()
+    if table in EP_PHASES or table == "moe_a2a_perf":
+        df = ep_long(df, table, device_dir)
     if "latency" not in df.columns:
         if "avg_ms" in df.columns:
             df = df.assign(latency=df["avg_ms"])
-        else:       # DeepEP tables: dispatch / combine times in us
-            us = [c for c in df.columns if c.endswith("_t_us") or c.endswith("transmit_us")]
-            df = df.assign(latency=df[us].sum(axis=1) * 1e-3 if us else np.nan)
+        else:
+            df = df.assign(latency=np.nan)
     kernel = df["kernel_source"].astype(str) if "kernel_source" in df.columns \
         else pd.Series([""] * len(df))
     derived = kernel.str.contains("_minus_").to_numpy()

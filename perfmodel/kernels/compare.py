@@ -34,6 +34,7 @@ from perfmodel.specs.kinds import KINDS
 SIZE_EDGES = (64 * 2**10, 2**20, 16 * 2**20)
 SIZE_NAMES = ("<64KiB", "64KiB-1MiB", "1-16MiB", ">=16MiB")
 COLLECTIVES = ("all_reduce", "all_to_all")
+EP_OPS = ("ep_dispatch", "ep_combine")        # DeepEP's kernels (``cost.ep``)
 
 
 def strata(df) -> np.ndarray:
@@ -42,7 +43,7 @@ def strata(df) -> np.ndarray:
     op = df["op"].to_numpy(dtype=object)
     m = _num(df["m"])
     q = _num(df["q_len"])
-    out = np.where(np.isin(op, COLLECTIVES), "collective", "memory").astype(object)
+    out = np.where(np.isin(op, (*COLLECTIVES, *EP_OPS)), "collective", "memory").astype(object)
     out = np.where(op == "moe", "moe", out)
     out = np.where(op == "gemm", np.where(m < GEMV_ROWS, "gemv", "gemm"), out)
     return np.where(op == "attention", np.where(q <= 1, "attention_decode",
@@ -93,12 +94,15 @@ def sample_rows(df, sample: int, seed: int):
 
 
 def regimes(rows: list[dict]) -> list[str]:
-    """compute | memory, and a collective's ``algorithm size-bucket``; `` eager`` added
+    """compute | memory, a collective's ``algorithm size-bucket``, a DeepEP kernel's ``deepep
+    <mode> <phase>``; `` eager`` added
     where the row was not timed as device time alone (timing stream or host: launched from
     Python one call at a time, so its floor is the framework's host time per call)."""
     out = []
     for r in rows:
-        if r["op"] in COLLECTIVES:
+        if r["op"] in EP_OPS:
+            name = f"deepep {r.get('mode') or ''} {r['op'].removeprefix('ep_')}"
+        elif r["op"] in COLLECTIVES:
             size = SIZE_NAMES[int(np.searchsorted(SIZE_EDGES, float(r["message_bytes"]), "right"))]
             name = f"{r.get('algorithm') or 'nccl'} {size}"
         else:

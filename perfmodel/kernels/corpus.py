@@ -25,7 +25,7 @@ PROVENANCE = ("source_version", "engine", "engine_version", "kernel", "timing", 
 EXTRA = ("weight_dtype", "weight_format", "act_quant", "kv_dtype", "window", "kv_write",
          "v_dim", "cache_dim", "experts", "topk", "ep", "skew", "distribution",
          "message_bytes", "n_devices", "algorithm", "width", "calls", "chunk", "l2norm",
-         "channel_gates")
+         "channel_gates", "mode", "nodes", "sms", "groups", "topk_groups")
 COLUMNS = (*SCHEMA, *PROVENANCE, *EXTRA)
 SUFFIX = ".csv.gz"
 MANIFEST = "manifest.yaml"

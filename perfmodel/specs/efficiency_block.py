@@ -55,6 +55,7 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         moe_kernels=_moe_kernels(f.sub("moe_kernels", required=False), MOE_FORMATS),
         gemm_kernels=_moe_kernels(f.sub("gemm_kernels", required=False), DENSE_FORMATS),
         scan_kernels=_scan_kernels(f.sub("scan_kernels", required=False)),
+        ep_kernels=_ep_kernels(f.sub("ep_kernels", required=False)),
         parallel_grain_elements=f.integer("parallel_grain_elements", 0, minimum=0),
         launch_mode=f.text("launch_mode", "async", ("async", "sync")),
         layer_overhead_s=f.quantity("layer_overhead_s", "s", 0.0, positive=False),
@@ -178,6 +179,31 @@ def _scan_kernels(f: Fields | None) -> dict[str, tuple[float, ...]]:
                      k.quantity("step_s", "s", 0.0, positive=False),
                      float(k.integer("launches", 1, minimum=1)),
                      float(k.integer("state_columns", 0, minimum=0)))
+        k.finish()
+    f.finish()
+    return out
+
+
+EP_KERNELS = ("normal_dispatch", "normal_combine", "ll_dispatch", "ll_combine")   # cost.ep
+
+
+def _ep_kernels(f: Fields | None) -> dict[str, tuple[float, ...]]:
+    """``ep_kernels``: per DeepEP kernel (``cost.ep.KERNELS``) ``latency_s``,
+    ``link_fraction`` and ``network_fraction`` (in (0, 1]), ``sm_bytes_per_s``,
+    ``network_latency_s`` and ``copy_s`` (defaults 0: off)."""
+    if f is None:
+        return {}
+    out = {}
+    for name in list(f.data):
+        if name not in EP_KERNELS:
+            raise f.error(name, f"expected a DeepEP kernel: {', '.join(EP_KERNELS)}")
+        k = f.sub(name)
+        out[name] = (k.quantity("latency_s", "s", positive=False),
+                     k.quantity("link_fraction", "number", maximum=1.0),
+                     k.quantity("network_fraction", "number", 1.0, maximum=1.0),
+                     k.quantity("sm_bytes_per_s", "bytes_per_s", 0.0, positive=False),
+                     k.quantity("network_latency_s", "s", 0.0, positive=False),
+                     k.quantity("copy_s", "s", 0.0, positive=False))
         k.finish()
     f.finish()
     return out

@@ -159,6 +159,11 @@ class Efficiency:
     # step of the state recurrence, launches of the call, state columns one program
     # carries; ``cost.scan_kernels``); empty: the scan is one fused kernel (stream rule)
     scan_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # DeepEP's dispatch / combine kernels (``cost.ep.KERNELS``): (fixed cost s, share of the
+    # NVLink reached, share of the NIC reached, copy rate per SM bytes/s (0: no cap), extra
+    # fixed cost across nodes s, an SM's cost per token copy s) as the engine runs them; a
+    # kernel not listed prices at the collective figures
+    ep_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"

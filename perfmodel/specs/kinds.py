@@ -48,6 +48,7 @@ _MN = ("m", "n")
 _ATTENTION = ("batch", "q_len", "kv_len", "n_heads", "n_kv_heads", "head_dim")
 _COLLECTIVE = ("message_bytes", "n_devices")   # bytes of each device's buffer, devices
 _SCAN = ("batch", "q_len", "kv_len", "n_heads", "head_dim")
+_EP = ("m", "n", "topk", "experts", "n_devices")
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("gemm", "gemm", "gemm", "own", own_fraction=False, row=("m", "n", "k")),
@@ -91,6 +92,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          own_latency=False, row=_COLLECTIVE),
     Kind("all_to_all", "communication", "collective", "own", own_fraction=False,
          own_latency=False, row=_COLLECTIVE),
+    # DeepEP's expert-parallel dispatch / combine (``cost.ep``): m tokens per rank of hidden
+    # n, top-k of ``experts`` over n_devices; the payload dtype is the row's
+    Kind("ep_dispatch", "communication", "collective", "own", own_fraction=False,
+         own_latency=False, row=_EP),
+    Kind("ep_combine", "communication", "collective", "own", own_fraction=False,
+         own_latency=False, row=_EP),
     Kind("layer_overhead", "framework", "host", "none", own_fraction=False, own_latency=False,
          row=None),
     # rows a schedule adds to a phase, not kernels the step template prices
