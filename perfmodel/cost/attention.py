@@ -129,7 +129,8 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
         shortest = np.where(np.isfinite(shortest), shortest, 0.0)
     busy = total + n * fixed
     makespan = np.maximum(longest, busy / units + (np.ceil(n / units) - n / units) * shortest)
-    return eff.attention * head_share(hw, op.qk_dim) * pad * divide(total, units * makespan), \
+    return eff.attention_decode * head_share(hw, op.qk_dim) * pad \
+        * divide(total, units * makespan), \
         splits
 
 

@@ -26,6 +26,7 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         launch_overhead_s=f.quantity("launch_overhead_s", "s", positive=False),
         gemm_k_half=f.quantity("gemm_k_half", "number", 128.0, positive=False),
         attention_fraction=_optional_fraction(f, "attention_fraction"),
+        attention_decode_fraction=_optional_fraction(f, "attention_decode_fraction"),
         attention_tile_q=_tile_steps(f, "attention_tile_q", 128),
         attention_tile_kv=f.integer("attention_tile_kv", 64),
         attention_clip_kv=f.flag("attention_clip_kv", False),

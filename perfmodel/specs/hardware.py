@@ -57,6 +57,10 @@ class Efficiency:
     # FlashAttention's MMA rate: softmax and rescaling share the SMs with the tensor cores.
     # None: 0.84 x gemm_fraction (FA2 73% vs cuBLAS 87% of A100 peak, Dao 2023)
     attention_fraction: float | None = None
+    # the decode kernel's MMA share where the engine decodes with a kernel of its own (AITER's
+    # assembly MLA decode, aiter/mla.py mla_decode_fwd, beside CK's fmha prefill); None:
+    # attention_fraction (cost/attention.py decode_pool)
+    attention_decode_fraction: float | None = None
     # FlashAttention prefill tiles: a program holds attention_tile_q query rows of one head
     # and steps over the keys attention_tile_kv at a time; a causal mask skips the key tiles
     # past the diagonal but computes the diagonal ones in full. The query tile is given as
@@ -211,6 +215,11 @@ class Efficiency:
     def attention(self) -> float:
         return self.attention_fraction if self.attention_fraction is not None \
             else 0.84 * self.gemm_fraction
+
+    @property
+    def attention_decode(self) -> float:
+        return self.attention_decode_fraction if self.attention_decode_fraction is not None \
+            else self.attention
 
 
 @dataclass(frozen=True)
