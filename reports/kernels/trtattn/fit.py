@@ -31,6 +31,7 @@ from perfmodel.cost.decode_fallback import fallback_mask
 from perfmodel.cost.ops import Attention
 from perfmodel.kernels.corpus import read_file
 from perfmodel.specs.load import hardware
+from validate.corpus.calibrate import family_of
 from validate.corpus.fit import apply, fit_devices, held_out, summary
 from validate.corpus.rows import newest, typed
 from validate.corpus.sets import attention_sets
@@ -109,7 +110,8 @@ def main() -> None:
         held = {k: summary(v) for k, v in held_out(hw, mine).items()}
         print(line("held-out", held) + "  q10/q90 " + ", ".join(
             f"{k} {v['q10']:+.3f}/{v['q90']:+.3f}" for k, v in held.items()))
-        others = [o for o in devices if o != d]
+        kin = [o for o in devices if o != d and family_of(o) == family_of(d)]
+        others = kin or [o for o in devices if o != d]      # else across families
         if others:
             lodo = fit_devices([(hws[o], fit_on[o]) for o in others])
             print(line("lodo", table(mine, apply(hw, lodo)))
