@@ -1,22 +1,23 @@
 """TensorRT-LLM's attention rows (aiconfigurator-core ``generation_attention_perf`` and
 ``context_attention_perf``, TRT-LLM 1.3.0rc20, torch flow) fitted and scored per device with
-the ``engines.trtllm`` block's mechanisms (XQA tiles and groups, the MMHA fallback).
+the ``engines.trtllm`` block's mechanisms (XQA tiles, groups and dispatch, the MMHA
+fallback).
 
-Unlike ``perfmodel calibrate --from`` (bf16 caches and no sliding window only), every row
-the kernel comparison scores is used: fp8 caches (XQA's GMMA kernel on sm90), windows, head
-dims up to 512; context rows at a bf16 FMHA (fp8 context FMHA is another kernel). The
-attention stage alone is fitted (``corpus.fit``: bounded soft-L1 least squares, at most
-2,500 rows per class, deterministic), with the block's GEMM figures as they are.
+The attention stage of ``corpus.fit`` alone is fitted (bounded soft-L1 least squares, at
+most 2,500 rows per class, deterministic), the block's GEMM figures as they are, on the
+rows ``perfmodel calibrate --from`` fits (16-bit cache, no window, head_dim <= 256; context
+rows at a bf16 FMHA). Every row is then scored with the fit's constants ("all rows": fp8
+caches, windows, head_dim 512 too).
 
     perfmodel kernels import aiconfigurator --out /tmp/corpus --device h100-sxm \
         --device h200-sxm --device b200 --engine trtllm
     python reports/kernels/trtattn/fit.py /tmp/corpus h100-sxm h200-sxm b200 [--before]
 
-Prints per device and class: the shipped block's median |error| (before), the fitted
-constants, the held-out median |error| (5 folds by heads x KV heads x head_dim) and the
-leave-one-device-out one (the other devices fitted together; h100/h200 each other, b200 on
-the Hopper pair: across families). ``--before`` prices with the mechanisms off (the tree
-before this change: tile 8, no fallback) for the comparison.
+Prints per device and class: the shipped block's median |error|, the fitted constants, the
+held-out median |error| with its q10/q90 (5 folds by heads x KV heads x head_dim), the
+leave-one-device-out one (the family's other devices fitted together; a device alone in its
+family: the others, across families) and every row's. ``--before`` prices with the
+mechanisms off (the tree before this change: tile 8 on Hopper, no fallback) and refits.
 """
 
 from __future__ import annotations
