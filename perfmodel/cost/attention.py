@@ -34,8 +34,12 @@ a step's prefill chunks and its decodes at different contexts in one launch).
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 import numpy as np
 
+from perfmodel.cost.decode_fallback import fallback_efficiency, fallback_mask, fallback_splits
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
     SPLIT_FULL,
@@ -94,9 +98,10 @@ def split_settles(hw: Hardware) -> int:
     return splits_settle(hw.compute_units)
 
 
-def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
+def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=None
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(compute efficiency, key splits) of the decode groups of each instance."""
+    """(compute efficiency, key splits) of the decode groups of each instance;
+    ``split_unpacked(pool, keys)``: the key splits of an unpacked decode (none: unsplit)."""
     eff, units = hw.efficiency, hw.compute_units
     keys = _keys(op.kv_len, op.g("window"))
     if eff.attention_decode_pack_gqa:
@@ -109,13 +114,15 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
         splits = kv_splits(np.maximum(pool, 1), np.maximum((tiles * decode).max(axis=-1), 1),
                            units)
         work = np.broadcast_to(programs * keys, decode.shape)
-        fill = np.broadcast_to(_row_fill(rows, decode_row_tile(hw, op.g("qk_dim"))),
-                               decode.shape)
+        tile_q = decode_row_tile(hw, op.g("qk_dim"), op.g("kv_bytes"))
+        fill = np.broadcast_to(_row_fill(rows, tile_q), decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
     else:
         programs = op.batch * op.g("n_heads") * decode
         pool = programs.sum(axis=-1)
         splits, pad = np.ones(pool.shape), 1.0
+        if split_unpacked is not None:
+            splits = split_unpacked(pool, (keys * decode).max(axis=-1))
     n = pool * splits
     total = (programs * keys).sum(axis=-1)
     fixed = eff.attention_program_keys       # each program's own work, in key positions
@@ -134,15 +141,20 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray
         splits
 
 
-def decode_row_tile(hw: Hardware, qk_dim: np.ndarray) -> np.ndarray | int:
+def decode_row_tile(hw: Hardware, qk_dim: np.ndarray, kv_bytes: np.ndarray | float = 2.0
+                    ) -> np.ndarray | int:
     """Query rows a decode program's tile pads a KV head's query heads to:
-    ``attention_decode_tile_q``, or ``attention_decode_tile_q_latent`` where it is set and
-    the Q/K head is MLA's latent (wider than ``LATENT_QK_DIM``); 0: the skinny-shape rule."""
+    ``attention_decode_tile_q``, or ``attention_decode_tile_q_fp8`` where it is set and the
+    cache is 8-bit, or ``attention_decode_tile_q_latent`` where it is set and the Q/K head is
+    MLA's latent (wider than ``LATENT_QK_DIM``); 0: the skinny-shape rule."""
     eff = hw.efficiency
+    base = eff.attention_decode_tile_q
+    if eff.attention_decode_tile_q_fp8:
+        base = np.where(np.asarray(kv_bytes) < 2, eff.attention_decode_tile_q_fp8, base)
     latent = eff.attention_decode_tile_q_latent
     if not latent or latent == eff.attention_decode_tile_q:
-        return eff.attention_decode_tile_q
-    return np.where(qk_dim > LATENT_QK_DIM, latent, eff.attention_decode_tile_q)
+        return base
+    return np.where(qk_dim > LATENT_QK_DIM, latent, base)
 
 
 def _row_fill(rows: np.ndarray, tile: np.ndarray | int) -> np.ndarray:
@@ -229,6 +241,26 @@ def _restreamed(op: Attention, decode: np.ndarray) -> np.ndarray:
     return (op.group_bytes().kv_read * (group - 1) * decode).sum(axis=-1)
 
 
+def _fallback(op: Attention, hw: Hardware, decode: np.ndarray, rate: np.ndarray,
+              group_eff: np.ndarray) -> np.ndarray:
+    """``group_eff`` with the decode groups the engine runs on its fallback kernel
+    (``cost.decode_fallback``) at that kernel's efficiency: one program per query head, its
+    pool's waves as ``decode_pool`` prices an unpacked decode, at the fallback's share of the
+    fp32 peak."""
+    fallback = fallback_mask(op, hw, decode)
+    if not fallback.any():
+        return group_eff
+    eff = hw.efficiency
+    unpacked = replace(hw, efficiency=replace(
+        eff, attention_decode_pack_gqa=False,
+        attention_program_keys=eff.attention_fallback_program_keys or eff.attention_program_keys))
+    splits = partial(fallback_splits, hw, op.qk_dim)
+    waves = divide(decode_pool(op, unpacked, fallback, splits)[0],
+                   hw.efficiency.attention * head_share(hw, op.qk_dim))
+    own = fallback_efficiency(hw, rate) * waves
+    return np.where(fallback, own[..., None], group_eff)
+
+
 SHORT_Q = 16    # new tokens per sequence up to which a group on a cache runs as decode
 
 
@@ -261,6 +293,8 @@ def attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpT
             group_eff = np.where(decode, group_eff, _prefill_efficiency(op, hw, prefill))
     else:
         group_eff = _prefill_efficiency(op, hw, prefill)
+    if any_decode and eff.attention_fallback_fraction:   # groups the decode kernel refuses
+        group_eff = _fallback(op, hw, decode, rate, group_eff)
     compute_s = divide(flops, rate[..., None] * group_eff).sum(axis=-1)
     c_eff = divide(op.flops, rate * compute_s)
     nbytes = op.bytes.total

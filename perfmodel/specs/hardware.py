@@ -97,6 +97,29 @@ class Efficiency:
     # headdim_v 512 -> kBlockM 64), Hopper's kernels; Blackwell's trtllm-gen MLA kernels
     # tile otherwise (unpublished). 0: as attention_decode_tile_q
     attention_decode_tile_q_latent: int = 0
+    # the same for an 8-bit KV cache, where the engine runs another decode kernel for it:
+    # TensorRT-LLM's XQA runs an fp8 cache on sm90 with its GMMA kernel, whose swap-AB tile
+    # pads a group to 8 rows (cpp/kernels/xqa/mha_sm90.cu: ctaNbQHeads = roundUp(headGrpSize
+    # x beamWidth, swapAB ? 8 : 64)), a 16-bit cache with its HMMA kernel (mha.cu: warpTile.y
+    # = roundUp(headGrpSize x beamWidth, 16)). 0: as attention_decode_tile_q
+    attention_decode_tile_q_fp8: int = 0
+    # query heads per KV head the engine's decode kernel serves, from min to max (0: any);
+    # other groups run its fallback kernel (cost/decode_fallback.py). TensorRT-LLM's XQA:
+    # 2 to 32 (decoderXQAImplJIT/kernelUtils.cpp: plain MHA with beam 1 is refused, and
+    # head_grp_size x beam_width > 32), the rest runs masked multi-head attention (MMHA)
+    attention_decode_min_group: int = 0
+    attention_decode_max_group: int = 0
+    # the fallback decode kernel's share of the fp32 (CUDA-core) peak: MMHA computes its dot
+    # products on the CUDA cores, one thread block per query head (0: no fallback)
+    attention_fallback_fraction: float = 0.0
+    # the share of the compute units the main decode kernel's blocks must fill for the engine
+    # to run it, else the fallback runs (TensorRT-LLM: 1 / kEnableMinBlockFactor = 0.25 of
+    # the SMs in KV heads x sequences x past keys // 512, DecoderXQARunner::mayHavePerfGain).
+    # 0: always the main kernel
+    attention_decode_min_waves: float = 0.0
+    # the fallback kernel's own fixed work per program (one query head of one sequence), in
+    # key positions, as attention_program_keys is the main kernel's (0: as that)
+    attention_fallback_program_keys: float = 0.0
     # attention's MMA share x head_dim / (head_dim + this): the per-score softmax work (an
     # exp, max, rescale) that does not scale with head_dim (0: off; cost/attention.py)
     attention_head_dim_half: float = 0.0

@@ -88,7 +88,9 @@ def calibrate(name: str, engine: str = "vllm", rows: Rows | None = None, folds: 
     sets, prov = sets or load_sets(name, engine, rows)
     if not sets:
         raise ValueError(f"{name}: no {engine} kernels to fit")
-    base = pm.hardware(name)
+    # the engine's own view: its kernels' mechanisms (decode tiles, the fallback kernel) are
+    # the structure its constants are fitted in
+    base = pm.hardware(name, engine)
     values = fit_device(base, sets)
     cal = Calibration(name, engine, sets, prov, base, values)
     cal.before = {s.error_class: summary(s.errors(base)) for s in sets}

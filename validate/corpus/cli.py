@@ -101,8 +101,11 @@ def run_all(rows: Rows, report: Path, write_hardware: bool) -> None:
             if other is not None:
                 b = kc.blocks(other)
                 # an engine block overrides efficiency, calibration and uncertainty; its
-                # all-reduce figures (interconnect) stay in the report
-                engines[engine] = {"efficiency": b["efficiency"],
+                # all-reduce figures (interconnect) stay in the report; the block's figures
+                # the fit does not set (its kernels' tiles and dispatch) are kept
+                kept = {k: v for k, v in kw.engine_efficiency(name, engine).items()
+                        if k not in b["efficiency"]}
+                engines[engine] = {"efficiency": kept | b["efficiency"],
                                    "calibration": b["calibration"],
                                    "uncertainty": b["uncertainty"]}
                 engine_links[engine] = b["interconnect"]

@@ -52,6 +52,12 @@ PARAMETERS: dict[str, tuple[float, float, str]] = {
     "attention_program_keys": (1.0, 4096.0, "work of one attention program beyond its keys "
                                             "(queries, page table, output), in keys"),
     "memory_fraction.attention": (0.6, 0.98, "attention's KV streaming, share of HBM peak"),
+    "attention_fallback_fraction": (0.01, 0.8, "the fallback decode kernel's CUDA-core dot "
+                                               "products (TensorRT-LLM's MMHA), share of the "
+                                               "fp32 peak"),
+    "attention_fallback_program_keys": (1.0, 4096.0, "the fallback decode kernel's work per "
+                                                     "program (one query head) beyond its "
+                                                     "keys, in keys"),
     "attention_head_dim_half": (1.0, 512.0, "per-score softmax work beyond the MMAs, in "
                                             "head_dim units"),
     "kernel_latency_s.attention": (0.5e-6, 30e-6, "fixed cost of the attention call (cache "
@@ -91,6 +97,8 @@ STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("attention_decode", "attention_prefill"), ("attention_fraction",
                                                  "attention_program_keys",
                                                  "attention_head_dim_half",
+                                                 "attention_fallback_fraction",
+                                                 "attention_fallback_program_keys",
                                                  "memory_fraction.attention",
                                                  "kernel_latency_s.attention")),
     (("collective",), ("collective_fraction", "collective_latency_s",
@@ -153,6 +161,7 @@ def subsample(s: KernelSet, max_rows: int = MAX_ROWS, seed: int = 0) -> KernelSe
 START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          "memory_half_bytes": 1e6, "kernel_latency_s": 2e-6, "attention_fraction": 0.6,
          "attention_program_keys": 64.0, "attention_head_dim_half": 32.0,
+         "attention_fallback_fraction": 0.1, "attention_fallback_program_keys": 64.0,
          "memory_fraction.attention": 0.85,
          "kernel_latency_s.attention": 5e-6, "collective_fraction": 0.7,
          "collective_latency_s": 8e-6, "custom_all_reduce_fraction": 0.3,
@@ -214,6 +223,8 @@ def fit_devices(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], max_nfe
         if "collective" in classes and not any(
                 np.any(s.columns["algorithm"] == 1) for _, sets in chosen for s in sets):
             names = [n for n in names if not n.startswith("custom_all_reduce")]
+        if not any(_has_fallback(hw) for hw, _ in chosen):
+            names = [n for n in names if not n.startswith("attention_fallback")]
         fitted |= _stage(chosen, names, max_nfev)
     fitted |= _class_stage(devices, fitted, "moe", MOE_FIELDS, max_nfev, max_rows)
     return fitted | _class_stage(devices, fitted, "gemm_quantized", MOE_FIELDS[:3],
@@ -242,6 +253,13 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
         if chosen:
             out |= _stage(chosen, [f"{prefix}.{cls}.{n}" for n in fields], max_nfev)
     return out
+
+
+def _has_fallback(hw: Hardware) -> bool:
+    """Whether ``hw``'s decode kernel refuses some groups (``cost.decode_fallback``): only
+    then is the fallback kernel's fraction a parameter of its rows."""
+    eff = hw.efficiency
+    return bool(eff.attention_decode_min_group or eff.attention_decode_max_group)
 
 
 def fit_device(hw: Hardware, sets: Sequence[KernelSet], **kw: int) -> dict[str, float]:

@@ -156,6 +156,14 @@ def band_text(text: str, uncertainty: dict) -> str:
     return "".join(lines).rstrip("\n") + "\n" + _dump({"uncertainty": uncertainty})
 
 
+def engine_efficiency(name: str, engine: str) -> dict:
+    """The ``engines.<engine>.efficiency`` block of the shipped ``name`` file ({} if none)."""
+    import yaml
+
+    doc = yaml.safe_load(shipped_path(name).read_text()) or {}
+    return dict(((doc.get("engines") or {}).get(engine) or {}).get("efficiency") or {})
+
+
 def shipped_path(name: str) -> Path:
     return HARDWARE_DIR / f"{name}.yaml"
 
