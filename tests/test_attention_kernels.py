@@ -44,6 +44,10 @@ def test_a_profile_lays_its_constants_over_the_block(h100):
     # the block's own backend, and a kernel without a profile, price as the block
     assert ak.for_kernel(hw, "fa3") is hw and ak.for_kernel(hw, "unknown") is hw
     assert ak.for_kernel(hw, "triton") is triton          # one view per profile
+    # the query cast is the backend's own: triton's profile does not inherit fa3's, while
+    # fa3's FP8 build does
+    assert not triton.efficiency.attention_q_cast
+    assert ak.for_kernel(hw, "fa3", fp8=True).efficiency.attention_q_cast
     # compute-bound: the time body scales as 1 / attention_fraction (same tiles, waves)
     base = op_time(prefill(), hw, "kernel")
     slow = op_time(prefill(), triton, "kernel")

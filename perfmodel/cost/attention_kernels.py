@@ -89,8 +89,10 @@ def astuple_shallow(t: OpTimes) -> tuple:
 def laid(eff, profile: dict[str, float], kernel: str):
     """Efficiency block ``eff`` with ``profile`` (``PROFILE_FIELDS``) laid over it."""
     own = {k: v for k, v in profile.items() if k.startswith("attention_")}
-    if "attention_q_cast" in own:
-        own["attention_q_cast"] = bool(own["attention_q_cast"])
+    # whether the backend casts the query is its own: another kernel's profile does not
+    # inherit the block's, the block backend's FP8 build does
+    inherited = eff.attention_q_cast and kernel.startswith(f"{eff.attention_backend}@")
+    own["attention_q_cast"] = bool(own.get("attention_q_cast", inherited))
     fraction, latency = dict(eff.kernel_memory_fraction), dict(eff.kernel_latency_by_kind)
     if "memory_fraction" in profile:
         fraction["attention"] = profile["memory_fraction"]

@@ -105,12 +105,17 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--params", default=",".join(BOUNDS))
     ap.add_argument("--fixed", default="", help="k=v,... held at that value")
     ap.add_argument("--lodo", default="")
+    ap.add_argument("--bounds", default="", help="k=lo:hi,... a kernel's own physical range "
+                    "where it differs from FlashAttention's")
     ap.add_argument("--sample", type=int, default=300)
     ap.add_argument("--no-folds", action="store_true")
     ap.add_argument("--q-cast", action="store_true", help="the backend casts Q to an FP8 cache")
     a = ap.parse_args(argv)
     params = [p for p in a.params.split(",") if p]
     fixed = {k: float(v) for k, v in (kv.split("=") for kv in a.fixed.split(",") if kv)}
+    for k, lo_hi in (kv.split("=") for kv in a.bounds.split(",") if kv):
+        lo, hi = (float(x) for x in lo_hi.split(":"))
+        BOUNDS[k] = (lo, hi, min(max(BOUNDS[k][2], lo), hi))
     hw = device_for(a.device, a.engine, {})
     df = rows(a.corpus, a.device, a.engine, a.kernel, a.sample, a.q_cast)
     base = {p: v for p, v in hw.efficiency.attention_kernels.get(a.kernel, {}).items()
