@@ -42,7 +42,14 @@ def test_a_profile_lays_its_constants_over_the_block(h100):
     assert triton.efficiency.latency_for("attention") == 12e-6
     assert triton.efficiency.gemm_fraction == hw.efficiency.gemm_fraction
     # the block's own backend, and a kernel without a profile, price as the block
-    assert ak.for_kernel(hw, "fa3") is hw and ak.for_kernel(hw, "unknown") is hw
+    assert ak.for_kernel(hw, "fa3") is hw and ak.for_kernel(hw, "") is hw
+    # another kernel without a profile: the block's constants, but not fa3's query cast
+    other = ak.for_kernel(hw, "flash_attention")
+    assert other.efficiency.attention == hw.efficiency.attention
+    assert not other.efficiency.attention_q_cast
+    assert ak.fp8_view(other) is other
+    plain = with_kernels(h100, attention_backend="")
+    assert ak.for_kernel(plain, "flash_attention") is plain
     assert ak.for_kernel(hw, "triton") is triton          # one view per profile
     # the query cast is the backend's own: triton's profile does not inherit fa3's, while
     # fa3's FP8 build does
@@ -130,10 +137,10 @@ def test_the_yaml_reader_takes_profiles_and_names_a_bad_field(tmp_path):
         "fa3@fp8": {"attention_fraction": 0.6, "latency_s": 6e-6, "attention_q_cast": 1.0}}
     assert hw.efficiency.attention_backend == "fa3" and hw.efficiency.attention_q_cast
     bad = {"attention_kernels": {"fa3@fp8": {"attention_fractoin": 0.6}}}
-    with pytest.raises(SpecError, match="attention_fractoin.*expected a profile field.*"
-                                        "did you mean 'attention_fraction'"):
+    with pytest.raises(SpecError, match=r"attention_fractoin.*expected a profile field.*"
+                                        r"did you mean 'attention_fraction'"):
         load_hardware(_file(tmp_path, bad))
-    with pytest.raises(SpecError, match="attention_fraction.*at most 1"):
+    with pytest.raises(SpecError, match=r"attention_fraction.*at most 1"):
         load_hardware(_file(tmp_path, {"attention_kernels": {"x": {"attention_fraction": 2}}}))
 
 

@@ -55,16 +55,20 @@ _FP8 = CODE["fp8"]
 def for_kernel(hw: Hardware, kernel: str, fp8: bool = False) -> Hardware:
     """``hw`` as attention kernel ``kernel`` (``fp8``: its FP8-compute profile
     ``<kernel>@fp8`` where one is listed) runs on it: the profile laid over the efficiency
-    block; ``hw`` itself for the block's own backend or a kernel without a profile. Cached
-    on ``hw`` (each view keeps its own memo)."""
+    block; ``hw`` itself for the block's own backend, an unnamed kernel, or any kernel on a
+    block naming no backend; another kernel without a profile gets the block's constants
+    without the backend's query cast and FP8 build. Cached on ``hw`` (each view keeps its
+    own memo)."""
     eff = hw.efficiency
     name = f"{kernel}@fp8" if fp8 and f"{kernel}@fp8" in eff.attention_kernels else kernel
     profile = eff.attention_kernels.get(name)
-    if not profile or name == eff.attention_backend:
+    if name == eff.attention_backend or not name or not (profile or eff.attention_backend):
         return hw
+    # another named kernel without a profile: the block's constants, without the backend's
+    # own query cast and FP8 build (``laid`` with nothing to lay)
     views = hw.memo.setdefault("attention_kernels", {})
     if name not in views:
-        views[name] = replace(hw, efficiency=laid(eff, profile, name))
+        views[name] = replace(hw, efficiency=laid(eff, profile or {}, name))
     return views[name]
 
 

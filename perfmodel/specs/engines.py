@@ -179,8 +179,8 @@ def view(data: dict, file: str, engine: str) -> tuple[dict, dict[str, str], str]
 def merge_efficiency(base: Any, over: Any) -> Any:
     """``over`` laid on ``base`` (two efficiency mappings): a key of ``over`` replaces the
     base's, a per-kind mapping merges kind by kind; the base's note goes when ``over``
-    brings its own source, and its attention backend keys (``_OWN_KERNELS``) always go. Anything but two mappings is returned as ``over`` (the reader
-    reports it)."""
+    brings its own source, and its attention backend keys (``_OWN_KERNELS``) always go.
+    Anything but two mappings is returned as ``over`` (the reader reports it)."""
     if not isinstance(base, dict) or not isinstance(over, dict):
         return over
     out = {k: v for k, v in base.items() if not (k == "note" and "source" in over)
