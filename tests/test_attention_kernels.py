@@ -154,3 +154,23 @@ def test_an_engine_block_never_inherits_another_engines_backend(tmp_path):
     assert not sg.efficiency.attention_q_cast
     assert trt.efficiency.attention_backend == "trtllm"
     assert load_hardware(path).efficiency.attention_backend == "vllm_flash_attn_fa3"
+
+
+@pytest.mark.parametrize(("device", "engine", "backend"), [
+    ("h100-sxm", "vllm", "vllm_flash_attn_fa3"), ("h100-sxm", "sglang", "fa3"),
+    ("h200-sxm", "sglang", "fa3"), ("b200", "sglang", "trtllm_mha")])
+def test_a_shipped_engine_prices_an_fp8_cache_on_its_default_backends_fp8_build(
+        device, engine, backend):
+    import perfmodel as pm
+
+    hw = pm.hardware(device, engine)
+    assert hw.efficiency.attention_backend == backend and hw.efficiency.attention_q_cast
+    fp8 = ak.fp8_view(hw)
+    profile = hw.efficiency.attention_kernels[f"{backend}@fp8"]
+    assert fp8.efficiency.attention == profile["attention_fraction"]
+    # a 16-bit query on an FP8 cache: the FP8 build, at the FP8 peak, with the cast
+    got = op_time(prefill(2.0, 1.0, q=2048), hw, "kernel").time_s
+    assert float(got[0]) == pytest.approx(
+        float(op_time(prefill(2.0, 1.0, q=2048), fp8, "kernel").time_s[0]))
+    assert float(got[0]) != pytest.approx(
+        float(op_time(prefill(2.0, 2.0, q=2048), hw, "kernel").time_s[0]), rel=0.02)
