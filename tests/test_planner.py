@@ -176,7 +176,7 @@ def test_a_model_that_fits_nowhere_and_a_rate_beyond_the_budget():
         planner.plan(load.model("llama-3.1-405b"), [load.hardware("l4")],
                      Target(1, 2.0, 0.05, 500, 50))
     with pytest.raises(SpecError, match=r"--gpus: 2 GPUs serve 500 req/s on none of "
-                       r"h100-sxm .* the fewest that do: 8 GPUs"):
+                       r"h100-sxm .* the fewest that do: 9 GPUs"):
         planner.plan(SMALL, [H100], Target(2, 1.0, 0.05, 1000, 100, rate=500.0))
     with pytest.raises(SpecError, match="context limit"):
         planner.plan(SMALL, [H100], Target(1, 2.0, 0.05, 8000, 1000))

@@ -30,6 +30,9 @@ a step's prefill chunks and its decodes at different contexts in one launch).
   hopper/flash_api.cpp, so its start overlaps the main kernel's tail); aiconfigurator's
   vLLM 0.24 FA3 decode rows grow 1.2 us from 512 keys (unsplit) to 1024 (split)
   (reports/serving/decode_itl.md).
+- FP8 compute (an FP8 query, or an FP8 cache a backend casts the query to) runs at the
+  FP8 peak, and the cast is a small kernel of its own (``cost.attention_kernels``, which
+  also holds the per-backend profiles and their FP8 instantiations).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from functools import partial
 
 import numpy as np
 
+from perfmodel.cost import attention_kernels as kernels
 from perfmodel.cost.decode_fallback import fallback_efficiency, fallback_mask, fallback_splits
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
@@ -58,7 +62,6 @@ from perfmodel.cost.timebase import (
     divide,
     finish,
     kind_memory_fraction,
-    peak,
     size_ramp,
 )
 from perfmodel.specs.hardware import Hardware
@@ -261,6 +264,11 @@ def _fallback(op: Attention, hw: Hardware, decode: np.ndarray, rate: np.ndarray,
     return np.where(fallback, own[..., None], group_eff)
 
 
+def _query_elems(op: Attention) -> np.ndarray:
+    """Query elements of each instance (new tokens x heads x Q/K head width)."""
+    return (op.batch * op.q_len * op.g("n_heads") * op.g("qk_dim")).sum(axis=-1)
+
+
 SHORT_Q = 16    # new tokens per sequence up to which a group on a cache runs as decode
 
 
@@ -278,14 +286,30 @@ def _short(op: Attention, hw: Hardware) -> np.ndarray:
 
 
 def attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
-    """Times of every ``Attention`` instance (see the module docstring)."""
+    """Times of every ``Attention`` instance (see the module docstring); a call that
+    computes in FP8 on the FP8 profile of the device's backend where it has one
+    (``attention_kernels.fp8_view``)."""
+    fp8_hw = kernels.fp8_view(hw)
+    if fp8_hw is hw:
+        return _attention_time(op, hw, timing)
+    fp8 = np.broadcast_to(kernels.fp8_compute(hw, op.act_bytes, op.kv_bytes),
+                          np.shape(op.batch)[:-1])
+    if fp8.all():
+        return _attention_time(op, fp8_hw, timing)
+    if not fp8.any():
+        return _attention_time(op, hw, timing)
+    return kernels.blend(fp8, _attention_time(op, fp8_hw, timing),
+                         _attention_time(op, hw, timing))
+
+
+def _attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
     eff = hw.efficiency
     active = op.batch > 0
     decode = active & ((op.q_len == 1) | _short(op, hw))
     prefill = active & ~decode
     flops = op.group_flops()
     any_decode, any_prefill = decode.any(), prefill.any()
-    rate = peak(hw, op.dtype)
+    rate = kernels.rate(hw, op.dtype, op.act_bytes, op.kv_bytes)
     if any_decode:
         pool_eff, splits = decode_pool(op, hw, decode)
         group_eff = pool_eff[..., None]
@@ -310,7 +334,11 @@ def attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpT
         memory_s = memory_s + append_s
         body_s = body_s + append_s
         combine = combine | append_split
-    # a split's combine is a small kernel of its own (module docstring)
-    fixed_s = eff.latency_for("attention") + eff.kernel_latency_s * combine
+    cast = kernels.q_cast_bytes(hw, _query_elems(op), op.act_bytes, op.kv_bytes)
+    if np.any(cast):            # the backend's query cast: a kernel of its own, before
+        cast_s = cast / (hw.memory_bytes_per_s * m_eff)
+        memory_s, body_s = memory_s + cast_s, body_s + cast_s
+    # a split's combine and a query cast are small kernels of their own (module docstring)
+    fixed_s = eff.latency_for("attention") + eff.kernel_latency_s * (combine + (cast > 0))
     return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff,
                   m_eff * np.ones(np.shape(compute_s)))

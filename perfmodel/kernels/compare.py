@@ -24,6 +24,7 @@ import numpy as np
 
 from perfmodel.compare.errors import predict_rows
 from perfmodel.compare.rows import SUPPORTED_OPS, records
+from perfmodel.cost.attention_kernels import for_kernel
 from perfmodel.cost.error_class import GEMV_ROWS, error_class
 from perfmodel.kernels.corpus import corpus_files, read_file, split_name
 from perfmodel.specs.dtypes import CODE
@@ -112,7 +113,26 @@ def regimes(rows: list[dict]) -> list[str]:
 
 
 def score(rows: list[dict], hw) -> list[dict]:
-    """``rows`` predicted on ``hw`` with ``error_class`` and ``regime`` set."""
+    """``rows`` predicted on ``hw`` with ``error_class`` and ``regime`` set; an attention
+    row on the profile of the kernel it timed (``cost.attention_kernels.for_kernel``; its
+    FP8 instantiation where the call computes in FP8)."""
+    views = [for_kernel(hw, _kernel(r)) if r["op"] == "attention" else hw for r in rows]
+    if all(v is hw for v in views):
+        return _score(rows, hw)
+    out: list[dict] = [{} for _ in rows]
+    for view in {id(v): v for v in views}.values():
+        index = [i for i, v in enumerate(views) if v is view]
+        for i, row in zip(index, _score([rows[i] for i in index], view), strict=True):
+            out[i] = row
+    return out
+
+
+def _kernel(row: dict) -> str:
+    value = row.get("kernel")
+    return value if isinstance(value, str) else ""
+
+
+def _score(rows: list[dict], hw) -> list[dict]:
     out = predict_rows(rows, hw, timing="auto", where="corpus")
     for index, op in records(rows, "corpus"):
         classes = error_class(op)

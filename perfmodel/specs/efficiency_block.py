@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from perfmodel.specs.dtypes import DENSE_FORMATS, DTYPE_BYTES, DTYPES, MOE_FORMATS, SCAN_CLASSES
+from perfmodel.specs.errors import did_you_mean
 from perfmodel.specs.fields import Fields
 from perfmodel.specs.hardware import DequantKernel, Efficiency
 from perfmodel.specs.kinds import OWN_FRACTION, OWN_LATENCY
@@ -49,6 +50,9 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         attention_head_dim_half=f.quantity("attention_head_dim_half", "number", 0.0,
                                            positive=False),
         attention_append_kv=f.flag("attention_append_kv", False),
+        attention_q_cast=f.flag("attention_q_cast", False),
+        attention_kernels=_attention_kernels(f.sub("attention_kernels", required=False)),
+        attention_backend=f.text("attention_backend", ""),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
         gemm_overlap=f.flag("gemm_overlap", True),
         gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),
@@ -214,6 +218,31 @@ def _ep_kernels(f: Fields | None) -> dict[str, tuple[float, ...]]:
                      k.quantity("sm_bytes_per_s", "bytes_per_s", 0.0, positive=False),
                      k.quantity("network_latency_s", "s", 0.0, positive=False),
                      k.quantity("copy_s", "s", 0.0, positive=False))
+        k.finish()
+    f.finish()
+    return out
+
+
+def _attention_kernels(f: Fields | None) -> dict[str, dict[str, float]]:
+    """``attention_kernels``: kernel name -> its profile, a mapping of some of
+    ``cost.attention_kernels.PROFILE_FIELDS`` (fractions in (0, 1], keys and head_dim
+    units >= 0, a fixed cost in seconds, q_cast true / false)."""
+    from perfmodel.cost.attention_kernels import PROFILE_FIELDS
+
+    if f is None:
+        return {}
+    out = {}
+    for name in list(f.data):
+        k = f.sub(name)
+        row: dict[str, float] = {}
+        for key in list(k.data):
+            if key not in PROFILE_FIELDS:
+                raise k.error(key, "expected a profile field: " + ", ".join(PROFILE_FIELDS)
+                              + did_you_mean(key, PROFILE_FIELDS))
+            unit, top = PROFILE_FIELDS[key]
+            row[key] = float(k.flag(key, False)) if unit == "flag" else \
+                k.quantity(key, unit, positive=False, maximum=top)
+        out[str(name)] = row
         k.finish()
     f.finish()
     return out

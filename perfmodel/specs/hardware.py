@@ -123,6 +123,20 @@ class Efficiency:
     # attention's MMA share x head_dim / (head_dim + this): the per-score softmax work (an
     # exp, max, rescale) that does not scale with head_dim (0: off; cost/attention.py)
     attention_head_dim_half: float = 0.0
+    # the backend quantizes a 16-bit query to an fp8 KV cache's dtype itself and runs FP8
+    # attention (SGLang 0.5.14 fa3: q.to(kv dtype) for head_dim <= 256,
+    # flashattention_backend.py; trtllm_mha: scaled_fp8_quant on Q, trtllm_mha_backend.py):
+    # an FP8-cache call computes at the FP8 rate and pays that cast, a small kernel of its
+    # own. false: a 16-bit query reads the FP8 cache with descales (FlashInfer, Triton)
+    attention_q_cast: bool = False
+    # attention kernel (a corpus row's ``kernel``: the backend the collector timed; with
+    # ``@fp8``, its FP8-compute instantiation) -> the profile of its constants laid over this
+    # block's (cost/attention_kernels.py PROFILE_FIELDS); the block's own constants are its
+    # ``attention_backend``'s
+    attention_kernels: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the kernel this block's attention constants describe: the engine's default backend on
+    # this device (serving prices attention with it; '' unnamed)
+    attention_backend: str = ""
     # prefill runs as FlashAttention-2's flash_attn_with_kvcache given the chunk's new K/V
     # (Sarathi-Serve; vLLM's chunked prefill before its varlen path): the split-KV kernel,
     # 64 query rows x decode_kv_tile keys per program, keys split over programs when they are
