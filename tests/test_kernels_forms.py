@@ -102,9 +102,13 @@ def test_skewed_expert_parallel_moe_prices_the_busiest_device():
     p = zipf_popularity(8, 2, 1.2)
     row = {"op": "moe", "dtype": "bf16", "m": "4096", "n": "4096", "k": "7168",
            "experts": "8", "topk": "2", "ep": "4", "skew": "1.2", "measured_s": "1e-3"}
-    up = row_parts([row])[0][1]
-    assert float(up.m[0] * up.groups[0]) == pytest.approx(4096 * (p[0] + p[1]))
-    assert float(up.m[0] * up.groups[0]) > 4096 * 2 / 4     # busier than the mean device
+    parts = row_parts([row])
+    up, act = parts[0][1], parts[1][1]
+    assert float(act.rows[0]) == pytest.approx(4096 * (p[0] + p[1]))
+    assert float(act.rows[0]) > 4096 * 2 / 4     # busier than the mean device
+    # the GEMMs run each expert's rows padded to fused_moe's 64-row block (M > E)
+    padded = sum(np.ceil(4096 * q / 64) * 64 for q in p[:2])
+    assert float(up.m[0] * up.groups[0]) == pytest.approx(padded)
 
 
 @pytest.mark.parametrize(("column", "value", "message"), [

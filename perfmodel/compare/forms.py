@@ -19,7 +19,9 @@ measured call ran more than one kernel, companion records whose times add to it:
   Zipf routing skew ``skew`` (``cost.routing``), on the busiest device (``busiest_rank``):
   the up/gate grouped GEMM over the experts it touches, the gated activation and the down
   grouped GEMM, as ``cost.layers`` prices a MoE block; ``weight_dtype``, ``weight_format``
-  and ``act_quant`` as for a GEMM (both GEMMs);
+  and ``act_quant`` as for a GEMM (both GEMMs); a row whose ``kernel`` names a non-gated
+  expert path (``NON_GATED``) runs an up GEMM of ``k`` columns and a one-operand
+  activation (relu2), as a non-gated MLP does (``cost.layers._mlp_block``);
 - ``linear_attention``: a linear-attention layer's scan (``cost.scan.LinearScan``, the
   gated delta rule) over ``batch`` sequences of ``q_len`` new tokens, state before when
   kv_len > q_len, ``n_heads`` value heads of ``head_dim`` keys and ``v_dim`` values, q and
@@ -54,6 +56,11 @@ from perfmodel.specs.hardware import Hardware
 
 Part = tuple[OpRecord, bool]
 ACT_QUANT = ("", "tensor", "token")
+# kernel names of non-gated expert paths: TensorRT-LLM's relu2 experts (Nemotron), which
+# aiconfigurator's collector times with ``is_gated=False`` and records as
+# ``moe_torch_flow_nongated`` (collector/trtllm/collect_moe.py, run_moe_torch: Relu2,
+# no gate half in w3_w1)
+NON_GATED = ("_nongated",)
 _BF16 = CODE["bf16"]
 
 
@@ -184,17 +191,20 @@ def moe_inputs(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np
                where: str, line: Sequence[int]) -> dict[str, np.ndarray]:
     """``moe_layer``'s arguments for MoE rows (the routing, weight bytes and activation
     quantization each row's columns give)."""
-    pairs, groups = moe_routing(rows, col, where, line)
+    pairs, groups, padded = moe_routing(rows, col, where, line)
     wb, stored = _weights(rows, dtype, where, line)
+    gated = [not any(k.endswith(s) for s in NON_GATED) for k in _text(rows, "kernel")]
     return {"tokens": col("m"), "topk": col("topk"), "hidden": col("n"), "width": col("k"),
             "pairs": pairs,
             "groups": groups, "wb": wb, "stored": stored, "dtype": dtype,
-            "mode": _act_quant(rows, where, line)}
+            "mode": _act_quant(rows, where, line), "gated": np.asarray(gated, dtype=float),
+            "padded": padded}
 
 
 def moe_routing(rows: Sequence[dict], col: Callable[[str], np.ndarray], where: str,
-                line: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(token-expert pairs, experts touched) on the timed device of each MoE row: routed as
+                line: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token-expert pairs, experts touched, rows once each expert's are padded to the
+    kernel's row block, ``row_block``) on the timed device of each MoE row: routed as
     aiconfigurator's collector routes where the row names its distribution
     (``compare.moe_routing``), else under Zipf routing of exponent ``skew``
     (``busiest_rank``)."""
@@ -202,29 +212,49 @@ def moe_routing(rows: Sequence[dict], col: Callable[[str], np.ndarray], where: s
     ep = np.maximum(_numbers(rows, "ep", 1.0, where, line), 1.0)
     skew = _numbers(rows, "skew", 0.0, where, line)
     routing = _text(rows, "distribution")
-    pairs, groups = np.array([
+    pairs, groups, padded = np.array([
         collector_rank(int(e), int(t), int(d), int(x), r) if is_known(r)
         else busiest_rank(int(e), int(t), x, s, int(d))
         for e, t, x, s, d, r in zip(experts, topk, tokens, skew, ep, routing, strict=True)]
-    ).reshape(-1, 2).T
-    return pairs, groups
+    ).reshape(-1, 3).T
+    return pairs, groups, padded
+
+
+def row_block(tokens: float, local_experts: float) -> int:
+    """BLOCK_SIZE_M of a fused-MoE launch of ``tokens`` tokens over ``local_experts``
+    experts: ``moe_align_block_size`` pads each expert's rows to a multiple of it. vLLM's
+    and SGLang's Triton ``fused_moe`` ``get_default_config``: 16 where M <= E, else 64
+    (vllm model_executor/layers/fused_moe/fused_moe.py; the shipped per-shape tuned
+    configs, ``configs/E=*,N=*,device_name=*.json``, move the same way, 16 at small M
+    and 64 or more at prefill sizes)."""
+    return 16 if tokens <= local_experts else 64
 
 
 def moe_layer(tokens: np.ndarray, topk: np.ndarray, hidden: np.ndarray, width: np.ndarray,
               pairs: np.ndarray, groups: np.ndarray, wb: np.ndarray, stored: np.ndarray,
-              dtype: np.ndarray, mode: np.ndarray) -> list[Part]:
+              dtype: np.ndarray, mode: np.ndarray, gated: np.ndarray | float = 1.0,
+              padded: np.ndarray | None = None) -> list[Part]:
     """The kernels of a fused MoE layer on one device: the up/gate grouped GEMM over the
     ``groups`` experts its ``pairs`` (token, expert) pairs touch, the gated activation, the
     down grouped GEMM and, where ``mode`` >= 0, the activations' quantization before each
-    GEMM (``_act_quant``)."""
-    expert_rows = pairs / groups                # mean rows of each expert it touches
+    GEMM (``_act_quant``). Where ``gated`` is 0 the experts have no gate half: an up GEMM
+    of ``width`` columns and a one-operand activation (relu2). Each expert's GEMM rows are
+    its tokens padded to the kernel's row block (``padded``, default ``pairs``): the
+    padding rows are multiplied as real ones (``moe_align_block_size``)."""
+    # mean rows of each expert it touches, padded
+    expert_rows = (pairs if padded is None else np.maximum(padded, pairs)) / groups
     ab = BYTES[dtype]
-    up = Gemm(m=expert_rows, n=2 * width, k=hidden, groups=groups, weight_bytes=wb,
-              act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
+    gate = np.asarray(gated, dtype=float) > 0
+    up = Gemm(m=expert_rows, n=np.where(gate, 2, 1) * width, k=hidden, groups=groups,
+              weight_bytes=wb, act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
     down = Gemm(m=expert_rows, n=hidden, k=width, groups=groups, weight_bytes=wb,
                 act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
-    parts: list[Part] = [(up, True), (pointwise("silu_and_mul", pairs, width), False),
-                         (down, False), (pointwise("gather", tokens * topk, hidden), False)]
+    parts: list[Part] = [(up, True)]
+    if gate.any():
+        parts.append((pointwise("silu_and_mul", pairs, width, count=gate * 1.0), False))
+    if not gate.all():
+        parts.append((pointwise("gelu", pairs, width, count=~gate * 1.0), False))
+    parts += [(down, False), (pointwise("gather", tokens * topk, hidden), False)]
     if (mode >= 0).any():
         parts += [(_quant_pass(tokens, hidden, dtype, mode), False),
                   (_quant_pass(pairs, width, dtype, mode), False)]
@@ -240,20 +270,24 @@ def collector_rank(n_experts: int, top_k: int, ep: int, tokens: int, routing: st
                    ) -> tuple[float, float]:
     """(token-expert pairs, experts touched) on the device aiconfigurator's collector
     timed, routed as it routes (``compare.moe_routing``)."""
-    pairs, touched, _ = routed_load(n_experts, top_k, ep, tokens, routing)
-    return pairs, touched
+    block = row_block(tokens, max(n_experts // ep, 1))
+    return routed_load(n_experts, top_k, ep, tokens, routing, block)
 
 
 def busiest_rank(n_experts: int, top_k: int, tokens: float, skew: float, ep: int
-                 ) -> tuple[float, float]:
-    """(token-expert pairs, experts touched) on the busiest of ``ep`` devices holding
-    contiguous experts, the hottest together (aiconfigurator's collector gives EP rank 0,
-    the one it times, the most loaded experts): the hottest E / ep experts of Zipf routing
-    with exponent ``skew`` (``cost.routing``), T x their popularity and their expected
-    distinct count (at least one)."""
-    p = _popularity(n_experts, top_k, float(skew))[: max(n_experts // ep, 1)]
+                 ) -> tuple[float, float, float]:
+    """(token-expert pairs, experts touched, padded rows) on the busiest of ``ep`` devices
+    holding contiguous experts, the hottest together (aiconfigurator's collector gives EP
+    rank 0, the one it times, the most loaded experts): the hottest E / ep experts of Zipf
+    routing with exponent ``skew`` (``cost.routing``), T x their popularity, their
+    expected distinct count (at least one) and each one's expected rows padded to the
+    kernel's row block (``row_block``)."""
+    local = max(n_experts // ep, 1)
+    p = _popularity(n_experts, top_k, float(skew))[:local]
     touched = float(expected_distinct(p, tokens))
-    return tokens * float(p.sum()), max(touched, 1.0)
+    block = row_block(tokens, local)
+    padded = float(np.sum(np.ceil(tokens * p / block) * block * (1 - (1 - p) ** tokens)))
+    return tokens * float(p.sum()), max(touched, 1.0), padded
 
 
 def collective_parts(kind: str, rows: Sequence[dict], col: Callable[[str], np.ndarray],

@@ -15,8 +15,11 @@ module adds is the calibration's choice of rows, per device and engine:
   prices one kernel; the one kept is named in the provenance;
 - all-reduce: the engine's custom all-reduce replayed from a CUDA graph (``CUSTOM_AR``,
   ``algorithm`` 1) and NCCL's 16-bit all-reduce (0);
-- fused MoE layers: every format and kernel, each weight format from the newest version
-  that measured it; quantized linears (fp8, fp8 blocks, nvfp4) replayed from a CUDA graph.
+- fused MoE layers: every format, each weight format (gated and non-gated experts apart)
+  from the newest version that measured it, of the kernel the engine serves for it where
+  the collector timed more than one (``moe_served.yaml``; the others' rows are counted
+  in the provenance, ``moe_not_served``); quantized linears (fp8, fp8 blocks, nvfp4)
+  replayed from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -163,7 +166,7 @@ def load_sets(hardware: str, engine: str = "vllm", rows: Rows | None = None,
                                np.full(len(att), 2.0), att["measured_s"].to_numpy(),
                                f"{where}/attention/{engine}/{v}")
     sets += _collectives(df, engine, versions, where)
-    sets += _moe(full, engine, versions, where)
+    sets += _moe(full, engine, versions, where, hardware)
     sets += _quantized(df, engine, versions, where)
     sets = [s for s in sets if len(s)]
     source = df["source"].iloc[0] if len(df) else ""
@@ -203,7 +206,8 @@ def _collectives(df, engine: str, versions: dict[str, str], where: str) -> list[
                            rows["measured_s"].to_numpy(), f"{where}/comm")]
 
 
-def _moe(df, engine: str, versions: dict[str, str], where: str) -> list[KernelSet]:
+def _moe(df, engine: str, versions: dict[str, str], where: str, hardware: str
+         ) -> list[KernelSet]:
     """The fused MoE layers the collector timed, every weight format and kernel of the
     newest version (``compare.forms.moe_layer``), routed as it routed them."""
     from perfmodel.compare.moe_routing import is_known
@@ -214,6 +218,9 @@ def _moe(df, engine: str, versions: dict[str, str], where: str) -> list[KernelSe
     if rows.empty:
         return []
     rows = _newest_per_format(rows)
+    rows, dropped = served(rows, engine, hardware)
+    if dropped:
+        versions["moe_not_served"] = dropped
     versions["moe"] = v = ", ".join(sorted(set(rows["engine_version"])))
     return [moe_set(_records(rows), rows["measured_s"].to_numpy(),
                     f"{where}/moe/{engine}/{v}")]
@@ -239,14 +246,48 @@ def _quantized(df, engine: str, versions: dict[str, str], where: str) -> list[Ke
                        f"{where}/gemm/{engine}/{v}")]
 
 
+def served(rows, engine: str, hardware: str):
+    """(``rows`` less those of a format's kernels the engine does not serve as timed,
+    ``moe_served.yaml``; the count left out, as text: '' when none). Non-gated experts'
+    rows stay: their kernel is another layer's, not a rival for the same one."""
+    from perfmodel.compare.forms import NON_GATED
+    from validate.corpus.calibrate import family_of
+
+    table = (SERVED.get(engine) or {}).get(family_of(hardware) or "") or {}
+    fmt = rows["dtype"] + "/" + rows["weight_format"]
+    keep = np.ones(len(rows), dtype=bool)
+    parts = []
+    for name, kernel in table.items():
+        other = (fmt == name).to_numpy() & ~rows["kernel"].str.startswith(kernel).to_numpy() \
+            & ~rows["kernel"].str.endswith(NON_GATED).to_numpy()
+        if other.any() and (fmt == name).sum() > other.sum():
+            keep &= ~other
+            parts.append(f"{name} {int(other.sum())} rows of "
+                         + "/".join(sorted(set(rows["kernel"][other]))))
+    return rows[keep], ", ".join(parts)
+
+
+def _served_table() -> dict:
+    import yaml
+
+    return yaml.safe_load((Path(__file__).with_name("moe_served.yaml")).read_text()) or {}
+
+
+SERVED = _served_table()
+
+
 def _newest_per_format(rows):
-    """Each weight format's rows of the newest engine version that measured it: a later
-    collection may re-time only some formats (TensorRT-LLM 1.3.0rc23's MoE table holds
-    its bf16 / fp8 non-gated rows, rc20 the rest)."""
+    """Each weight format's rows of the newest engine version that measured it, gated and
+    non-gated experts (``compare.forms.NON_GATED``) apart: a later collection may re-time
+    only some of them (TensorRT-LLM 1.3.0rc23's MoE table holds bf16 / fp8 non-gated rows,
+    rc20 the gated ones of the same formats)."""
+    from perfmodel.compare.forms import NON_GATED
     from perfmodel.kernels.aiconfigurator import version_key
 
     keep = np.zeros(len(rows), dtype=bool)
-    key = rows["dtype"] + "/" + rows["weight_format"] + "/" + rows["weight_dtype"]
+    gated = ~rows["kernel"].map(lambda k: any(k.endswith(s) for s in NON_GATED))
+    key = rows["dtype"] + "/" + rows["weight_format"] + "/" + rows["weight_dtype"] \
+        + "/" + gated.astype(str)
     for _, part in rows.groupby(key):
         top = max(set(part["engine_version"]), key=version_key)
         keep[rows.index.get_indexer(part.index[part["engine_version"] == top])] = True
