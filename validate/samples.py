@@ -16,7 +16,8 @@ from functools import cached_property
 import numpy as np
 
 from perfmodel.compare import records, row_timing
-from perfmodel.cost.ops import OpRecord, concat, grouped_fields, kind_names
+from perfmodel.cost.op_arrays import concat, grouped_fields
+from perfmodel.cost.ops import OpRecord, kind_names
 from perfmodel.cost.roofline import TIMINGS, busy_units, op_time
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import op_class

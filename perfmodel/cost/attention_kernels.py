@@ -40,15 +40,6 @@ from perfmodel.cost.timebase import OpTimes, peak
 from perfmodel.specs.dtypes import CODE
 from perfmodel.specs.hardware import Hardware
 
-# profile field -> (unit for specs.fields, upper bound)
-PROFILE_FIELDS: dict[str, tuple[str, float]] = {
-    "attention_fraction": ("number", 1.0),
-    "attention_program_keys": ("number", 4096.0),
-    "attention_head_dim_half": ("number", 512.0),
-    "memory_fraction": ("number", 1.0),
-    "latency_s": ("s", 100e-6),
-    "attention_q_cast": ("flag", 1.0),
-}
 _FP8 = CODE["fp8"]
 
 

@@ -223,12 +223,22 @@ def _ep_kernels(f: Fields | None) -> dict[str, tuple[float, ...]]:
     return out
 
 
+# an attention backend's profile (cost.attention_kernels): field -> (unit for specs.fields,
+# upper bound)
+PROFILE_FIELDS: dict[str, tuple[str, float]] = {
+    "attention_fraction": ("number", 1.0),
+    "attention_program_keys": ("number", 4096.0),
+    "attention_head_dim_half": ("number", 512.0),
+    "memory_fraction": ("number", 1.0),
+    "latency_s": ("s", 100e-6),
+    "attention_q_cast": ("flag", 1.0),
+}
+
+
 def _attention_kernels(f: Fields | None) -> dict[str, dict[str, float]]:
     """``attention_kernels``: kernel name -> its profile, a mapping of some of
-    ``cost.attention_kernels.PROFILE_FIELDS`` (fractions in (0, 1], keys and head_dim
+    ``PROFILE_FIELDS`` (fractions in (0, 1], keys and head_dim
     units >= 0, a fixed cost in seconds, q_cast true / false)."""
-    from perfmodel.cost.attention_kernels import PROFILE_FIELDS
-
     if f is None:
         return {}
     out = {}

@@ -131,7 +131,7 @@ class Efficiency:
     attention_q_cast: bool = False
     # attention kernel (a corpus row's ``kernel``: the backend the collector timed; with
     # ``@fp8``, its FP8-compute instantiation) -> the profile of its constants laid over this
-    # block's (cost/attention_kernels.py PROFILE_FIELDS); the block's own constants are its
+    # block's (specs/efficiency_block.py PROFILE_FIELDS); the block's own constants are its
     # ``attention_backend``'s
     attention_kernels: dict[str, dict[str, float]] = field(default_factory=dict)
     # the kernel this block's attention constants describe: the engine's default backend on
