@@ -83,3 +83,13 @@ def test_profile_file_keeps_eager_fields(tmp_path):
     path.write_text(path.read_text().replace("eager_op_s: 2.0e-05", "eager_op_s: -1"))
     with pytest.raises(pm.SpecError, match="eager_op_s"):
         host_time.load_profile(path)
+
+
+def test_trtllm_context_steps_run_eagerly():
+    """TensorRT-LLM graphs only generation-only steps (ScheduledRequests.can_run_cuda_graph:
+    no context requests): every step with a prompt pays the floor, whatever its length."""
+    h = host_time.resolve("trtllm")
+    assert not h.prefill_graph and h.eager_op_s == pytest.approx(7.40e-6)
+    m, hw = pm.model("llama-3-8b"), pm.hardware("h100-sxm")
+    eng = engine_config("trtllm", host=h)
+    assert eager.graph_tokens(m, hw, Parallelism(), eng, h) == 0
