@@ -67,7 +67,7 @@ def test_activations_between_layers_are_bf16():
     the workload's activations stay bf16 while the linears run fp8."""
     from perfmodel.specs.matmul_path import matmul_path
 
-    model, hw, wl, _, _ = ix.setup(ix.load(SAMPLE)[0])
+    _, hw, wl, _, _ = ix.setup(ix.load(SAMPLE)[0])
     assert wl.act_dtype == "bf16" and wl.weights_dtype == "fp8"
     path = matmul_path(hw, wl.weights_dtype, wl.weight_group_size, wl.weight_scale_bytes,
                        wl.act_dtype)
