@@ -59,3 +59,29 @@ def test_cli_bad_file_is_one_line(tmp_path):
     assert result.exit_code != 0
     assert "missing column" in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_activations_between_layers_are_bf16():
+    """fp8-block W8A8 quantizes inside each linear (SGLang's
+    deepgemm_w8a8_block_fp8_linear_with_fallback, TensorRT-LLM's FP8BlockScalesLinearMethod):
+    the workload's activations stay bf16 while the linears run fp8."""
+    from perfmodel.specs.matmul_path import matmul_path
+
+    _, hw, wl, _, _ = ix.setup(ix.load(SAMPLE)[0])
+    assert wl.act_dtype == "bf16" and wl.weights_dtype == "fp8"
+    path = matmul_path(hw, wl.weights_dtype, wl.weight_group_size, wl.weight_scale_bytes,
+                       wl.act_dtype)
+    assert path.kind == "w8a8" and path.compute == "fp8"
+
+
+def test_row_version_from_the_image_of_its_date():
+    """A row that records its version keeps it; one that does not gets the image its launch
+    config ran from that date (dsr1-fp8-h200-sglang: v0.5.6 from 2025-12-31)."""
+    launch = ix._launch()
+    point = ix.load(SAMPLE)[0]
+    assert ix.row_version(point, launch) == "0.5.9"
+    bare = ix.Point("x", "h200/sglang", dict(point.row, framework_version=float("nan"),
+                                             date="2026-01-05"), {})
+    assert ix.row_version(bare, launch) == "0.5.6"
+    early = ix.Point("y", "h200/sglang", dict(bare.row, date="2025-10-01"), {})
+    assert ix.row_version(early, launch) is None

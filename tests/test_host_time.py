@@ -46,6 +46,7 @@ def test_api_server_serves_one_request_at_a_time():
     ("vllm", "0.24.0", "v1-async"), ("vllm", "0.23.0 (+residency patch)", "v1-async"),
     ("vllm", "0.12.0", "v1-async"), ("vllm", "0.11.2", "v1"), ("vllm", "0.8.0", "v1"),
     ("vllm", "v0.6.3", "v0"), ("sglang", None, "overlap"), ("sglang", "0.3.6", "no-overlap"),
+    ("sglang", "0.5.9", "overlap-eager-prefill"), ("sglang", "0.5.10", "overlap"),
     ("trtllm", None, "overlap")])
 def test_versions_pick_modes(engine, version, mode):
     assert host_time.default_mode(engine, version) == mode

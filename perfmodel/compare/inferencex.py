@@ -170,10 +170,8 @@ def setup(point: Point, launch: dict | None = None) -> tuple:
     if weights:
         point.notes.append("fp8 block weights from inferencex_launch.yaml (the model YAML has "
                            "no quantization)")
-    act = weights.pop("act_dtype", "bf16") if weights else launch["weights"]["act_dtype"]
-    wl = Workload.for_model(model, kv_dtype=kv, act_dtype=act, **weights)
-    version = str(point.row["framework_version"] or "").split(" ")[-1]
-    version = version if version and version != "nan" else None
+    wl = Workload.for_model(model, kv_dtype=kv, act_dtype=launch["activations"], **weights)
+    version = row_version(point, launch)
     try:
         host = host_time.resolve(engine, version, frontend="http")
     except SpecError:
@@ -181,6 +179,17 @@ def setup(point: Point, launch: dict | None = None) -> tuple:
     config = engine_config(engine, host=host, **flags)
     point.notes += [f"not modelled: {f}" for f in launch["unmodelled"].get(point.group, [])]
     return model, hw, wl, plan(point), config
+
+
+def row_version(point: Point, launch: dict) -> str | None:
+    """The engine version of ``point``: its ``framework_version``, else the image its launch
+    config ran from the row's date (``images:``), else None (the profile's default)."""
+    version = str(point.row["framework_version"] or "").split(" ")[-1]
+    if version and version != "nan":
+        return version
+    ran = [v for since, v in sorted(launch["launch"][point.group].get("images", {}).items())
+           if str(point.row["date"]) >= since]
+    return str(ran[-1]) if ran else None
 
 
 def replay(point: Point, seed: int = 0) -> dict:

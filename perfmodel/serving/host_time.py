@@ -42,7 +42,10 @@ class HostTime:
     previous step, so only the excess over the GPU's time shows, plus ``exposed_s`` that no
     overlap hides. A request spends ``request_s + prompt_token_s * prompt tokens`` in the
     API server (one process: requests queue for it) before the engine sees it, and each
-    token reaches the client ``stream_s`` after the engine's step ends."""
+    token reaches the client ``stream_s`` after the engine's step ends. A step run eagerly
+    (no CUDA graph) takes at least ``eager_op_s`` per operator, the host's dispatch of it
+    (``serving.eager``); ``prefill_graph``: the engine replays short prefill steps as a
+    piecewise CUDA graph (``eager.graph_tokens``)."""
 
     step_s: float = 0.0
     seq_s: float = 0.0
@@ -54,13 +57,15 @@ class HostTime:
     stream_s: float = 0.0
     schedule_ahead: bool = False
     tokenize_apart: bool = False
+    eager_op_s: float = 0.0
+    prefill_graph: bool = False
     name: str = "none"
     sources: dict = field(default_factory=dict, compare=False)
 
     @property
     def none(self) -> bool:
         return not any(getattr(self, k) for k in STEP_KEYS + FRONT_KEYS) and \
-            not self.schedule_ahead
+            not self.schedule_ahead and not self.eager_op_s
 
     def step(self, gpu_s: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         """Host time each step adds to its GPU time ``gpu_s`` (``seqs`` sequences)."""
@@ -90,18 +95,27 @@ class HostTime:
     def constants(self) -> dict:
         """The numbers (and the flags), as a profile file writes them."""
         return {k: getattr(self, k) for k in (*STEP_KEYS, "overlap", "schedule_ahead",
-                                              *FRONT_KEYS, "tokenize_apart")}
+                                              *FRONT_KEYS, "tokenize_apart", "eager_op_s",
+                                              "prefill_graph")}
 
     def describe(self) -> str:
         if self.none:
             return "no host time (GPU steps only)"
         return (f"{self.name}: step {self.step_s * 1e3:.3g} ms + {self.seq_s * 1e6:.3g} us/seq"
                 f"{' overlapped' if self.overlap else ''}, exposed {self.exposed_s * 1e3:.3g} ms"
-                f"{', scheduled a step ahead' if self.schedule_ahead else ''};"
+                f"{', scheduled a step ahead' if self.schedule_ahead else ''}"
+                f"{self._eager()};"
                 f" request {self.request_s * 1e3:.3g} ms + {self.prompt_token_s * 1e6:.3g} "
                 f"us/prompt token{' (own thread)' if self.tokenize_apart else ''}, "
                 f"{self.output_token_s * 1e6:.3g} us/output token, "
                 f"stream {self.stream_s * 1e3:.3g} ms")
+
+
+    def _eager(self) -> str:
+        if not self.eager_op_s:
+            return ""
+        graph = ", short prefills as a piecewise graph" if self.prefill_graph else ""
+        return f", eager steps >= {self.eager_op_s * 1e6:.3g} us/operator{graph}"
 
 
 NO_HOST = HostTime()        # GPU steps only, as ``perfmodel estimate``
@@ -172,6 +186,8 @@ def resolve(engine: str = "vllm", version: str | None = None, mode: str | None =
     name = f"{engine} {version or table['default_version']} ({mode}, {frontend})"
     return HostTime(**values, overlap=bool(step["overlap"]),
                     schedule_ahead=bool(step.get("schedule_ahead", False)),
+                    eager_op_s=float(step.get("eager_op_s", 0.0)),
+                    prefill_graph=bool(step.get("prefill_graph", False)),
                     tokenize_apart=bool(front.get("tokenize_apart", False)), name=name,
                     sources=sources)
 
@@ -189,10 +205,12 @@ def load_profile(path: str | Path) -> HostTime:
     overlap = host.flag("overlap")
     ahead = host.flag("schedule_ahead", False)
     apart = host.flag("tokenize_apart", False)
+    eager = host.quantity("eager_op_s", "s", positive=False, maximum=LIMIT_S, default=0.0)
+    graph = host.flag("prefill_graph", False)
     host.finish()
     name = str(data.get("name") or path.stem)
     return HostTime(**values, overlap=overlap, schedule_ahead=ahead, tokenize_apart=apart,
-                    name=name)
+                    eager_op_s=eager, prefill_graph=graph, name=name)
 
 
 def write_profile(path: Path, host: HostTime, provenance: dict) -> None:

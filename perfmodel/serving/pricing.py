@@ -32,7 +32,7 @@ from perfmodel.cost.params import stage_layers
 from perfmodel.cost.step import Dtypes, Step, StepCost, composed_seconds, price_step
 from perfmodel.schedules.estimates import estimate
 from perfmodel.schedules.static import phase_timing
-from perfmodel.serving import kvtiers
+from perfmodel.serving import eager, kvtiers
 from perfmodel.serving.engines import lora
 from perfmodel.serving.engines.state import Batch
 from perfmodel.serving.engines.vllm import EngineConfig
@@ -123,6 +123,8 @@ class StepPricer:
         self.prefill_timing = int(phase_timing(hw, "prefill", False))
         self.decode_timing = int(phase_timing(hw, "decode", engine.cuda_graphs))
         self.host = engine.host
+        self.graphs = bool(engine.cuda_graphs) and hw.has_graphs
+        self.graph_upto = eager.graph_tokens(model, hw, plan, engine, engine.host)
         self.drafter = None if getattr(engine, "speculative", None) is None else \
             speculation.DraftPricer(engine.speculative, model, hw, plan, self.dtypes,
                                     self.decode_timing)
@@ -186,12 +188,22 @@ class StepPricer:
         if k not in self.rows:      # every row the one workload's dtypes, made once per k
             self.rows[k] = self.dtypes.take(np.zeros(k, np.int64))
         cost = price_step(self.model, self.hw, self.plan, step, self.rows[k], timing)
-        gpu = self._banded(cost, timing)
+        gpu = self._banded(cost, timing) + self._eager(batches, cost, count, new)
         if drafted is not None:     # the drafting, on the same GPU after the verify
             gpu = gpu + self.drafter.seconds(count, new, ctx, drafted, timing, self.skew)
         if self.lora is not None:
             gpu = gpu + self.lora.seconds(batches, timing)
         return gpu, cost, count.sum(axis=1)
+
+    def _eager(self, batches: list[Batch], cost: StepCost, count: np.ndarray,
+               new: np.ndarray) -> np.ndarray | float:
+        """What the host's dispatch adds to the steps that run eagerly (``serving.eager``)."""
+        op_s = self.host.eager_op_s
+        if not op_s:
+            return 0.0
+        rows = eager.eager_rows([b.prefill for b in batches], (count * new).sum(axis=1),
+                                self.graphs, self.graph_upto)
+        return np.where(rows, eager.excess_s(cost, op_s), 0.0) if rows.any() else 0.0
 
     def _banded(self, cost: StepCost, timing: np.ndarray) -> np.ndarray:
         return cost.time if self.edge is None else band(
