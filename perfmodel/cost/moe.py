@@ -113,11 +113,43 @@ def _table(hw: Hardware, op: Gemm, field: int, dense: np.ndarray | float
     cls = format_class(op)
     expert = is_expert(op)
     out = np.broadcast_to(np.asarray(dense, dtype=float), op.shape).copy()
+    m = np.broadcast_to(np.asarray(op.m, dtype=float), op.shape)
     for i, name in enumerate(FORMATS):
         if name in moe_rows:
             out = np.where(expert & (cls == i), moe_rows[name][field], out)
-        if name in dense_rows:
-            out = np.where(~expert & (cls == i), dense_rows[name][field], out)
+        for m_max, key in reversed(dense_buckets(dense_rows, name)):
+            out = np.where(~expert & (cls == i) & (m <= m_max), dense_rows[key][field], out)
+    return out
+
+
+def dense_buckets(table: dict[str, tuple[float, ...]], name: str
+                  ) -> list[tuple[float, str]]:
+    """(largest M, key) of each row of class ``name`` in a ``gemm_kernels`` table, by M:
+    ``<class>@<m_max>`` rows (one per M bucket of the engine's dispatch, e.g. vLLM's
+    CUTLASS fp8 configs for M <= 16, <= 64, <= 128, above), then the plain ``<class>``
+    row; the last covers every larger M."""
+    rows = sorted((float(k.partition("@")[2]), k) for k in table
+                  if k.partition("@")[0] == name and k.partition("@")[2])
+    if name in table:
+        rows.append((np.inf, name))
+    return rows[:-1] + [(np.inf, rows[-1][1])] if rows else []
+
+
+def dense_key(hw: Hardware, op: Gemm) -> list[tuple[np.ndarray, str]]:
+    """(mask, ``gemm_kernels`` key) of every bucket row ``op``'s dense quantized
+    instances price with (``cost.eager`` reads the host path of the same row)."""
+    table = hw.efficiency.gemm_kernels
+    if not table:
+        return []
+    cls = format_class(op)
+    dense = ~is_expert(op)
+    m = np.broadcast_to(np.asarray(op.m, dtype=float), op.shape)
+    out = []
+    for i, name in enumerate(FORMATS):
+        lower = -np.inf
+        for m_max, key in dense_buckets(table, name):
+            out.append((dense & (cls == i) & (m > lower) & (m <= m_max), key))
+            lower = m_max
     return out
 
 

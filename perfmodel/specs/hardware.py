@@ -153,7 +153,11 @@ class Efficiency:
     moe_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # a dense GEMM of a quantized class (fp8, fp8_block, fp4): (best-shape share of the
     # dtype's peak, streaming share, fixed cost s) of the kernel the engine runs for it
+    # (a class may be split by M bucket of the engine's dispatch: key ``<class>@<m_max>``)
     gemm_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # class or bucket key of ``gemm_kernels`` -> the engine's eager host path of one call
+    # (``cost.eager``: only rows timed eagerly, ``timing`` stream, pay it)
+    gemm_host_s: dict[str, float] = field(default_factory=dict)
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"

@@ -16,7 +16,7 @@ module adds is the calibration's choice of rows, per device and engine:
 - all-reduce: the engine's custom all-reduce replayed from a CUDA graph (``CUSTOM_AR``,
   ``algorithm`` 1) and NCCL's 16-bit all-reduce (0);
 - fused MoE layers: every format and kernel, each weight format from the newest version
-  that measured it; quantized linears (fp8, fp8 blocks, nvfp4) replayed from a CUDA graph.
+  that measured it; quantized linears (fp8, fp8 blocks, nvfp4), graph-replayed or eager.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def load_sets(hardware: str, engine: str = "vllm", rows: Rows | None = None,
                                f"{where}/attention/{engine}/{v}")
     sets += _collectives(df, engine, versions, where)
     sets += _moe(full, engine, versions, where)
-    sets += _quantized(df, engine, versions, where)
+    sets += _quantized(df, engine, versions, where, hardware)
     sets = [s for s in sets if len(s)]
     source = df["source"].iloc[0] if len(df) else ""
     text = AIC_SOURCE.format(version=df["source_version"].iloc[0], device=where) \
@@ -224,19 +224,26 @@ def _records(rows) -> list[dict]:
             for r in rows.to_dict("records")]
 
 
-def _quantized(df, engine: str, versions: dict[str, str], where: str) -> list[KernelSet]:
-    """The fp8, fp8-block and nvfp4 linears the collector replayed from a CUDA graph
-    (rows timed eagerly, vLLM's fp8_block, measure the host path: left to the report)."""
+def _quantized(df, engine: str, versions: dict[str, str], where: str, device: str
+               ) -> list[KernelSet]:
+    """The fp8, fp8-block and nvfp4 linears the collector timed: replayed from a CUDA
+    graph, or eagerly (vLLM's fp8_block, timing ``stream``: priced with the host path as
+    a floor, ``cost.eager``), each row's dispatch bucket in column ``bucket``
+    (``corpus.dispatch``)."""
     from perfmodel.specs.dtypes import CODE
 
     rows = df[(df["table"] == "gemm_perf") & df["dtype"].isin(["fp8", "fp4"])
-              & (df["weight_dtype"] == "") & (df["timing"] == "kernel")
+              & (df["weight_dtype"] == "") & df["timing"].isin(["kernel", "stream"])
               & df["dtype"].isin(list(CODE))]
     if rows.empty:
         return []
     versions["gemm_quantized"] = v = rows["engine_version"].iloc[0]
-    return [linear_set(_records(rows), rows["measured_s"].to_numpy(),
-                       f"{where}/gemm/{engine}/{v}")]
+    s = linear_set(_records(rows), rows["measured_s"].to_numpy(),
+                   f"{where}/gemm/{engine}/{v}")
+    from validate.corpus.dispatch import buckets
+
+    s.columns["bucket"] = buckets(engine, device, s.columns["format"], s.columns["m"])
+    return [s]
 
 
 def _newest_per_format(rows):
