@@ -119,6 +119,9 @@ def _table(hw: Hardware, op: Gemm, field: int, dense: np.ndarray | float
             out = np.where(expert & (cls == i), moe_rows[name][field], out)
         for m_max, key in reversed(dense_buckets(dense_rows, name)):
             out = np.where(~expert & (cls == i) & (m <= m_max), dense_rows[key][field], out)
+        if f"{name}@{UNALIGNED}" in dense_rows:
+            out = np.where(~expert & (cls == i) & unaligned(op),
+                           dense_rows[f"{name}@{UNALIGNED}"][field], out)
     return out
 
 
@@ -127,12 +130,13 @@ def dense_buckets(table: dict[str, tuple[float, ...]], name: str
     """(largest M, key) of each row of class ``name`` in a ``gemm_kernels`` table, by M:
     ``<class>@<m_max>`` rows (one per M bucket of the engine's dispatch, e.g. vLLM's
     CUTLASS fp8 configs for M <= 16, <= 64, <= 128, above), then the plain ``<class>``
-    row; the last covers every larger M."""
+    row; the last covers every larger M. A ``<class>@unaligned`` row (``unaligned``)
+    replaces them where DeepGEMM cannot run the shape."""
     rows = sorted((float(k.partition("@")[2]), k) for k in table
-                  if k.partition("@")[0] == name and k.partition("@")[2])
+                  if k.partition("@")[0] == name and k.partition("@")[2].isdigit())
     if name in table:
         rows.append((np.inf, name))
-    return rows[:-1] + [(np.inf, rows[-1][1])] if rows else []
+    return [*rows[:-1], (np.inf, rows[-1][1])] if rows else []
 
 
 def dense_key(hw: Hardware, op: Gemm) -> list[tuple[np.ndarray, str]]:
@@ -150,7 +154,23 @@ def dense_key(hw: Hardware, op: Gemm) -> list[tuple[np.ndarray, str]]:
         for m_max, key in dense_buckets(table, name):
             out.append((dense & (cls == i) & (m > lower) & (m <= m_max), key))
             lower = m_max
+        if f"{name}@{UNALIGNED}" in table:
+            off = dense & (cls == i) & unaligned(op)
+            out = [(mask & ~off, k) for mask, k in out] + [(off, f"{name}@{UNALIGNED}")]
     return out
+
+
+# DeepGEMM's fp8 GEMM needs N % 64 == 0 and K % 128 == 0 (vllm/utils/deep_gemm.py
+# should_use_deepgemm_for_fp8_linear: N_MULTIPLE 64, K_MULTIPLE 128); vLLM runs other
+# block-fp8 linears on CUTLASS's blockwise kernel (or Triton's), a kernel of its own
+DEEPGEMM_N, DEEPGEMM_K = 64, 128
+UNALIGNED = "unaligned"
+
+
+def unaligned(op: Gemm) -> np.ndarray:
+    """Where a dense fp8-block GEMM's shape is one DeepGEMM cannot run."""
+    n, k = np.asarray(op.n, dtype=float), np.asarray(op.k, dtype=float)
+    return (np.mod(n, DEEPGEMM_N) != 0) | (np.mod(k, DEEPGEMM_K) != 0)
 
 
 def plan(op: Gemm, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:

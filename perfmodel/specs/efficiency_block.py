@@ -143,7 +143,8 @@ def _moe_kernels(f: Fields | None, classes: tuple[str, ...],
     for expert GEMMs, ``expert_latency_s``, ``programs_per_unit`` and ``depth_s``
     (defaults 0: off). A dense class may be split by M bucket of the engine's dispatch:
     ``<class>@<m_max>`` holds the kernel of GEMMs of at most ``m_max`` rows (the plain
-    ``<class>`` row, those above every bucket; ``cost.moe.dense_row``), and carry the
+    ``<class>`` row, those above every bucket; ``<class>@unaligned``, shapes DeepGEMM
+    cannot run: ``cost.moe.dense_buckets``), and carry the
     engine's eager host path of one call, ``host_s`` (``cost.eager``; into ``hosts``,
     so each row keeps its three fields)."""
     if f is None:
@@ -151,11 +152,13 @@ def _moe_kernels(f: Fields | None, classes: tuple[str, ...],
     out = {}
     for name in list(f.data):
         cls, _, bucket = str(name).partition("@")
-        if cls not in classes or (bucket and (classes == MOE_FORMATS or not bucket.isdigit()
-                                              or int(bucket) < 1)):
+        bad = bucket and (classes == MOE_FORMATS or not (
+            bucket == "unaligned" or (bucket.isdigit() and int(bucket) >= 1)))
+        if cls not in classes or bad:
             raise f.error(name, f"expected a format class: {', '.join(classes)}"
                           + ("" if classes == MOE_FORMATS else
-                             ", optionally @<m_max> (a whole number of rows)"))
+                             ", optionally @<m_max> (a whole number of rows) or "
+                             "@unaligned"))
         k = f.sub(name)
         row = (k.quantity("gemm_fraction", "number", maximum=1.0),
                k.quantity("memory_fraction", "number", maximum=1.0),

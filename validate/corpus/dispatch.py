@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from perfmodel.cost.moe import DEEPGEMM_K, DEEPGEMM_N, UNALIGNED
 from perfmodel.specs.dtypes import MOE_FORMATS
 
 FILE = Path(__file__).with_name("gemm_dispatch.yaml")
 ARCH = {"hopper": "sm90", "blackwell": "sm100"}
+UNALIGNED_BUCKET = -1.0     # a bucket code: the shapes DeepGEMM cannot run
 
 
 @lru_cache(maxsize=1)
@@ -30,17 +32,26 @@ def rule(engine: str, device: str, cls: str) -> dict:
     return (table().get(engine) or {}).get(arch, {}).get(cls) or {}
 
 
-def buckets(engine: str, device: str, formats: np.ndarray, m: np.ndarray) -> np.ndarray:
+def buckets(engine: str, device: str, formats: np.ndarray, m: np.ndarray,
+            n: np.ndarray | None = None, k: np.ndarray | None = None) -> np.ndarray:
     """Per row, the largest M of its dispatch bucket (inf: the top bucket), from its
-    format class index (``cost.moe.FORMATS``) and M."""
+    format class index (``cost.moe.FORMATS``) and M; ``UNALIGNED_BUCKET`` where the rule
+    sends shapes DeepGEMM cannot run to another kernel (``unaligned: true``)."""
     out = np.full(len(m), np.inf)
     for i, cls in enumerate(MOE_FORMATS):
         mine = formats == i
-        for edge in sorted(rule(engine, device, cls).get("edges", ()), reverse=True):
+        found = rule(engine, device, cls)
+        for edge in sorted(found.get("edges", ()), reverse=True):
             out = np.where(mine & (m <= edge), float(edge), out)
+        if found.get("unaligned") and n is not None and k is not None:
+            off = (np.mod(n, DEEPGEMM_N) != 0) | (np.mod(k, DEEPGEMM_K) != 0)
+            out = np.where(mine & off, UNALIGNED_BUCKET, out)
     return out
 
 
 def key(cls: str, bucket: float) -> str:
-    """The ``gemm_kernels`` key of a class's bucket: ``fp8@16``, or ``fp8`` for the top."""
+    """The ``gemm_kernels`` key of a class's bucket: ``fp8@16``, ``fp8_block@unaligned``,
+    or ``fp8`` for the top."""
+    if bucket == UNALIGNED_BUCKET:
+        return f"{cls}@{UNALIGNED}"
     return cls if not np.isfinite(bucket) else f"{cls}@{int(bucket)}"

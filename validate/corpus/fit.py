@@ -112,9 +112,9 @@ def value_of(hw: Hardware, name: str) -> float:
     if name.startswith(("moe.", "gemm.")):
         table, cls, what = name.split(".")
         if what == "host_s":
-            return float(hw.efficiency.gemm_host_s.get(cls, START[base(name)]))
+            return float(hw.efficiency.gemm_host_s.get(cls, START[param_entry(name)]))
         row = getattr(hw.efficiency, f"{table}_kernels").get(cls)
-        return float(row[MOE_FIELDS.index(what)]) if row else float(START[base(name)])
+        return float(row[MOE_FIELDS.index(what)]) if row else float(START[param_entry(name)])
     base, _, kind = name.partition(".")
     if kind:
         return float(hw.efficiency.memory_fraction_for(kind) if base == "memory_fraction"
@@ -135,7 +135,7 @@ def apply(hw: Hardware, values: dict[str, float]) -> Hardware:
         hosts = dict(hw.efficiency.gemm_host_s)
         for cls in {k.split(".")[1] for k in mine}:
             table[cls] = tuple(mine.get(f"{prefix}.{cls}.{n}",
-                                        START[base(f"{prefix}.{cls}.{n}")])
+                                        START[param_entry(f"{prefix}.{cls}.{n}")])
                                for n in MOE_FIELDS[:count])
             if f"{prefix}.{cls}.host_s" in mine:
                 hosts[cls] = mine[f"{prefix}.{cls}.host_s"]
@@ -174,7 +174,7 @@ START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
                             strict=True)}}
 
 
-def base(name: str) -> str:
+def param_entry(name: str) -> str:
     """A parameter's entry in ``PARAMETERS`` / ``START``: a bucket's
     (``gemm.fp8@16.gemm_fraction``) is its class's (``gemm.fp8.gemm_fraction``)."""
     head, at, rest = name.partition("@")
@@ -182,8 +182,8 @@ def base(name: str) -> str:
 
 
 def _start(name: str) -> float:
-    lo, hi, _ = PARAMETERS[base(name)]
-    return math.log(min(max(START[base(name)], lo), hi))
+    lo, hi, _ = PARAMETERS[param_entry(name)]
+    return math.log(min(max(START[param_entry(name)], lo), hi))
 
 
 def _stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], names: Sequence[str],
@@ -209,8 +209,8 @@ def _stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], names: Seque
         return np.concatenate(out)
 
     x0 = np.array([_start(n) for n in names])
-    lo = np.log([PARAMETERS[base(n)][0] for n in names])
-    hi = np.log([PARAMETERS[base(n)][1] for n in names])
+    lo = np.log([PARAMETERS[param_entry(n)][0] for n in names])
+    hi = np.log([PARAMETERS[param_entry(n)][1] for n in names])
     sol = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05,
                         diff_step=1e-3, max_nfev=max_nfev)
     return {n: float(math.exp(v)) for n, v in zip(names, sol.x, strict=True)}
@@ -244,7 +244,6 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
     """Stages 4 and 5: each format class's kernel constants on its own rows (fused MoE
     layers, ``moe.<class>.*``; quantized dense linears, ``gemm.<class>.*``)."""
     from perfmodel.cost.moe import FORMATS
-
     from validate.corpus.dispatch import key
 
     prefix = "moe" if error_class == "moe" else "gemm"

@@ -242,7 +242,8 @@ def _quantized(df, engine: str, versions: dict[str, str], where: str, device: st
                    f"{where}/gemm/{engine}/{v}")
     from validate.corpus.dispatch import buckets
 
-    s.columns["bucket"] = buckets(engine, device, s.columns["format"], s.columns["m"])
+    c = s.columns
+    c["bucket"] = buckets(engine, device, c["format"], c["m"], c["n"], c["k"])
     return [s]
 
 

@@ -187,7 +187,6 @@ def price_linear(c: dict[str, np.ndarray], hw: Hardware) -> np.ndarray:
     and its activations' quantization): device-timed, or where it ran eagerly (column
     ``eager``) at least its host path (``cost.eager``)."""
     from perfmodel.compare.forms import linear
-
     from perfmodel.cost.eager import eager_time, host_floor
 
     args = {k: c[k] for k in LINEAR_INPUTS}
