@@ -177,14 +177,30 @@ def plan(op: Gemm, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
     """(achievable compute fraction, split-K factor) of a GEMM (``tiling.gemm_plan``); an
     expert GEMM never splits k (Triton's fused_moe grid is M blocks x N blocks of each
     expert; CUTLASS's grouped GEMM one tile per program) and runs at its kernel's share
-    (``compute_factor``) where the file has a fused-MoE table; without one, a dense plan."""
+    (``compute_factor``) where the file has a fused-MoE table; without one, a dense plan;
+    neither does a dense quantized GEMM with a kernel of its own (``own_kernel``)."""
     frac, split = gemm_plan(op.m, op.n, op.k, op.groups, hw)
-    if not np.any(op.experts) or not hw.efficiency.moe_kernels:
-        return frac * compute_factor(op, hw), split     # no fused-MoE table: a dense GEMM
+    whole_k = is_expert(op) if hw.efficiency.moe_kernels else np.zeros(op.shape, bool)
+    if hw.efficiency.gemm_kernels:
+        whole_k = whole_k | own_kernel(op, hw)
+    if not np.any(whole_k):
+        return frac * compute_factor(op, hw), split
     whole, _ = gemm_plan(op.m, op.n, op.k, op.groups, hw, may_split=False)
-    expert = is_expert(op)
-    return (np.where(expert, whole, frac) * compute_factor(op, hw),
-            np.where(expert, 1.0, split))
+    return (np.where(whole_k, whole, frac) * compute_factor(op, hw),
+            np.where(whole_k, 1.0, split))
+
+
+def own_kernel(op: Gemm, hw: Hardware) -> np.ndarray:
+    """Where a dense GEMM runs a quantized kernel of its own (its class has a
+    ``gemm_kernels`` row): those never split k. vLLM's and sgl-kernel's CUTLASS
+    ``scaled_mm`` configs run one persistent tile per output tile
+    (``scaled_mm_sm90_fp8_dispatch.cuh``: ``PersistentScheduler``, no stream-K), and
+    DeepGEMM's normal fp8 GEMM one block per output tile over the whole k
+    (``heuristics/sm90.hpp``: layouts of block_m x block_n only)."""
+    cls = format_class(op)
+    listed = [i for i, name in enumerate(FORMATS) if dense_buckets(hw.efficiency.gemm_kernels,
+                                                                    name)]
+    return ~is_expert(op) & np.isin(cls, listed)
 
 
 def compute_factor(op: Gemm, hw: Hardware) -> np.ndarray | float:
@@ -219,11 +235,31 @@ def stream_fill(op: Gemm, hw: Hardware, per_unit: np.ndarray | float) -> np.ndar
     return np.minimum(1.0, programs / need)
 
 
+def row_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
+    """Seconds a dense quantized GEMM's activation quantization adds per row, m x
+    ``gemm_row_s`` of its class: vLLM's per-tensor dynamic fp8 quantization
+    (csrc/quantization/w8a8/fp8/common.cu, dynamic_scaled_fp8_quant) launches
+    ``segmented_max_reduction`` on a grid of one block per token, each block ending in an
+    ``atomicMaxFloat`` on the tensor's one scale: same-address atomics serialise, a
+    cost per token whatever the width (vLLM H100: 4.8 us at 1 token, 122 us at 16,384
+    tokens of 32 elements)."""
+    rows = hw.efficiency.gemm_row_s
+    if not rows:
+        return 0.0
+    cls = format_class(op)
+    dense = ~is_expert(op)
+    per = np.zeros(op.shape)
+    for i, name in enumerate(FORMATS):
+        if name in rows:
+            per = np.where(dense & (cls == i), rows[name], per)
+    return per * np.asarray(op.m, dtype=float)
+
+
 def fixed_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
     """One GEMM kernel's fixed cost: its kernel's for an expert GEMM (plus its cost per
     expert it runs), else ``gemm``'s."""
     if not np.any(op.experts):
-        return _table(hw, op, 2, hw.efficiency.latency_for("gemm"))
+        return _table(hw, op, 2, hw.efficiency.latency_for("gemm")) + row_cost(op, hw)
     per, depth = _table(hw, op, 3, 0.0), _table(hw, op, 5, 0.0)
     return (_table(hw, op, 2, hw.efficiency.latency_for("gemm"))
             + per * np.asarray(op.groups) + depth * np.asarray(op.k))

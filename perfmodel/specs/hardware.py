@@ -158,6 +158,10 @@ class Efficiency:
     # class or bucket key of ``gemm_kernels`` -> the engine's eager host path of one call
     # (``cost.eager``: only rows timed eagerly, ``timing`` stream, pay it)
     gemm_host_s: dict[str, float] = field(default_factory=dict)
+    # class of ``gemm_kernels`` -> seconds per row (token) its activation quantization adds
+    # beyond the fixed cost (vLLM's per-tensor fp8: one block per token, each ending in an
+    # atomic max on the one scale, ``cost.moe.fixed_cost``)
+    gemm_row_s: dict[str, float] = field(default_factory=dict)
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"

@@ -86,6 +86,9 @@ PARAMETERS |= {f"gemm.{c}.{n}": (*PARAMETERS[f"moe.{c}.{n}"][:2], why)
 PARAMETERS |= {f"gemm.{c}.host_s": (1e-6, 500e-6, "the engine's host path of one eager "
                                                   "call of the linear (cost.eager)")
                for c in DENSE_FORMATS}
+PARAMETERS |= {f"gemm.{c}.row_s": (1e-12, 3e-8, "seconds per token of the per-tensor "
+                                               "activation quantization (cost.moe.row_cost)")
+               for c in DENSE_FORMATS}
 INTERCONNECT = ("collective_latency_s", "custom_all_reduce_fraction",
                 "custom_all_reduce_latency_s")
 STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
@@ -111,8 +114,9 @@ def value_of(hw: Hardware, name: str) -> float:
         return float(getattr(hw.interconnect, name))
     if name.startswith(("moe.", "gemm.")):
         table, cls, what = name.split(".")
-        if what == "host_s":
-            return float(hw.efficiency.gemm_host_s.get(cls, START[param_entry(name)]))
+        if what in ("host_s", "row_s"):
+            return float(getattr(hw.efficiency, f"gemm_{what}").get(
+                cls, START[param_entry(name)]))
         row = getattr(hw.efficiency, f"{table}_kernels").get(cls)
         return float(row[MOE_FIELDS.index(what)]) if row else float(START[param_entry(name)])
     base, _, kind = name.partition(".")
@@ -133,14 +137,17 @@ def apply(hw: Hardware, values: dict[str, float]) -> Hardware:
             continue
         table = dict(getattr(hw.efficiency, f"{prefix}_kernels"))
         hosts = dict(hw.efficiency.gemm_host_s)
+        per_row = dict(hw.efficiency.gemm_row_s)
         for cls in {k.split(".")[1] for k in mine}:
             table[cls] = tuple(mine.get(f"{prefix}.{cls}.{n}",
                                         START[param_entry(f"{prefix}.{cls}.{n}")])
                                for n in MOE_FIELDS[:count])
             if f"{prefix}.{cls}.host_s" in mine:
                 hosts[cls] = mine[f"{prefix}.{cls}.host_s"]
+            if f"{prefix}.{cls}.row_s" in mine:
+                per_row[cls] = mine[f"{prefix}.{cls}.row_s"]
         hw = replace(hw, efficiency=replace(hw.efficiency, **{f"{prefix}_kernels": table},
-                                            gemm_host_s=hosts))
+                                            gemm_host_s=hosts, gemm_row_s=per_row))
         values = {k: v for k, v in values.items() if k not in mine}
     link = {k: v for k, v in values.items() if k in INTERCONNECT}
     if any(k.startswith("custom_all_reduce") for k in link):
@@ -170,8 +177,8 @@ START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          **{f"moe.{c}.{n}": v for c in MOE_FORMATS
             for n, v in zip(MOE_FIELDS, (0.5, 0.8, 8e-6, 5e-8, 1.0, 1e-9), strict=True)},
          **{f"gemm.{c}.{n}": v for c in DENSE_FORMATS
-            for n, v in zip((*MOE_FIELDS[:3], "host_s"), (0.7, 0.8, 4e-6, 50e-6),
-                            strict=True)}}
+            for n, v in zip((*MOE_FIELDS[:3], "host_s", "row_s"),
+                            (0.7, 0.8, 4e-6, 50e-6, 1e-9), strict=True)}}
 
 
 def param_entry(name: str) -> str:
@@ -251,20 +258,25 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
     for i, cls in enumerate(FORMATS):
         if prefix == "gemm" and cls not in DENSE_FORMATS:
             continue            # w4a8 dense linears: priced at the dense fp8 figures
-        for bucket in _buckets(devices, error_class, i):
-            chosen, eager = [], False
+        # the top bucket first: the per-tensor quantization's cost per row (``row_s``,
+        # the class's, every bucket's) is seen at large M only
+        for bucket in sorted(_buckets(devices, error_class, i), key=lambda b: -b):
+            chosen, eager, tensor = [], False, False
             for hw, sets in devices:
                 mine = [s.take(np.flatnonzero((s.columns["format"] == i)
                                               & (s.columns.get("bucket", np.inf) == bucket)))
                         for s in sets if s.error_class == error_class]
                 mine = [subsample(s, max_rows) for s in mine if len(s)]
                 eager |= any(np.any(s.columns.get("eager", 0) > 0) for s in mine)
+                tensor |= any(np.any(s.columns["mode"] == 1) for s in mine)
                 if mine:
-                    chosen.append((apply(hw, fitted), mine))
+                    chosen.append((apply(hw, fitted | out), mine))
             if chosen:
-                names = [*fields, "host_s"] if eager else list(fields)
-                out |= _stage(chosen, [f"{prefix}.{key(cls, bucket)}.{n}" for n in names],
-                              max_nfev)
+                names = [f"{prefix}.{key(cls, bucket)}.{n}"
+                         for n in [*fields, *(["host_s"] if eager else [])]]
+                if tensor and prefix == "gemm" and bucket == np.inf:
+                    names.append(f"gemm.{cls}.row_s")
+                out |= _stage(chosen, names, max_nfev)
     return out
 
 
