@@ -242,7 +242,10 @@ def row_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
     ``segmented_max_reduction`` on a grid of one block per token, each block ending in an
     ``atomicMaxFloat`` on the tensor's one scale: same-address atomics serialise, a
     cost per token whatever the width (vLLM H100: 4.8 us at 1 token, 122 us at 16,384
-    tokens of 32 elements)."""
+    tokens of 32 elements). Per-token-group quantization (SGLang's and TensorRT-LLM's
+    ``per_token_group_quant_fp8`` before DeepGEMM) writes each row's scales in the
+    column-major, TMA-aligned layout DeepGEMM reads, a store per row and group; its
+    ``row_s`` is fitted the same way, near 0 where a kernel adds nothing per row."""
     rows = hw.efficiency.gemm_row_s
     if not rows:
         return 0.0

@@ -86,8 +86,9 @@ PARAMETERS |= {f"gemm.{c}.{n}": (*PARAMETERS[f"moe.{c}.{n}"][:2], why)
 PARAMETERS |= {f"gemm.{c}.host_s": (1e-6, 500e-6, "the engine's host path of one eager "
                                                   "call of the linear (cost.eager)")
                for c in DENSE_FORMATS}
-PARAMETERS |= {f"gemm.{c}.row_s": (1e-12, 3e-8, "seconds per token of the per-tensor "
-                                               "activation quantization (cost.moe.row_cost)")
+PARAMETERS |= {f"gemm.{c}.row_s": (1e-12, 3e-8, "seconds per token of the activations' "
+                                               "quantization beyond its bytes "
+                                               "(cost.moe.row_cost)")
                for c in DENSE_FORMATS}
 INTERCONNECT = ("collective_latency_s", "custom_all_reduce_fraction",
                 "custom_all_reduce_latency_s")
@@ -261,20 +262,20 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
         # the top bucket first: the per-tensor quantization's cost per row (``row_s``,
         # the class's, every bucket's) is seen at large M only
         for bucket in sorted(_buckets(devices, error_class, i), key=lambda b: -b):
-            chosen, eager, tensor = [], False, False
+            chosen, eager, quantized = [], False, False
             for hw, sets in devices:
                 mine = [s.take(np.flatnonzero((s.columns["format"] == i)
                                               & (s.columns.get("bucket", np.inf) == bucket)))
                         for s in sets if s.error_class == error_class]
                 mine = [subsample(s, max_rows) for s in mine if len(s)]
                 eager |= any(np.any(s.columns.get("eager", 0) > 0) for s in mine)
-                tensor |= any(np.any(s.columns["mode"] == 1) for s in mine)
+                quantized |= any(np.any(s.columns["mode"] >= 0) for s in mine)
                 if mine:
                     chosen.append((apply(hw, fitted | out), mine))
             if chosen:
                 names = [f"{prefix}.{key(cls, bucket)}.{n}"
                          for n in [*fields, *(["host_s"] if eager else [])]]
-                if tensor and prefix == "gemm" and bucket == np.inf:
+                if quantized and prefix == "gemm" and bucket == np.inf:
                     names.append(f"gemm.{cls}.row_s")
                 out |= _stage(chosen, names, max_nfev)
     return out
