@@ -73,10 +73,13 @@ def test_host_s_is_read_beside_the_three_fields(tmp_path):
     path = tmp_path / "hw.yaml"
     path.write_text("version: 1\nbase: h100-sxm\nname: x\nefficiency:\n  gemm_kernels:\n"
                     "    fp8_block@31: {gemm_fraction: 0.5, memory_fraction: 0.5, "
-                    "latency_s: 1 us, host_s: 60 us}\n  source: a test\n")
+                    "latency_s: 1 us, host_s: 60 us}\n"
+                    "    fp8: {gemm_fraction: 0.5, memory_fraction: 0.5, latency_s: 1 us, "
+                    "row_s: 0.007 us}\n  source: a test\n")
     hw = pm.hardware(str(path))
     assert hw.efficiency.gemm_kernels["fp8_block@31"] == (0.5, 0.5, 1e-6)   # three fields
     assert hw.efficiency.gemm_host_s == {"fp8_block@31": pytest.approx(60e-6)}
+    assert hw.efficiency.gemm_row_s == {"fp8": pytest.approx(7e-9)}
 
 
 def _row(m, timing):
@@ -136,3 +139,23 @@ def test_buckets_follow_vllms_sm90_cutlass_fp8_dispatch():
     assert got.tolist() == [31, np.inf, dispatch.UNALIGNED_BUCKET]
     assert dispatch.key("fp8_block", dispatch.UNALIGNED_BUCKET) == "fp8_block@unaligned"
     assert dispatch.buckets("vllm", "l40s", np.full(1, 1), np.ones(1)).tolist() == [np.inf]
+
+
+def test_the_per_tensor_quantization_costs_per_token():
+    # vLLM's segmented_max_reduction: one block per token, an atomic max each
+    hw = _hw({"fp8": (0.5, 0.5, 4e-6)})
+    hw = replace(hw, efficiency=replace(hw.efficiency, gemm_row_s={"fp8": 7e-9}))
+    got = np.asarray(moe.fixed_cost(_gemm([1.0, 16384.0], n=32.0, k=32.0), hw))
+    assert got.tolist() == pytest.approx([4e-6 + 7e-9, 4e-6 + 16384 * 7e-9])
+    bf16 = Gemm(m=16384.0, n=32.0, k=32.0, weight_bytes=2.0, act_bytes=2.0,
+                dtype=CODE["bf16"])
+    assert float(moe.row_cost(bf16, hw)) == 0.0         # a 16-bit GEMM pays none
+
+
+def test_a_quantized_kernel_of_its_own_never_splits_k():
+    # two output tiles over k = 65536: the device's dense plan splits k, CUTLASS's
+    # persistent scaled_mm and DeepGEMM do not
+    op = _gemm([1.0], n=32.0, k=65536.0)
+    _, dense_split = moe.plan(op, _hw({}))
+    _, own_split = moe.plan(op, _hw({"fp8": (0.5, 0.5, 4e-6)}))
+    assert float(dense_split[0]) > 1.0 and float(own_split[0]) == 1.0
