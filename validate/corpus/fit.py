@@ -83,6 +83,14 @@ PARAMETERS |= {f"gemm.{c}.{n}": (*PARAMETERS[f"moe.{c}.{n}"][:2], why)
                    ("memory_fraction", "its operand streaming, share of HBM peak"),
                    ("latency_s", "its fixed cost with the activations' quantization "
                                  "kernel's launch"))}
+# a dense quantized GEMM streams its operands through a TMA-fed pipeline (CUTLASS sm90 /
+# sm100 mainloops, DeepGEMM) on every compute unit: at least half the HBM peak, unlike a
+# grouped expert GEMM of few programs (the moe.* range's 0.2); fitted lower, the fraction
+# stood in for other costs (vLLM B200 fp8 above M 256 at 0.2 made a W8A8 fp8 LM head
+# slower than its bf16 one at batch 1,024)
+PARAMETERS |= {f"gemm.{c}.memory_fraction": (0.5, 0.98, "its operand streaming, share of "
+                                                        "HBM peak (a TMA-fed mainloop)")
+               for c in DENSE_FORMATS}
 PARAMETERS |= {f"gemm.{c}.host_s": (1e-6, 500e-6, "the engine's host path of one eager "
                                                   "call of the linear (cost.eager)")
                for c in DENSE_FORMATS}
