@@ -27,7 +27,7 @@ BLOCK = 1.0 + 4.0 / (128 * 128)         # fp8 bytes per weight with a 128 x 128 
 def _hw(table: dict, hosts: dict | None = None):
     hw = pm.hardware("h100-sxm")
     return replace(hw, efficiency=replace(hw.efficiency, gemm_kernels=table,
-                                          gemm_host_s=hosts or {}))
+                                          gemm_host_s=hosts or {}, gemm_row_s={}))
 
 
 def _gemm(m, n=4096.0, k=4096.0, wb=1.0):
