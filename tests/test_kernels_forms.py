@@ -51,7 +51,8 @@ def test_w8a8_gemm_adds_its_activation_quantization():
     with_quant = predict_rows([base | {"act_quant": "tensor"}], H100)[0]
     assert with_quant["predicted_s"] == pytest.approx(total) and total > bare
     token = _sum(base | {"act_quant": "token"})[1][1][1]
-    assert float(token.bytes.total[0]) == 256 * 4096 * 3        # one pass
+    # one pass, and its fp32 scale per 128-element group (cost.quantize)
+    assert float(token.bytes.total[0]) == 256 * 4096 * (3 + 4 / 128)
     assert with_quant["op_class"] == "gemm"                      # the GEMM's class
 
 

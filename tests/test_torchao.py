@@ -69,7 +69,11 @@ def test_variant_differs_only_in_bandwidth() -> None:
 # 0.89 only above 256 MB), where TorchAO's roofline code states about 2.2 TB/s, 92% of the
 # 2.4 TB/s variant's memory: the fraction of a lower HBM clock is not the stock part's.
 # Strict: the marks fail the run if these rows come back within 10%.
-NOT_MET = {"bf16": -0.143, "int8": -0.108}
+# fp8: -14.5% since the H100's fp8 GEMMs price vLLM's measured CUTLASS W8A8 kernels
+# (gemm_kernels, inherited by the variant: at M <= 16 77% of HBM peak and 3.0 us against
+# the 16-bit 86% and 2.3 us, and the per-tensor quantization's cost per token), not the
+# kernel TorchAO's Float8 config compiles (-9.8% before, within).
+NOT_MET = {"bf16": -0.143, "int8": -0.108, "fp8": -0.145}
 
 
 @pytest.mark.parametrize("weights", [

@@ -8,7 +8,8 @@ Rows are grouped by operator class and regime:
 
 Rows also carry how they were timed (column ``timing``: kernel | stream | host, see
 ``roofline``); ``timing="auto"`` predicts each row the way it was measured. All rows of one
-record type are predicted in one vectorised call.
+record type are predicted in one vectorised call. A quantized linear timed eagerly
+(``stream``) takes at least its engine's host path (``cost.eager``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from perfmodel.compare.rows import TIMINGS, canonical, row_parts, row_timing, shape_key
-from perfmodel.cost.ops import OpRecord, kind_names
+from perfmodel.cost.eager import eager_time, host_floor
+from perfmodel.cost.ops import Gemm, OpRecord, kind_names
 from perfmodel.cost.roofline import op_time, peak
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
@@ -68,8 +70,13 @@ def predict_rows(rows: Iterable[dict], hw: Hardware, timing: str = "kernel",
     codes = np.array([TIMINGS.index(row_timing(r, timing)) for r in rows], dtype=np.int64)
     out = [dict(r) for r in rows]
     total = np.zeros(len(rows))
+    floor = np.zeros(len(rows))         # an eager linear's host path (``cost.eager``)
+    stream = TIMINGS.index("stream")
     for index, op, primary in row_parts(rows, where, hw):
         total[index] += op_time(op, hw, codes[index]).time_s
+        if isinstance(op, Gemm):
+            floor[index] = np.maximum(floor[index],
+                                      np.where(codes[index] == stream, host_floor(op, hw), 0))
         if not primary:
             continue
         columns = {"predicted_s": np.nan, "error": np.nan,     # filled below; first, as before
@@ -80,6 +87,7 @@ def predict_rows(rows: Iterable[dict], hw: Hardware, timing: str = "kernel",
         lists = {k: np.broadcast_to(v, index.shape).tolist() for k, v in columns.items()}
         for j, i in enumerate(index):
             out[i].update({k: v[j] for k, v in lists.items()})
+    total = eager_time(total, floor)
     for i, row in enumerate(out):
         row.update(predicted_s=float(total[i]), error=float(total[i] / measured[i] - 1.0))
     return out

@@ -46,7 +46,7 @@ import numpy as np
 from perfmodel.compare.moe_routing import is_known, routed_load
 from perfmodel.cost import ep
 from perfmodel.cost.ops import AllReduce, AllToAll, Attention, Gemm, KvWrite, OpRecord, pointwise
-from perfmodel.cost.quantize import ActQuant
+from perfmodel.cost.quantize import ActQuant, act_scale_bytes
 from perfmodel.cost.routing import expected_distinct, zipf_popularity
 from perfmodel.cost.scan import Conv1d, LinearScan
 from perfmodel.specs.dtypes import BYTES, CODE, weight_bytes
@@ -128,7 +128,8 @@ def _quant_pass(rows: np.ndarray, n: np.ndarray, dtype: np.ndarray, mode: np.nda
                 ) -> ActQuant:
     """The activation quantization of rows where ``mode`` >= 0 (count 0 elsewhere)."""
     return ActQuant(rows=rows, n=n, act_bytes=2.0, kv_bytes=BYTES[dtype],
-                    reduce_pass=np.maximum(mode, 0.0), dtype=_BF16,
+                    reduce_pass=np.maximum(mode, 0.0),
+                    scale_bytes=act_scale_bytes(dtype, mode), dtype=_BF16,
                     count=(mode >= 0).astype(float))
 
 

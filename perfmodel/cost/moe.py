@@ -113,26 +113,94 @@ def _table(hw: Hardware, op: Gemm, field: int, dense: np.ndarray | float
     cls = format_class(op)
     expert = is_expert(op)
     out = np.broadcast_to(np.asarray(dense, dtype=float), op.shape).copy()
+    m = np.broadcast_to(np.asarray(op.m, dtype=float), op.shape)
     for i, name in enumerate(FORMATS):
         if name in moe_rows:
             out = np.where(expert & (cls == i), moe_rows[name][field], out)
-        if name in dense_rows:
-            out = np.where(~expert & (cls == i), dense_rows[name][field], out)
+        for m_max, key in reversed(dense_buckets(dense_rows, name)):
+            out = np.where(~expert & (cls == i) & (m <= m_max), dense_rows[key][field], out)
+        if f"{name}@{UNALIGNED}" in dense_rows:
+            out = np.where(~expert & (cls == i) & unaligned(op),
+                           dense_rows[f"{name}@{UNALIGNED}"][field], out)
     return out
+
+
+def dense_buckets(table: dict[str, tuple[float, ...]], name: str
+                  ) -> list[tuple[float, str]]:
+    """(largest M, key) of each row of class ``name`` in a ``gemm_kernels`` table, by M:
+    ``<class>@<m_max>`` rows (one per M bucket of the engine's dispatch, e.g. vLLM's
+    CUTLASS fp8 configs for M <= 16, <= 64, <= 128, above), then the plain ``<class>``
+    row; the last covers every larger M. A ``<class>@unaligned`` row (``unaligned``)
+    replaces them where DeepGEMM cannot run the shape."""
+    rows = sorted((float(k.partition("@")[2]), k) for k in table
+                  if k.partition("@")[0] == name and k.partition("@")[2].isdigit())
+    if name in table:
+        rows.append((np.inf, name))
+    return [*rows[:-1], (np.inf, rows[-1][1])] if rows else []
+
+
+def dense_key(hw: Hardware, op: Gemm) -> list[tuple[np.ndarray, str]]:
+    """(mask, ``gemm_kernels`` key) of every bucket row ``op``'s dense quantized
+    instances price with (``cost.eager`` reads the host path of the same row)."""
+    table = hw.efficiency.gemm_kernels
+    if not table:
+        return []
+    cls = format_class(op)
+    dense = ~is_expert(op)
+    m = np.broadcast_to(np.asarray(op.m, dtype=float), op.shape)
+    out = []
+    for i, name in enumerate(FORMATS):
+        lower = -np.inf
+        for m_max, key in dense_buckets(table, name):
+            out.append((dense & (cls == i) & (m > lower) & (m <= m_max), key))
+            lower = m_max
+        if f"{name}@{UNALIGNED}" in table:
+            off = dense & (cls == i) & unaligned(op)
+            out = [(mask & ~off, k) for mask, k in out] + [(off, f"{name}@{UNALIGNED}")]
+    return out
+
+
+# DeepGEMM's fp8 GEMM needs N % 64 == 0 and K % 128 == 0 (vllm/utils/deep_gemm.py
+# should_use_deepgemm_for_fp8_linear: N_MULTIPLE 64, K_MULTIPLE 128); vLLM runs other
+# block-fp8 linears on CUTLASS's blockwise kernel (or Triton's), a kernel of its own
+DEEPGEMM_N, DEEPGEMM_K = 64, 128
+UNALIGNED = "unaligned"
+
+
+def unaligned(op: Gemm) -> np.ndarray:
+    """Where a dense fp8-block GEMM's shape is one DeepGEMM cannot run."""
+    n, k = np.asarray(op.n, dtype=float), np.asarray(op.k, dtype=float)
+    return (np.mod(n, DEEPGEMM_N) != 0) | (np.mod(k, DEEPGEMM_K) != 0)
 
 
 def plan(op: Gemm, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
     """(achievable compute fraction, split-K factor) of a GEMM (``tiling.gemm_plan``); an
     expert GEMM never splits k (Triton's fused_moe grid is M blocks x N blocks of each
     expert; CUTLASS's grouped GEMM one tile per program) and runs at its kernel's share
-    (``compute_factor``) where the file has a fused-MoE table; without one, a dense plan."""
+    (``compute_factor``) where the file has a fused-MoE table; without one, a dense plan;
+    neither does a dense quantized GEMM with a kernel of its own (``own_kernel``)."""
     frac, split = gemm_plan(op.m, op.n, op.k, op.groups, hw)
-    if not np.any(op.experts) or not hw.efficiency.moe_kernels:
-        return frac * compute_factor(op, hw), split     # no fused-MoE table: a dense GEMM
+    whole_k = is_expert(op) if hw.efficiency.moe_kernels else np.zeros(op.shape, bool)
+    if hw.efficiency.gemm_kernels:
+        whole_k = whole_k | own_kernel(op, hw)
+    if not np.any(whole_k):
+        return frac * compute_factor(op, hw), split
     whole, _ = gemm_plan(op.m, op.n, op.k, op.groups, hw, may_split=False)
-    expert = is_expert(op)
-    return (np.where(expert, whole, frac) * compute_factor(op, hw),
-            np.where(expert, 1.0, split))
+    return (np.where(whole_k, whole, frac) * compute_factor(op, hw),
+            np.where(whole_k, 1.0, split))
+
+
+def own_kernel(op: Gemm, hw: Hardware) -> np.ndarray:
+    """Where a dense GEMM runs a quantized kernel of its own (its class has a
+    ``gemm_kernels`` row): those never split k. vLLM's and sgl-kernel's CUTLASS
+    ``scaled_mm`` configs run one persistent tile per output tile
+    (``scaled_mm_sm90_fp8_dispatch.cuh``: ``PersistentScheduler``, no stream-K), and
+    DeepGEMM's normal fp8 GEMM one block per output tile over the whole k
+    (``heuristics/sm90.hpp``: layouts of block_m x block_n only)."""
+    cls = format_class(op)
+    listed = [i for i, name in enumerate(FORMATS) if dense_buckets(hw.efficiency.gemm_kernels,
+                                                                    name)]
+    return ~is_expert(op) & np.isin(cls, listed)
 
 
 def compute_factor(op: Gemm, hw: Hardware) -> np.ndarray | float:
@@ -167,11 +235,34 @@ def stream_fill(op: Gemm, hw: Hardware, per_unit: np.ndarray | float) -> np.ndar
     return np.minimum(1.0, programs / need)
 
 
+def row_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
+    """Seconds a dense quantized GEMM's activation quantization adds per row, m x
+    ``gemm_row_s`` of its class: vLLM's per-tensor dynamic fp8 quantization
+    (csrc/quantization/w8a8/fp8/common.cu, dynamic_scaled_fp8_quant) launches
+    ``segmented_max_reduction`` on a grid of one block per token, each block ending in an
+    ``atomicMaxFloat`` on the tensor's one scale: same-address atomics serialise, a
+    cost per token whatever the width (vLLM H100: 4.8 us at 1 token, 122 us at 16,384
+    tokens of 32 elements). Per-token-group quantization (SGLang's and TensorRT-LLM's
+    ``per_token_group_quant_fp8`` before DeepGEMM) writes each row's scales in the
+    column-major, TMA-aligned layout DeepGEMM reads, a store per row and group; its
+    ``row_s`` is fitted the same way, near 0 where a kernel adds nothing per row."""
+    rows = hw.efficiency.gemm_row_s
+    if not rows:
+        return 0.0
+    cls = format_class(op)
+    dense = ~is_expert(op)
+    per = np.zeros(op.shape)
+    for i, name in enumerate(FORMATS):
+        if name in rows:
+            per = np.where(dense & (cls == i), rows[name], per)
+    return per * np.asarray(op.m, dtype=float)
+
+
 def fixed_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
     """One GEMM kernel's fixed cost: its kernel's for an expert GEMM (plus its cost per
     expert it runs), else ``gemm``'s."""
     if not np.any(op.experts):
-        return _table(hw, op, 2, hw.efficiency.latency_for("gemm"))
+        return _table(hw, op, 2, hw.efficiency.latency_for("gemm")) + row_cost(op, hw)
     per, depth = _table(hw, op, 3, 0.0), _table(hw, op, 5, 0.0)
     return (_table(hw, op, 2, hw.efficiency.latency_for("gemm"))
             + per * np.asarray(op.groups) + depth * np.asarray(op.k))

@@ -16,6 +16,7 @@ from perfmodel.specs.kinds import OWN_FRACTION, OWN_LATENCY
 def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
     """The ``efficiency:`` block's figures; ``scan_kernel`` is the default of the file's
     vendor. The caller reads its ``source:`` and finishes the block."""
+    hosts: dict[str, dict[str, float]] = {"host_s": {}, "row_s": {}}
     out = Efficiency(
         gemm_fraction=f.quantity("gemm_fraction", "number", maximum=1.0),
         memory_fraction=f.quantity("memory_fraction", "number", maximum=1.0),
@@ -67,7 +68,10 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         kernel_latency_by_kind=_per_kind(f.sub("kernel_latency_by_kind", required=False), "s",
                                          memory_only=False),
         moe_kernels=_moe_kernels(f.sub("moe_kernels", required=False), MOE_FORMATS),
-        gemm_kernels=_moe_kernels(f.sub("gemm_kernels", required=False), DENSE_FORMATS),
+        gemm_kernels=_moe_kernels(f.sub("gemm_kernels", required=False), DENSE_FORMATS,
+                                  hosts),
+        gemm_host_s=hosts["host_s"],
+        gemm_row_s=hosts["row_s"],
         scan_kernels=_scan_kernels(f.sub("scan_kernels", required=False)),
         ep_kernels=_ep_kernels(f.sub("ep_kernels", required=False)),
         parallel_grain_elements=f.integer("parallel_grain_elements", 0, minimum=0),
@@ -149,17 +153,31 @@ def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float
     return out
 
 
-def _moe_kernels(f: Fields | None, classes: tuple[str, ...]) -> dict[str, tuple[float, ...]]:
+def _moe_kernels(f: Fields | None, classes: tuple[str, ...],
+                 hosts: dict[str, dict[str, float]] | None = None
+                 ) -> dict[str, tuple[float, ...]]:
     """``moe_kernels`` / ``gemm_kernels``: per weight-format class (``cost.moe.FORMATS``)
     the GEMMs' ``gemm_fraction``, ``memory_fraction`` (both in (0, 1]), ``latency_s`` and,
     for expert GEMMs, ``expert_latency_s``, ``programs_per_unit`` and ``depth_s``
-    (defaults 0: off)."""
+    (defaults 0: off). A dense class may be split by M bucket of the engine's dispatch:
+    ``<class>@<m_max>`` holds the kernel of GEMMs of at most ``m_max`` rows (the plain
+    ``<class>`` row, those above every bucket; ``<class>@unaligned``, shapes DeepGEMM
+    cannot run: ``cost.moe.dense_buckets``), and carry the
+    engine's eager host path of one call, ``host_s`` (``cost.eager``), and the seconds
+    per row its activation quantization adds, ``row_s`` (a plain class row's; into
+    ``hosts``, so each row keeps its three fields)."""
     if f is None:
         return {}
     out = {}
     for name in list(f.data):
-        if name not in classes:
-            raise f.error(name, f"expected a format class: {', '.join(classes)}")
+        cls, _, bucket = str(name).partition("@")
+        bad = bucket and (classes == MOE_FORMATS or not (
+            bucket == "unaligned" or (bucket.isdigit() and int(bucket) >= 1)))
+        if cls not in classes or bad:
+            raise f.error(name, f"expected a format class: {', '.join(classes)}"
+                          + ("" if classes == MOE_FORMATS else
+                             ", optionally @<m_max> (a whole number of rows) or "
+                             "@unaligned"))
         k = f.sub(name)
         row = (k.quantity("gemm_fraction", "number", maximum=1.0),
                k.quantity("memory_fraction", "number", maximum=1.0),
@@ -168,6 +186,11 @@ def _moe_kernels(f: Fields | None, classes: tuple[str, ...]) -> dict[str, tuple[
             row += (k.quantity("expert_latency_s", "s", 0.0, positive=False),
                     k.quantity("programs_per_unit", "number", 0.0, positive=False),
                     k.quantity("depth_s", "s", 0.0, positive=False))
+        elif hosts is not None:
+            for extra, table in hosts.items():
+                value = k.quantity(extra, "s", 0.0, positive=False)
+                if value > 0:
+                    table[name] = value
         out[name] = row
         k.finish()
     f.finish()

@@ -194,6 +194,7 @@ class Efficiency:
     moe_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # a dense GEMM of a quantized class (fp8, fp8_block, fp4): (best-shape share of the
     # dtype's peak, streaming share, fixed cost s) of the kernel the engine runs for it
+    # (a class may be split by M bucket of the engine's dispatch: key ``<class>@<m_max>``)
     gemm_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # a linear-attention scan's kernels per call class (``specs.dtypes.SCAN_CLASSES``):
     # (share of the dtype's peak, streaming share, fixed cost s per launch, s per serial
@@ -205,6 +206,13 @@ class Efficiency:
     # fixed cost across nodes s, an SM's cost per token copy s) as the engine runs them; a
     # kernel not listed prices at the collective figures
     ep_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # class or bucket key of ``gemm_kernels`` -> the engine's eager host path of one call
+    # (``cost.eager``: only rows timed eagerly, ``timing`` stream, pay it)
+    gemm_host_s: dict[str, float] = field(default_factory=dict)
+    # class of ``gemm_kernels`` -> seconds per row (token) its activation quantization adds
+    # beyond the fixed cost (vLLM's per-tensor fp8: one block per token, each ending in an
+    # atomic max on the one scale, ``cost.moe.fixed_cost``)
+    gemm_row_s: dict[str, float] = field(default_factory=dict)
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"

@@ -89,6 +89,21 @@ PARAMETERS |= {f"gemm.{c}.{n}": (*PARAMETERS[f"moe.{c}.{n}"][:2], why)
                    ("memory_fraction", "its operand streaming, share of HBM peak"),
                    ("latency_s", "its fixed cost with the activations' quantization "
                                  "kernel's launch"))}
+# a dense quantized GEMM streams its operands through a TMA-fed pipeline (CUTLASS sm90 /
+# sm100 mainloops, DeepGEMM) on every compute unit: at least half the HBM peak, unlike a
+# grouped expert GEMM of few programs (the moe.* range's 0.2); fitted lower, the fraction
+# stood in for other costs (vLLM B200 fp8 above M 256 at 0.2 made a W8A8 fp8 LM head
+# slower than its bf16 one at batch 1,024)
+PARAMETERS |= {f"gemm.{c}.memory_fraction": (0.5, 0.98, "its operand streaming, share of "
+                                                        "HBM peak (a TMA-fed mainloop)")
+               for c in DENSE_FORMATS}
+PARAMETERS |= {f"gemm.{c}.host_s": (1e-6, 500e-6, "the engine's host path of one eager "
+                                                  "call of the linear (cost.eager)")
+               for c in DENSE_FORMATS}
+PARAMETERS |= {f"gemm.{c}.row_s": (1e-12, 3e-8, "seconds per token of the activations' "
+                                               "quantization beyond its bytes "
+                                               "(cost.moe.row_cost)")
+               for c in DENSE_FORMATS}
 INTERCONNECT = ("collective_latency_s", "custom_all_reduce_fraction",
                 "custom_all_reduce_latency_s")
 STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
@@ -116,8 +131,11 @@ def value_of(hw: Hardware, name: str) -> float:
         return float(getattr(hw.interconnect, name))
     if name.startswith(("moe.", "gemm.")):
         table, cls, what = name.split(".")
+        if what in ("host_s", "row_s"):
+            return float(getattr(hw.efficiency, f"gemm_{what}").get(
+                cls, START[param_entry(name)]))
         row = getattr(hw.efficiency, f"{table}_kernels").get(cls)
-        return float(row[MOE_FIELDS.index(what)]) if row else float(START[name])
+        return float(row[MOE_FIELDS.index(what)]) if row else float(START[param_entry(name)])
     base, _, kind = name.partition(".")
     if kind:
         return float(hw.efficiency.memory_fraction_for(kind) if base == "memory_fraction"
@@ -135,10 +153,18 @@ def apply(hw: Hardware, values: dict[str, float]) -> Hardware:
         if not mine:
             continue
         table = dict(getattr(hw.efficiency, f"{prefix}_kernels"))
+        hosts = dict(hw.efficiency.gemm_host_s)
+        per_row = dict(hw.efficiency.gemm_row_s)
         for cls in {k.split(".")[1] for k in mine}:
-            table[cls] = tuple(mine.get(f"{prefix}.{cls}.{n}", START[f"{prefix}.{cls}.{n}"])
+            table[cls] = tuple(mine.get(f"{prefix}.{cls}.{n}",
+                                        START[param_entry(f"{prefix}.{cls}.{n}")])
                                for n in MOE_FIELDS[:count])
-        hw = replace(hw, efficiency=replace(hw.efficiency, **{f"{prefix}_kernels": table}))
+            if f"{prefix}.{cls}.host_s" in mine:
+                hosts[cls] = mine[f"{prefix}.{cls}.host_s"]
+            if f"{prefix}.{cls}.row_s" in mine:
+                per_row[cls] = mine[f"{prefix}.{cls}.row_s"]
+        hw = replace(hw, efficiency=replace(hw.efficiency, **{f"{prefix}_kernels": table},
+                                            gemm_host_s=hosts, gemm_row_s=per_row))
         values = {k: v for k, v in values.items() if k not in mine}
     link = {k: v for k, v in values.items() if k in INTERCONNECT}
     if any(k.startswith("custom_all_reduce") for k in link):
@@ -169,12 +195,20 @@ START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          **{f"moe.{c}.{n}": v for c in MOE_FORMATS
             for n, v in zip(MOE_FIELDS, (0.5, 0.8, 8e-6, 5e-8, 1.0, 1e-9), strict=True)},
          **{f"gemm.{c}.{n}": v for c in DENSE_FORMATS
-            for n, v in zip(MOE_FIELDS, (0.7, 0.8, 4e-6), strict=False)}}
+            for n, v in zip((*MOE_FIELDS[:3], "host_s", "row_s"),
+                            (0.7, 0.8, 4e-6, 50e-6, 1e-9), strict=True)}}
+
+
+def param_entry(name: str) -> str:
+    """A parameter's entry in ``PARAMETERS`` / ``START``: a bucket's
+    (``gemm.fp8@16.gemm_fraction``) is its class's (``gemm.fp8.gemm_fraction``)."""
+    head, at, rest = name.partition("@")
+    return head + rest[rest.index("."):] if at else name
 
 
 def _start(name: str) -> float:
-    lo, hi, _ = PARAMETERS[name]
-    return math.log(min(max(START[name], lo), hi))
+    lo, hi, _ = PARAMETERS[param_entry(name)]
+    return math.log(min(max(START[param_entry(name)], lo), hi))
 
 
 def _stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], names: Sequence[str],
@@ -200,8 +234,8 @@ def _stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], names: Seque
         return np.concatenate(out)
 
     x0 = np.array([_start(n) for n in names])
-    lo = np.log([PARAMETERS[n][0] for n in names])
-    hi = np.log([PARAMETERS[n][1] for n in names])
+    lo = np.log([PARAMETERS[param_entry(n)][0] for n in names])
+    hi = np.log([PARAMETERS[param_entry(n)][1] for n in names])
     sol = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05,
                         diff_step=1e-3, max_nfev=max_nfev)
     return {n: float(math.exp(v)) for n, v in zip(names, sol.x, strict=True)}
@@ -237,21 +271,32 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
     """Stages 4 and 5: each format class's kernel constants on its own rows (fused MoE
     layers, ``moe.<class>.*``; quantized dense linears, ``gemm.<class>.*``)."""
     from perfmodel.cost.moe import FORMATS
+    from validate.corpus.dispatch import key
 
     prefix = "moe" if error_class == "moe" else "gemm"
     out: dict[str, float] = {}
     for i, cls in enumerate(FORMATS):
         if prefix == "gemm" and cls not in DENSE_FORMATS:
             continue            # w4a8 dense linears: priced at the dense fp8 figures
-        chosen = []
-        for hw, sets in devices:
-            mine = [s.take(np.flatnonzero(s.columns["format"] == i)) for s in sets
-                    if s.error_class == error_class]
-            mine = [subsample(s, max_rows) for s in mine if len(s)]
-            if mine:
-                chosen.append((apply(hw, fitted), mine))
-        if chosen:
-            out |= _stage(chosen, [f"{prefix}.{cls}.{n}" for n in fields], max_nfev)
+        # the top bucket first: the per-tensor quantization's cost per row (``row_s``,
+        # the class's, every bucket's) is seen at large M only
+        for bucket in sorted(_buckets(devices, error_class, i), key=lambda b: -b):
+            chosen, eager, quantized = [], False, False
+            for hw, sets in devices:
+                mine = [s.take(np.flatnonzero((s.columns["format"] == i)
+                                              & (s.columns.get("bucket", np.inf) == bucket)))
+                        for s in sets if s.error_class == error_class]
+                mine = [subsample(s, max_rows) for s in mine if len(s)]
+                eager |= any(np.any(s.columns.get("eager", 0) > 0) for s in mine)
+                quantized |= any(np.any(s.columns["mode"] >= 0) for s in mine)
+                if mine:
+                    chosen.append((apply(hw, fitted | out), mine))
+            if chosen:
+                names = [f"{prefix}.{key(cls, bucket)}.{n}"
+                         for n in [*fields, *(["host_s"] if eager else [])]]
+                if quantized and prefix == "gemm" and bucket == np.inf:
+                    names.append(f"gemm.{cls}.row_s")
+                out |= _stage(chosen, names, max_nfev)
     return out
 
 
@@ -260,6 +305,16 @@ def _has_fallback(hw: Hardware) -> bool:
     then is the fallback kernel's fraction a parameter of its rows."""
     eff = hw.efficiency
     return bool(eff.attention_decode_min_group or eff.attention_decode_max_group)
+
+
+def _buckets(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], error_class: str,
+             fmt: int) -> list[float]:
+    """The dispatch buckets (``corpus.dispatch``) the rows of format ``fmt`` fall in
+    (inf: the top bucket, or the class's only one)."""
+    found = {float(b) for _, sets in devices for s in sets if s.error_class == error_class
+             for b in np.asarray(s.columns.get("bucket", np.full(len(s), np.inf)))[
+                 s.columns["format"] == fmt]}
+    return sorted(found) or [np.inf]
 
 
 def fit_device(hw: Hardware, sets: Sequence[KernelSet], **kw: int) -> dict[str, float]:

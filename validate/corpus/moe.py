@@ -33,6 +33,7 @@ from validate.corpus.fit import (
     fit_device,
     fit_devices,
     held_out,
+    param_entry,
     summary,
 )
 from validate.corpus.rows import ENGINES, Rows, load_sets
@@ -79,8 +80,8 @@ def kernel_tables(cal: Calibration) -> dict[str, dict]:
 
 def _note(cal: Calibration) -> str:
     bound = [k for k, v in cal.values.items()
-             if np.isclose(v, PARAMETERS[k][0], rtol=1e-3, atol=0.0)
-             or np.isclose(v, PARAMETERS[k][1], rtol=1e-3, atol=0.0)]
+             if np.isclose(v, PARAMETERS[param_entry(k)][0], rtol=1e-3, atol=0.0)
+             or np.isclose(v, PARAMETERS[param_entry(k)][1], rtol=1e-3, atol=0.0)]
     parts = []
     for cls, table in (("moe", "moe_kernels"), ("gemm_quantized", "gemm_kernels")):
         if cls in cal.held:

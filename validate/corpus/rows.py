@@ -19,7 +19,7 @@ module adds is the calibration's choice of rows, per device and engine:
   from the newest version that measured it, of the kernel the engine serves for it where
   the collector timed more than one (``moe_served.yaml``; the others' rows are counted
   in the provenance, ``moe_not_served``); quantized linears (fp8, fp8 blocks, nvfp4)
-  replayed from a CUDA graph.
+  graph-replayed or eager.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def load_sets(hardware: str, engine: str = "vllm", rows: Rows | None = None,
                                f"{where}/attention/{engine}/{v}")
     sets += _collectives(df, engine, versions, where)
     sets += _moe(full, engine, versions, where, hardware)
-    sets += _quantized(df, engine, versions, where)
+    sets += _quantized(df, engine, versions, where, hardware)
     sets = [s for s in sets if len(s)]
     source = df["source"].iloc[0] if len(df) else ""
     text = AIC_SOURCE.format(version=df["source_version"].iloc[0], device=where) \
@@ -231,19 +231,27 @@ def _records(rows) -> list[dict]:
             for r in rows.to_dict("records")]
 
 
-def _quantized(df, engine: str, versions: dict[str, str], where: str) -> list[KernelSet]:
-    """The fp8, fp8-block and nvfp4 linears the collector replayed from a CUDA graph
-    (rows timed eagerly, vLLM's fp8_block, measure the host path: left to the report)."""
+def _quantized(df, engine: str, versions: dict[str, str], where: str, device: str
+               ) -> list[KernelSet]:
+    """The fp8, fp8-block and nvfp4 linears the collector timed: replayed from a CUDA
+    graph, or eagerly (vLLM's fp8_block, timing ``stream``: priced with the host path as
+    a floor, ``cost.eager``), each row's dispatch bucket in column ``bucket``
+    (``corpus.dispatch``)."""
     from perfmodel.specs.dtypes import CODE
 
     rows = df[(df["table"] == "gemm_perf") & df["dtype"].isin(["fp8", "fp4"])
-              & (df["weight_dtype"] == "") & (df["timing"] == "kernel")
+              & (df["weight_dtype"] == "") & df["timing"].isin(["kernel", "stream"])
               & df["dtype"].isin(list(CODE))]
     if rows.empty:
         return []
     versions["gemm_quantized"] = v = rows["engine_version"].iloc[0]
-    return [linear_set(_records(rows), rows["measured_s"].to_numpy(),
-                       f"{where}/gemm/{engine}/{v}")]
+    s = linear_set(_records(rows), rows["measured_s"].to_numpy(),
+                   f"{where}/gemm/{engine}/{v}")
+    from validate.corpus.dispatch import buckets
+
+    c = s.columns
+    c["bucket"] = buckets(engine, device, c["format"], c["m"], c["n"], c["k"])
+    return [s]
 
 
 def served(rows, engine: str, hardware: str):

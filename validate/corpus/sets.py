@@ -184,13 +184,17 @@ def moe_set(rows: list[dict], seconds: np.ndarray, source: str = "") -> KernelSe
 
 def price_linear(c: dict[str, np.ndarray], hw: Hardware) -> np.ndarray:
     """A quantized linear as the collector timed it (``compare.forms.linear``: the GEMM
-    and its activations' quantization), device-timed."""
+    and its activations' quantization): device-timed, or where it ran eagerly (column
+    ``eager``) at least its host path (``cost.eager``)."""
     from perfmodel.compare.forms import linear
+    from perfmodel.cost.eager import eager_time, host_floor
 
     args = {k: c[k] for k in LINEAR_INPUTS}
     for name in ("stored", "dtype"):
         args[name] = args[name].astype(np.int64)
-    return sum(op_time(op, hw, "kernel").time_s for op, _ in linear(**args))
+    parts = linear(**args)
+    device = sum(op_time(op, hw, "kernel").time_s for op, _ in parts)
+    return np.where(c["eager"] > 0, eager_time(device, host_floor(parts[0][0], hw)), device)
 
 
 LINEAR_INPUTS = ("m", "n", "k", "wb", "stored", "dtype", "mode")
@@ -210,5 +214,6 @@ def linear_set(rows: list[dict], seconds: np.ndarray, source: str = "") -> Kerne
     main = linear(**cols)[0][0]
     cols = {k: np.asarray(v, dtype=float) for k, v in cols.items()}
     cols["format"] = np.broadcast_to(format_class(main), len(rows)).astype(float)
+    cols["eager"] = np.array([r.get("timing") == "stream" for r in rows], dtype=float)
     return KernelSet("gemm_quantized", cols, np.asarray(seconds, dtype=float),
                      fold_of(cols["n"], cols["k"]), price_linear, source)
