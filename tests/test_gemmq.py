@@ -159,3 +159,16 @@ def test_a_quantized_kernel_of_its_own_never_splits_k():
     _, dense_split = moe.plan(op, _hw({}))
     _, own_split = moe.plan(op, _hw({"fp8": (0.5, 0.5, 4e-6)}))
     assert float(dense_split[0]) > 1.0 and float(own_split[0]) == 1.0
+
+
+def test_an_engine_whose_quantized_kernels_split_k_splits_as_a_dense_gemm():
+    # AITER's CK blockscale GEMM (gemm_kernels_split_k, the AMD files' SGLang blocks) splits
+    # k where its tuner found it faster: the tiling rule's split applies again
+    op = _gemm([1.0], n=32.0, k=65536.0)
+    _, dense_split = moe.plan(op, _hw({}))
+    hw = _hw({"fp8": (0.5, 0.5, 4e-6)})
+    hw = replace(hw, efficiency=replace(hw.efficiency, gemm_kernels_split_k=True))
+    _, split = moe.plan(op, hw)
+    assert float(split[0]) == float(dense_split[0]) > 1.0
+    assert pm.hardware("mi300x", engine="sglang").efficiency.gemm_kernels_split_k
+    assert not pm.hardware("h100-sxm", engine="sglang").efficiency.gemm_kernels_split_k

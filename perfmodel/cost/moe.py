@@ -196,11 +196,13 @@ def own_kernel(op: Gemm, hw: Hardware) -> np.ndarray:
     ``scaled_mm`` configs run one persistent tile per output tile
     (``scaled_mm_sm90_fp8_dispatch.cuh``: ``PersistentScheduler``, no stream-K), and
     DeepGEMM's normal fp8 GEMM one block per output tile over the whole k
-    (``heuristics/sm90.hpp``: layouts of block_m x block_n only)."""
+    (``heuristics/sm90.hpp``: layouts of block_m x block_n only). An engine block with
+    ``gemm_kernels_split_k`` (AITER's CK blockscale GEMM, whose tuned configs carry a
+    ``splitK``) splits as a dense GEMM does."""
     cls = format_class(op)
     listed = [i for i, name in enumerate(FORMATS) if dense_buckets(hw.efficiency.gemm_kernels,
                                                                     name)]
-    return ~is_expert(op) & np.isin(cls, listed)
+    return ~is_expert(op) & np.isin(cls, listed) & (not hw.efficiency.gemm_kernels_split_k)
 
 
 def compute_factor(op: Gemm, hw: Hardware) -> np.ndarray | float:

@@ -72,6 +72,7 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
                                   hosts),
         gemm_host_s=hosts["host_s"],
         gemm_row_s=hosts["row_s"],
+        gemm_kernels_split_k=f.flag("gemm_kernels_split_k", False),
         scan_kernels=_scan_kernels(f.sub("scan_kernels", required=False)),
         ep_kernels=_ep_kernels(f.sub("ep_kernels", required=False)),
         parallel_grain_elements=f.integer("parallel_grain_elements", 0, minimum=0),

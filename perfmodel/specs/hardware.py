@@ -213,6 +213,10 @@ class Efficiency:
     # beyond the fixed cost (vLLM's per-tensor fp8: one block per token, each ending in an
     # atomic max on the one scale, ``cost.moe.fixed_cost``)
     gemm_row_s: dict[str, float] = field(default_factory=dict)
+    # whether the engine's quantized GEMM kernels (``gemm_kernels``) may split k as the
+    # tiling rule picks; false: never (vLLM / sgl-kernel CUTLASS scaled_mm's persistent
+    # scheduler, DeepGEMM's one block per output tile: ``cost.moe.own_kernel``)
+    gemm_kernels_split_k: bool = False
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"

@@ -54,6 +54,9 @@ DEVICES = ("mi300x", "mi355x")
 BASE_ENGINE = "vllm"
 # the structural MLA decode tile (module docstring), set before the MLA fit
 LATENT_TILE = 16
+# CK's blockscale GEMM splits k where its tuner found it faster (the tuned configs' splitK
+# column), so the tiling rule's split-K applies to its rows (``gemm_kernels_split_k``)
+SPLIT_K = True
 CLASSES = {
     "gemm": ("gemm", ("gemm.fp8_block.gemm_fraction", "gemm.fp8_block.memory_fraction",
                       "gemm.fp8_block.latency_s")),
@@ -63,8 +66,8 @@ CLASSES = {
     "mla": ("attention", ("attention_decode_fraction", "kernel_latency_s.attention")),
 }
 # the classes whose constants the files carry: gemm and mla, and moe where its fit held out
-# beats the files' dense pricing of the same rows (``ships``): MI355X 14.6% against 16.5%
-# (at decode sizes, m <= 16: 7.7% against 15.4%); not MI300X, 20.1% against 9.9% (its one
+# beats the files' dense pricing of the same rows (``ships``): MI355X 14.7% against 15.9%
+# (at decode sizes, m <= 16: 9.2% against 14.4%); not MI300X, 17.1% against 9.4% (its one
 # many-expert table, glm-5.1, held out stays -72% at one token: nothing else teaches it)
 SHIPPED = ("gemm", "mla")
 DECODE_TOKENS = 16
@@ -86,9 +89,10 @@ def rows_of(device: str, cls: str) -> list[dict]:
 
 
 def structural(hw: Hardware) -> Hardware:
-    """``hw`` with the MLA decode tile of AITER's assembly kernels."""
+    """``hw`` with the MLA decode tile of AITER's assembly kernels and CK's split-K."""
     return replace(hw, efficiency=replace(hw.efficiency,
-                                          attention_decode_tile_q_latent=LATENT_TILE))
+                                          attention_decode_tile_q_latent=LATENT_TILE,
+                                          gemm_kernels_split_k=SPLIT_K))
 
 
 def errors(rows: list[dict], hw: Hardware) -> np.ndarray:
