@@ -50,8 +50,8 @@ def test_plan_command_explains_and_gives_launch_lines():
 
 def test_the_printed_simulate_command_reproduces_the_plan():
     """Issue 27 item 1: run the command the plan prints; its p90s are the check's (the
-    whole run's, and the steady state's within 10%), and its estimated capacity per
-    replica times the replicas is the plan's within 5%."""
+    whole run's, and the steady state's within 10% or its stated 95% interval), and its
+    estimated capacity per replica times the replicas is the plan's within 5%."""
     # GPU steps only: the steady-state against whole-run comparison below was sized for
     # them (the API server's queue at 30 req/s widens the warm-up's TTFT gap to 11%)
     r = _run("-m", "llama-3-8b", "-H", "h100-sxm", "--rate", "30", "--slo-ttft", "1",
@@ -69,8 +69,11 @@ def test_the_printed_simulate_command_reproduces_the_plan():
     assert got["n_requests"] == w["requests"]
     assert got["ttft_s"]["p90"] == pytest.approx(w["whole_run_ttft_p90_s"], rel=1e-9)
     assert got["tpot_s"]["p90"] == pytest.approx(w["whole_run_tpot_p90_s"], rel=1e-9)
-    assert got["ttft_s"]["p90"] == pytest.approx(w["simulated_ttft_p90_s"], rel=0.10)
-    assert got["tpot_s"]["p90"] == pytest.approx(w["simulated_tpot_p90_s"], rel=0.10)
+    # the whole run (warm-up and drain in) against the steady window: within 10%, or within
+    # the 95% interval the plan states for the steady p90 where that is wider
+    for name in ("ttft", "tpot"):
+        steady, band = w[f"simulated_{name}_p90_s"], w[f"simulated_{name}_p90_band_s"]
+        assert abs(got[f"{name}_s"]["p90"] - steady) <= max(0.10 * steady, band)
     rate = cmd[cmd.index("--rate") + 1]
     cmd[cmd.index("--rate") + 1] = f"{rate},{float(rate) / 2:g}"    # two rates: capacity shown
     two = _run(*cmd[2:], "--no-progress", command="simulate")
