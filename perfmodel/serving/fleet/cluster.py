@@ -55,13 +55,17 @@ def check(cluster: str | None) -> None:
 def _local(workers: int) -> object:
     """The ``LocalCluster`` of ``workers`` processes and its client, started once: its
     scheduler and workers on loopback and no dashboard (``":0"`` had put Dask's dashboard
-    on every interface, the one port of perfmodel's not on 127.0.0.1)."""
+    on every interface, the one port of perfmodel's not on 127.0.0.1). The workers log
+    nothing below CRITICAL: a task's exception reaches this process through ``gather``,
+    and what a worker logs itself at ERROR is the shut-down race after Ctrl-C (a heartbeat
+    to a scheduler already gone, with its traceback), which ``_quiet`` cannot reach in
+    another process."""
     if workers not in _LOCAL:
         from distributed import Client, LocalCluster
 
         with _sigint_ignored():     # inherited: Ctrl-C is this process's alone to handle
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, host=LOOPBACK,
-                                   dashboard_address=None, silence_logs=logging.ERROR)
+                                   dashboard_address=None, silence_logs=logging.CRITICAL)
         _LOCAL[workers] = (Client(cluster), cluster)
     return _LOCAL[workers][0]
 
