@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
+from perfmodel.cost import attention_kernels as ak
 from perfmodel.cost.attention import decode_row_tile
-from perfmodel.cost.decode_fallback import fallback_groups
+from perfmodel.cost.decode_fallback import fallback_groups, fallback_mask
 from perfmodel.cost.ops import Attention
 from perfmodel.cost.roofline import op_time
 
@@ -98,4 +99,60 @@ def test_reader_bounds_the_fraction(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(body)
     with pytest.raises(SpecError, match="attention_fallback_fraction"):
+        pm.hardware(str(path), "trtllm")
+
+
+def latent(heads=128, batch=8, kv=8192):
+    """MLA's absorbed decode as DeepSeek-V3 runs it: ``heads`` query heads on the one latent
+    head (Q/K 512 + 64 rope, V 512), an fp8 cache."""
+    return Attention(batch=np.array([[batch]]), q_len=np.array([[1]]), kv_len=np.array([[kv]]),
+                     n_heads=heads, n_kv_heads=1, qk_dim=576, v_dim=512, cache_elems=576,
+                     kv_bytes=1.0)
+
+
+def test_mla_decode_runs_its_latent_kernel_not_the_fallback():
+    """128 query heads on one KV head is a group XQA refuses; a 128-wide head decodes on
+    MMHA, but MLA's 576-wide latent form runs FlashMLA on SM90 (decode_fallback's
+    docstring), priced on the trtllm block's ``flashmla`` profile: turning the profile off
+    prices it on the block's XQA constants, not on MMHA, and both are faster than MMHA's
+    CUDA-core price of the same FLOPs would be."""
+    h200 = pm.hardware("h200-sxm", "trtllm")
+    assert fallback_groups(h200, np.array(128), np.array(1))
+    on = np.ones((1, 1), dtype=bool)
+    assert fallback_mask(decode(128, 1), h200, on).all()
+    assert not fallback_mask(latent(), h200, on).any()
+    assert h200.efficiency.attention_latent_kernel == "flashmla"
+    flash = op_time(latent(), h200, "kernel")
+    alone = op_time(latent(), ak.for_kernel(h200, "flashmla"), "kernel")
+    assert float(flash.time_s[0]) == pytest.approx(float(alone.time_s[0]), rel=1e-12)
+    off = replace(h200, efficiency=replace(h200.efficiency, attention_latent_kernel=""))
+    xqa = op_time(latent(), off, "kernel")
+    assert float(flash.time_s[0]) != pytest.approx(float(xqa.time_s[0]), rel=0.01)
+    cuda_cores = float(latent().flops[0]) / h200.peak("fp32")
+    assert float(flash.time_s[0]) < cuda_cores and float(xqa.time_s[0]) < cuda_cores
+
+
+def test_a_batch_of_mla_and_gqa_decodes_prices_each_on_its_own_kernel():
+    """Two instances in one call, one latent and one GQA: each prices as it would alone."""
+    h200 = pm.hardware("h200-sxm", "trtllm")
+    a, b = latent(), decode(32, 8)
+    both = Attention(batch=np.array([[8], [64]]), q_len=np.array([[1], [1]]),
+                     kv_len=np.array([[8192], [8192]]), n_heads=np.array([128, 32]),
+                     n_kv_heads=np.array([1, 8]), qk_dim=np.array([576, 128]),
+                     v_dim=np.array([512, 128]), cache_elems=np.array([576, 256]),
+                     kv_bytes=np.array([1.0, 2.0]))
+    got = op_time(both, h200, "kernel").time_s
+    assert got.tolist() == pytest.approx([float(op_time(a, h200, "kernel").time_s[0]),
+                                          float(op_time(b, h200, "kernel").time_s[0])])
+
+
+def test_reader_wants_the_latent_kernel_among_the_profiles(tmp_path):
+    from perfmodel.specs.errors import SpecError
+
+    text = open(pm.__path__[0] + "/hardware/h200-sxm.yaml").read()
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace("attention_latent_kernel: flashmla",
+                                 "attention_latent_kernel: flash_mla"))
+    with pytest.raises(SpecError, match=r"bad.yaml: .*attention_latent_kernel: expected the "
+                                        r"name of a profile listed under attention_kernels$"):
         pm.hardware(str(path), "trtllm")

@@ -46,6 +46,7 @@ from perfmodel.cost import attention_kernels as kernels
 from perfmodel.cost.decode_fallback import fallback_efficiency, fallback_mask, fallback_splits
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
+    LATENT_QK_DIM,
     SPLIT_FULL,
     _keys,
     _pad,
@@ -65,10 +66,6 @@ from perfmodel.cost.timebase import (
     size_ramp,
 )
 from perfmodel.specs.hardware import Hardware
-
-# Q/K head width past which a decode is MLA's absorbed form over the latent cache (576:
-# the 512 latent + 64 rope; no other attention runs heads wider than 256)
-LATENT_QK_DIM = 256
 
 
 def packed_programs(q_len: np.ndarray, heads: np.ndarray, kv_heads: np.ndarray
@@ -288,7 +285,21 @@ def _short(op: Attention, hw: Hardware) -> np.ndarray:
 def attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
     """Times of every ``Attention`` instance (see the module docstring); a call that
     computes in FP8 on the FP8 profile of the device's backend where it has one
-    (``attention_kernels.fp8_view``)."""
+    (``attention_kernels.fp8_view``), and MLA's absorbed decode on the block's
+    ``attention_latent_kernel`` where it names one."""
+    name = hw.efficiency.attention_latent_kernel
+    if not name:
+        return _backend_time(op, hw, timing)
+    latent = np.broadcast_to((np.asarray(op.g("qk_dim")) > LATENT_QK_DIM).any(axis=-1),
+                             np.shape(op.batch)[:-1])
+    if not latent.any():
+        return _backend_time(op, hw, timing)
+    own = _backend_time(op, kernels.for_kernel(hw, name), timing)
+    return own if latent.all() else kernels.blend(latent, own, _backend_time(op, hw, timing))
+
+
+def _backend_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpTimes:
+    """``attention_time`` on ``hw``'s backend, its FP8 calls on its FP8 profile."""
     fp8_hw = kernels.fp8_view(hw)
     if fp8_hw is hw:
         return _attention_time(op, hw, timing)

@@ -16,12 +16,21 @@ peak, where a bandwidth-bound kernel would scale with the cache's bytes.
 
 A device without ``attention_decode_min_group`` / ``attention_decode_max_group`` (0) has no
 fallback: its decode kernel serves every group.
+
+MLA's absorbed decode (a Q/K head wider than ``LATENT_QK_DIM``: the 576-wide latent) never
+takes this dispatch: TensorRT-LLM runs DeepSeek-dim MLA generation on FlashMLA on SM90 and on
+its trtllm-gen MLA kernels on Blackwell, not on XQA or MMHA (ai-dynamo/aiconfigurator
+``collector/trtllm/collect_mla.py`` ``_mla_tokens_per_block``, from
+``tensorrt_llm/_torch/model_config.py`` enable_flash_mla and ``thop/attentionOp.cpp`` at
+v1.3.0rc20). Priced as MMHA, the corpus's 64- and 128-head MLA generation rows (the heads of
+one device under DP attention) came out 9-11x too slow on H100/H200 and 32-46x on B200.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.cost.tiling import LATENT_QK_DIM
 from perfmodel.specs.hardware import Hardware
 
 
@@ -58,6 +67,7 @@ def fallback_mask(op, hw: Hardware, decode: np.ndarray) -> np.ndarray:
     when KV heads x sequences x (past keys // 512) x kEnableMinBlockFactor 4 >= the SMs, so
     a history under 512 keys decodes with MMHA)."""
     heads, kv_heads = op.g("n_heads"), op.g("n_kv_heads")
+    decode = decode & ~(np.asarray(op.g("qk_dim")) > LATENT_QK_DIM)
     out = np.broadcast_to(fallback_groups(hw, heads, kv_heads), decode.shape)
     waves = hw.efficiency.attention_decode_min_waves
     if not waves:

@@ -21,6 +21,10 @@ import numpy as np
 
 from perfmodel.specs.hardware import Efficiency, Hardware
 
+# Q/K head width past which a decode is MLA's absorbed form over the latent cache (576:
+# the 512 latent + 64 rope; no other attention runs heads wider than 256)
+LATENT_QK_DIM = 256
+
 _SPLIT_K_MIN_DEPTH = 256   # split-K slices are at least this deep (k elements)
 SPLIT_FULL = 0.8           # decode programs filling this share of the units are not split
 _SPLIT_NEAR_BEST = 0.85

@@ -128,6 +128,11 @@ class Efficiency:
     # the kernel this block's attention constants describe: the engine's default backend on
     # this device (serving prices attention with it; '' unnamed)
     attention_backend: str = ""
+    # the kernel MLA's absorbed decode (a latent Q/K head, cost.tiling.LATENT_QK_DIM) runs
+    # where it is not the block's backend: a profile of ``attention_kernels`` laid over the
+    # block for those calls ('' none: the block's own constants). TensorRT-LLM decodes
+    # MHA/GQA with XQA and DeepSeek-dim MLA with FlashMLA (SM90) or trtllm-gen (Blackwell)
+    attention_latent_kernel: str = ""
     # prefill runs as FlashAttention-2's flash_attn_with_kvcache given the chunk's new K/V
     # (Sarathi-Serve; vLLM's chunked prefill before its varlen path): the split-KV kernel,
     # 64 query rows x decode_kv_tile keys per program, keys split over programs when they are

@@ -54,6 +54,7 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         attention_q_cast=f.flag("attention_q_cast", False),
         attention_kernels=_attention_kernels(f.sub("attention_kernels", required=False)),
         attention_backend=f.text("attention_backend", ""),
+        attention_latent_kernel=f.text("attention_latent_kernel", ""),
         memory_half_bytes=f.quantity("memory_half_bytes", "bytes", 0.0, positive=False),
         gemm_overlap=f.flag("gemm_overlap", True),
         gemm_m_half=f.quantity("gemm_m_half", "number", 0.0, positive=False),
@@ -82,6 +83,9 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         alu_ops_per_clock_per_unit=f.quantity("alu_ops_per_clock_per_unit", "number", 128.0),
         alu_clock_hz=f.quantity("alu_clock_hz", "number", 0.0, positive=False),
     )
+    if out.attention_latent_kernel and out.attention_latent_kernel not in out.attention_kernels:
+        raise f.error("attention_latent_kernel",
+                      "expected the name of a profile listed under attention_kernels")
     kernels = f.sub("dequant", required=False)
     if kernels is not None:
         table = {}
