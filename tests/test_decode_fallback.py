@@ -156,3 +156,31 @@ def test_reader_wants_the_latent_kernel_among_the_profiles(tmp_path):
     with pytest.raises(SpecError, match=r"bad.yaml: .*attention_latent_kernel: expected the "
                                         r"name of a profile listed under attention_kernels$"):
         pm.hardware(str(path), "trtllm")
+
+
+def test_sglang_on_blackwell_decodes_mla_on_tensorrt_llms_profile():
+    """SGLang's trtllm_mla backend runs TensorRT-LLM's trtllm-gen MLA kernels through
+    FlashInfer: the B200 SGLang block carries the profile fitted on TensorRT-LLM's rows,
+    unchanged (a refit of one must be copied to the other)."""
+    sg, trt = pm.hardware("b200", "sglang"), pm.hardware("b200", "trtllm")
+    assert sg.efficiency.attention_latent_kernel == "trtllm_gen_mla"
+    assert trt.efficiency.attention_latent_kernel == "trtllm_gen_mla"
+    assert sg.efficiency.attention_kernels["trtllm_gen_mla"] \
+        == trt.efficiency.attention_kernels["trtllm_gen_mla"]
+    h200 = pm.hardware("h200-sxm", "sglang")      # fa3's own (64, 512) build: no profile yet
+    assert h200.efficiency.attention_latent_kernel == ""
+
+
+def test_a_512_wide_head_of_its_own_is_not_mla():
+    """The corpus decodes heads of 512 with their own K and V (a position holds 1,024
+    elements): wide, but not MLA's shared latent, so they keep the block's backend and its
+    dispatch; priced on the latent profile, B200 SGLang's sample of them moved 10.7 -> 14.3%."""
+    sg = pm.hardware("b200", "sglang")
+    wide = decode(4, 1, hd=512)
+    off = replace(sg, efficiency=replace(sg.efficiency, attention_latent_kernel=""))
+    assert float(op_time(wide, sg, "kernel").time_s[0]) \
+        == float(op_time(wide, off, "kernel").time_s[0])
+    assert float(op_time(latent(4), sg, "kernel").time_s[0]) \
+        != pytest.approx(float(op_time(latent(4), off, "kernel").time_s[0]), rel=0.01)
+    trt = pm.hardware("h100-sxm", "trtllm")
+    assert fallback_mask(decode(128, 1, hd=512), trt, np.ones((1, 1), dtype=bool)).all()

@@ -55,6 +55,7 @@ from perfmodel.cost.tiling import (
     decode_kv_tile,
     decode_programs,
     kv_splits,
+    latent_attention,
     prefill_tile_fraction,
     splits_settle,
 )
@@ -290,8 +291,7 @@ def attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> OpT
     name = hw.efficiency.attention_latent_kernel
     if not name:
         return _backend_time(op, hw, timing)
-    latent = np.broadcast_to((np.asarray(op.g("qk_dim")) > LATENT_QK_DIM).any(axis=-1),
-                             np.shape(op.batch)[:-1])
+    latent = latent_attention(op)
     if not latent.any():
         return _backend_time(op, hw, timing)
     own = _backend_time(op, kernels.for_kernel(hw, name), timing)

@@ -17,8 +17,8 @@ peak, where a bandwidth-bound kernel would scale with the cache's bytes.
 A device without ``attention_decode_min_group`` / ``attention_decode_max_group`` (0) has no
 fallback: its decode kernel serves every group.
 
-MLA's absorbed decode (a Q/K head wider than ``LATENT_QK_DIM``: the 576-wide latent) never
-takes this dispatch: TensorRT-LLM runs DeepSeek-dim MLA generation on FlashMLA on SM90 and on
+MLA's absorbed decode (K and V read from one shared latent, ``tiling.latent_attention``)
+never takes this dispatch: TensorRT-LLM runs DeepSeek-dim MLA generation on FlashMLA on SM90 and on
 its trtllm-gen MLA kernels on Blackwell, not on XQA or MMHA (ai-dynamo/aiconfigurator
 ``collector/trtllm/collect_mla.py`` ``_mla_tokens_per_block``, from
 ``tensorrt_llm/_torch/model_config.py`` enable_flash_mla and ``thop/attentionOp.cpp`` at
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfmodel.cost.tiling import LATENT_QK_DIM
+from perfmodel.cost.tiling import latent_attention
 from perfmodel.specs.hardware import Hardware
 
 
@@ -67,7 +67,7 @@ def fallback_mask(op, hw: Hardware, decode: np.ndarray) -> np.ndarray:
     when KV heads x sequences x (past keys // 512) x kEnableMinBlockFactor 4 >= the SMs, so
     a history under 512 keys decodes with MMHA)."""
     heads, kv_heads = op.g("n_heads"), op.g("n_kv_heads")
-    decode = decode & ~(np.asarray(op.g("qk_dim")) > LATENT_QK_DIM)
+    decode = decode & ~latent_attention(op)[..., None]
     out = np.broadcast_to(fallback_groups(hw, heads, kv_heads), decode.shape)
     waves = hw.efficiency.attention_decode_min_waves
     if not waves:

@@ -22,8 +22,17 @@ import numpy as np
 from perfmodel.specs.hardware import Efficiency, Hardware
 
 # Q/K head width past which a decode is MLA's absorbed form over the latent cache (576:
-# the 512 latent + 64 rope; no other attention runs heads wider than 256)
+# the 512 latent + 64 rope), for the tile rule of ``attention.decode_row_tile``
 LATENT_QK_DIM = 256
+
+
+def latent_attention(op) -> np.ndarray:
+    """Per instance of ``op`` (an ``Attention``): MLA's absorbed form, where K and V are read
+    from one shared latent (a position holds fewer elements than Q/K plus V: 576 against
+    576 + 512), not a 512-wide head of its own K and V (the corpus's head-dim-512 decodes)."""
+    qk, v = np.asarray(op.g("qk_dim")), np.asarray(op.g("v_dim"))
+    shared = np.asarray(op.g("cache_elems")) < qk + v
+    return np.broadcast_to(shared.any(axis=-1), np.shape(op.batch)[:-1])
 
 _SPLIT_K_MIN_DEPTH = 256   # split-K slices are at least this deep (k elements)
 SPLIT_FULL = 0.8           # decode programs filling this share of the units are not split

@@ -128,7 +128,7 @@ class Efficiency:
     # the kernel this block's attention constants describe: the engine's default backend on
     # this device (serving prices attention with it; '' unnamed)
     attention_backend: str = ""
-    # the kernel MLA's absorbed decode (a latent Q/K head, cost.tiling.LATENT_QK_DIM) runs
+    # the kernel MLA's absorbed decode (K and V from one latent, cost.tiling.latent_attention) runs
     # where it is not the block's backend: a profile of ``attention_kernels`` laid over the
     # block for those calls ('' none: the block's own constants). TensorRT-LLM decodes
     # MHA/GQA with XQA and DeepSeek-dim MLA with FlashMLA (SM90) or trtllm-gen (Blackwell)
