@@ -18,8 +18,8 @@ A device without ``attention_decode_min_group`` / ``attention_decode_max_group``
 fallback: its decode kernel serves every group.
 
 MLA's absorbed decode (K and V read from one shared latent, ``tiling.latent_attention``)
-never takes this dispatch: TensorRT-LLM runs DeepSeek-dim MLA generation on FlashMLA on SM90 and on
-its trtllm-gen MLA kernels on Blackwell, not on XQA or MMHA (ai-dynamo/aiconfigurator
+never takes this dispatch: TensorRT-LLM runs DeepSeek-dim MLA generation on FlashMLA on SM90
+and on its trtllm-gen MLA kernels on Blackwell, not on XQA or MMHA (ai-dynamo/aiconfigurator
 ``collector/trtllm/collect_mla.py`` ``_mla_tokens_per_block``, from
 ``tensorrt_llm/_torch/model_config.py`` enable_flash_mla and ``thop/attentionOp.cpp`` at
 v1.3.0rc20). Priced as MMHA, the corpus's 64- and 128-head MLA generation rows (the heads of

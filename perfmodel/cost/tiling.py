@@ -24,6 +24,12 @@ from perfmodel.specs.hardware import Efficiency, Hardware
 # Q/K head width past which a decode is MLA's absorbed form over the latent cache (576:
 # the 512 latent + 64 rope), for the tile rule of ``attention.decode_row_tile``
 LATENT_QK_DIM = 256
+_SPLIT_K_MIN_DEPTH = 256   # split-K slices are at least this deep (k elements)
+SPLIT_FULL = 0.8           # decode programs filling this share of the units are not split
+_SPLIT_NEAR_BEST = 0.85
+_SPLIT_MAX = 128
+# query rows per program of FlashAttention-2's split-KV kernel (run_mha_fwd_splitkv_dispatch)
+APPEND_KV_TILE_Q = 64
 
 
 def latent_attention(op) -> np.ndarray:
@@ -33,13 +39,6 @@ def latent_attention(op) -> np.ndarray:
     qk, v = np.asarray(op.g("qk_dim")), np.asarray(op.g("v_dim"))
     shared = np.asarray(op.g("cache_elems")) < qk + v
     return np.broadcast_to(shared.any(axis=-1), np.shape(op.batch)[:-1])
-
-_SPLIT_K_MIN_DEPTH = 256   # split-K slices are at least this deep (k elements)
-SPLIT_FULL = 0.8           # decode programs filling this share of the units are not split
-_SPLIT_NEAR_BEST = 0.85
-_SPLIT_MAX = 128
-# query rows per program of FlashAttention-2's split-KV kernel (run_mha_fwd_splitkv_dispatch)
-APPEND_KV_TILE_Q = 64
 
 
 def _pad(size: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray]:
