@@ -227,8 +227,11 @@ def test_ui_command_refuses_a_busy_port_in_one_line(server):
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_ui_command_serves_on_localhost_says_so_and_stops_cleanly(stop):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    # SIGINT at its default, as a terminal starts it: a background job of a shell script
+    # (pytest run with '&') inherits it ignored, and Python then installs no Ctrl-C handler
     proc = subprocess.Popen([sys.executable, "-m", "perfmodel.cli", "ui", "--no-browser",
-                             "--port", "0"], stderr=subprocess.PIPE, text=True, env=env)
+                             "--port", "0"], stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stderr.readline()
         assert line.startswith("perfmodel ui: serving http://127.0.0.1:")
