@@ -37,6 +37,7 @@ from validate.corpus.fit import (
     summary,
 )
 from validate.corpus.rows import ENGINES, Rows, load_sets
+from validate.corpus.splice import splice
 
 COMMAND = ("python -m validate.corpus.moe --from <corpus> -H h100-sxm -H h200-sxm -H b200 "
            "--write-hardware")
@@ -128,6 +129,22 @@ def hardware_text(text: str, cals: dict[str, Calibration]) -> str:
     return out + kw._dump(extra)
 
 
+def written_keys(cals: dict[str, Calibration]) -> list[tuple[str, ...]]:
+    """The keys ``hardware_text`` rewrites for each engine of ``cals`` (``splice`` carries
+    them alone into the file, so the comments around them stay)."""
+    out: list[tuple[str, ...]] = []
+    for engine, cal in cals.items():
+        at = () if engine == "vllm" else ("engines", engine)
+        if engine != "vllm":
+            out += [(*at, "efficiency", key) for key in kernel_tables(cal)]
+        out += [(*at, "calibration", key) for key in ("rows", "held_out_median_abs_error",
+                                                     "note") if "moe" in cal.held
+                or key == "note"]
+        if "moe" in cal.held:
+            out += [(*at, "uncertainty", key) for key in ("error_q10", "error_q90")]
+    return out
+
+
 def _add(block: dict, cal: Calibration) -> None:
     """The MoE figures into a calibration / uncertainty pair of blocks."""
     c = block.get("calibration")
@@ -193,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in a.hardware:
             path = kw.shipped_path(name)
             mine = {e: c[name] for e, c in by_engine.items() if name in c}
-            path.write_text(hardware_text(path.read_text(), mine))
+            text = path.read_text()
+            path.write_text(splice(text, hardware_text(text, mine), written_keys(mine)))
             print(f"wrote {path}")
 
 
