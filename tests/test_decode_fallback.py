@@ -49,13 +49,15 @@ def test_fallback_compute_runs_at_its_share_of_the_fp32_peak(trt):
     """A group of 64 on one KV head at a long cache is CUDA-core bound: its compute time is
     its FLOPs over fp32 peak x attention_fallback_fraction, over the waves of its one program
     per query head (64 sequences x 64 heads = 4096 on 132 SMs, unsplit: MMHA fills the SMs
-    without a split), each doing 8192 keys + attention_fallback_program_keys of work."""
+    without a split), each doing 8192 keys + its own work, attention_fallback_program_steps
+    loop steps of 8 x 256 / head_dim keys each."""
     eff = trt.efficiency
     op = decode(64, 1)
     t = op_time(op, trt, "kernel")
     n, units, keys = 64 * 64, trt.compute_units, 8192
-    work = keys + eff.attention_fallback_program_keys
-    makespan = (n * keys + n * eff.attention_fallback_program_keys) / units \
+    fixed = eff.attention_fallback_program_steps * 8 * 256 / 128
+    work = keys + fixed
+    makespan = (n * keys + n * fixed) / units \
         + (math.ceil(n / units) - n / units) * work
     share = n * keys / (units * makespan)
     want = float(op.flops[0]) / (trt.peak("fp32") * eff.attention_fallback_fraction * share)
@@ -65,13 +67,14 @@ def test_fallback_compute_runs_at_its_share_of_the_fp32_peak(trt):
 
 def test_mmha_splits_a_long_cache_to_fill_the_sms(trt):
     """MMHA's multi-block grid: ceil(SMs / programs) blocks per head, but at least one
-    unrolled key loop (8 x 256 threads / (head_dim / 8) keys: 128 at head_dim 128) each."""
+    unrolled key loop of its block each, grown to 1,024 threads with fewer programs than SMs
+    (8 x 1024 threads / (head_dim / 8) keys: 512 at head_dim 128, 1,024 at 64)."""
     from perfmodel.cost.decode_fallback import fallback_splits
 
     units = trt.compute_units                   # 132
     got = fallback_splits(trt, np.array([128, 128, 128, 64]), np.array([8, 8, 4096, 8]),
-                          np.array([65536, 300, 65536, 300]))
-    assert got.tolist() == [math.ceil(units / 8), 3, 1, 2]
+                          np.array([65536, 2000, 65536, 2000]))
+    assert got.tolist() == [math.ceil(units / 8), 4, 1, 2]
 
 
 def test_fallback_is_slower_than_the_same_shape_on_xqa(trt):
@@ -114,8 +117,10 @@ def test_mla_decode_runs_its_latent_kernel_not_the_fallback():
     """128 query heads on one KV head is a group XQA refuses; a 128-wide head decodes on
     MMHA, but MLA's 576-wide latent form runs FlashMLA on SM90 (decode_fallback's
     docstring), priced on the trtllm block's ``flashmla`` profile: turning the profile off
-    prices it on the block's XQA constants, not on MMHA, and both are faster than MMHA's
-    CUDA-core price of the same FLOPs would be."""
+    prices it on the block's XQA constants, not on MMHA, and FlashMLA is faster than MMHA's
+    CUDA-core price of the same FLOPs would be. (XQA's own fixed work per CTA, refitted at
+    about 560 key positions of a 128-wide head, makes the counterfactual XQA price of a
+    576-wide latent slower than that; TensorRT-LLM never runs MLA on XQA.)"""
     h200 = pm.hardware("h200-sxm", "trtllm")
     assert fallback_groups(h200, np.array(128), np.array(1))
     on = np.ones((1, 1), dtype=bool)
@@ -129,7 +134,7 @@ def test_mla_decode_runs_its_latent_kernel_not_the_fallback():
     xqa = op_time(latent(), off, "kernel")
     assert float(flash.time_s[0]) != pytest.approx(float(xqa.time_s[0]), rel=0.01)
     cuda_cores = float(latent().flops[0]) / h200.peak("fp32")
-    assert float(flash.time_s[0]) < cuda_cores and float(xqa.time_s[0]) < cuda_cores
+    assert float(flash.time_s[0]) < cuda_cores
 
 
 def test_a_batch_of_mla_and_gqa_decodes_prices_each_on_its_own_kernel():

@@ -43,7 +43,13 @@ from functools import partial
 import numpy as np
 
 from perfmodel.cost import attention_kernels as kernels
-from perfmodel.cost.decode_fallback import fallback_efficiency, fallback_mask, fallback_splits
+from perfmodel.cost.decode_fallback import (
+    fallback_efficiency,
+    fallback_mask,
+    fallback_program_keys,
+    fallback_splits,
+    xqa_splits,
+)
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
     LATENT_QK_DIM,
@@ -99,10 +105,14 @@ def split_settles(hw: Hardware) -> int:
     return splits_settle(hw.compute_units)
 
 
-def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=None
-                ) -> tuple[np.ndarray, np.ndarray]:
+def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=None,
+                fixed=None) -> tuple[np.ndarray, np.ndarray]:
     """(compute efficiency, key splits) of the decode groups of each instance;
-    ``split_unpacked(pool, keys)``: the key splits of an unpacked decode (none: unsplit)."""
+    ``split_unpacked(pool, keys)``: the key splits of an unpacked decode (none: unsplit);
+    ``fixed``: each program's own work in key positions, per instance (none: the decode
+    kernel's ``attention_decode_program_keys``, or the block's ``attention_program_keys``).
+    A packed decode splits as FlashAttention-2 does, or as XQA does where the block sets
+    ``attention_decode_splits: xqa`` (``decode_fallback.xqa_splits``)."""
     eff, units = hw.efficiency, hw.compute_units
     keys = _keys(op.kv_len, op.g("window"))
     if eff.attention_decode_pack_gqa:
@@ -114,6 +124,9 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=
         tiles = np.where(tile > 0, np.ceil(keys / np.maximum(tile, 1)), 1.0)
         splits = kv_splits(np.maximum(pool, 1), np.maximum((tiles * decode).max(axis=-1), 1),
                            units)
+        if eff.attention_decode_splits == "xqa":    # the engine's own split rule
+            splits = xqa_splits(hw, pool, (op.batch * decode).sum(axis=-1),
+                                (np.maximum(op.kv_len - 1, 0) * decode).max(axis=-1))
         work = np.broadcast_to(programs * keys, decode.shape)
         tile_q = decode_row_tile(hw, op.g("qk_dim"), op.g("kv_bytes"))
         fill = np.broadcast_to(_row_fill(rows, tile_q), decode.shape)
@@ -126,18 +139,21 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=
             splits = split_unpacked(pool, (keys * decode).max(axis=-1))
     n = pool * splits
     total = (programs * keys).sum(axis=-1)
-    fixed = eff.attention_program_keys       # each program's own work, in key positions
+    # each program's own work, in key positions
+    if fixed is None:
+        fixed = eff.attention_decode_program_keys or eff.attention_program_keys
+    fixed = np.asarray(fixed, dtype=float)
     if decode.shape[-1] == 1:            # one group: equal programs, the makespan is the waves
         work = keys[..., 0] / splits + fixed
         longest = shortest = work
     else:
-        work = keys / splits[..., None] + fixed  # per program, in key positions
+        work = keys / splits[..., None] + fixed[..., None]  # per program, in key positions
         longest = (work * decode).max(axis=-1)
         shortest = np.where(decode, work, np.inf).min(axis=-1)
         shortest = np.where(np.isfinite(shortest), shortest, 0.0)
     busy = total + n * fixed
     makespan = np.maximum(longest, busy / units + (np.ceil(n / units) - n / units) * shortest)
-    return eff.attention_decode * head_share(hw, op.qk_dim) * pad \
+    return eff.attention_decode * head_share(hw, op.qk_dim, decode=True) * pad \
         * divide(total, units * makespan), \
         splits
 
@@ -168,7 +184,8 @@ def _row_fill(rows: np.ndarray, tile: np.ndarray | int) -> np.ndarray:
     return fill
 
 
-def head_share(hw: Hardware, head_dim: np.ndarray) -> np.ndarray | float:
+def head_share(hw: Hardware, head_dim: np.ndarray, decode: bool = False
+               ) -> np.ndarray | float:
     """MMA share of an attention program's time: head_dim / (head_dim +
     ``attention_head_dim_half``). Each score needs 4 x head_dim MMA FLOPs (QK^T and PV) but
     also an exp, a max and a rescale on the SFU / FP32 pipes whatever head_dim, which the
@@ -176,6 +193,8 @@ def head_share(hw: Hardware, head_dim: np.ndarray) -> np.ndarray | float:
     of exp on an H100 SXM, so at head_dim 128 the exps alone take half the MMA time; Shah et
     al. 2024, section 3.1); a smaller head_dim spends a larger share on them. Off at 0."""
     half = hw.efficiency.attention_head_dim_half
+    if decode and hw.efficiency.attention_decode_head_dim_half:
+        half = hw.efficiency.attention_decode_head_dim_half
     return head_dim / (head_dim + half) if half else 1.0
 
 
@@ -246,20 +265,30 @@ def _fallback(op: Attention, hw: Hardware, decode: np.ndarray, rate: np.ndarray,
               group_eff: np.ndarray) -> np.ndarray:
     """``group_eff`` with the decode groups the engine runs on its fallback kernel
     (``cost.decode_fallback``) at that kernel's efficiency: one program per query head, its
-    pool's waves as ``decode_pool`` prices an unpacked decode, at the fallback's share of the
-    fp32 peak."""
+    pool's waves as ``decode_pool`` prices an unpacked decode with the fallback's own work
+    per program (``fallback_program_keys``), at the fallback's share of the fp32 peak."""
     fallback = fallback_mask(op, hw, decode)
     if not fallback.any():
         return group_eff
     eff = hw.efficiency
-    unpacked = replace(hw, efficiency=replace(
-        eff, attention_decode_pack_gqa=False,
-        attention_program_keys=eff.attention_fallback_program_keys or eff.attention_program_keys))
+    unpacked = replace(hw, efficiency=replace(eff, attention_decode_pack_gqa=False))
     splits = partial(fallback_splits, hw, op.qk_dim)
-    waves = divide(decode_pool(op, unpacked, fallback, splits)[0],
-                   hw.efficiency.attention * head_share(hw, op.qk_dim))
+    fixed = fallback_program_keys(hw, op.qk_dim)
+    waves = divide(decode_pool(op, unpacked, fallback, splits, fixed)[0],
+                   eff.attention_decode * head_share(hw, op.qk_dim, decode=True))
     own = fallback_efficiency(hw, rate) * waves
     return np.where(fallback, own[..., None], group_eff)
+
+
+def _call_latency(eff, decode: np.ndarray, prefill: np.ndarray) -> np.ndarray | float:
+    """Fixed cost of each instance's call: the attention call's (``kernel_latency_s``
+    .attention), or where the engine decodes with a kernel of its own
+    (``attention_decode_latency_s``) that one's for its decode groups and the call's for
+    its prefill groups, added where an instance has both."""
+    own = eff.attention_decode_latency_s
+    if not own:
+        return eff.latency_for("attention")
+    return own * decode.any(axis=-1) + eff.latency_for("attention") * prefill.any(axis=-1)
 
 
 def _query_elems(op: Attention) -> np.ndarray:
@@ -350,6 +379,6 @@ def _attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> Op
         cast_s = cast / (hw.memory_bytes_per_s * m_eff)
         memory_s, body_s = memory_s + cast_s, body_s + cast_s
     # a split's combine and a query cast are small kernels of their own (module docstring)
-    fixed_s = eff.latency_for("attention") + eff.kernel_latency_s * (combine + (cast > 0))
+    fixed_s = _call_latency(eff, decode, prefill) + eff.kernel_latency_s * (combine + (cast > 0))
     return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff,
                   m_eff * np.ones(np.shape(compute_s)))

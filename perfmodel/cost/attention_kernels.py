@@ -81,6 +81,13 @@ def astuple_shallow(t: OpTimes) -> tuple:
     return tuple(getattr(t, f.name) for f in fields(t))
 
 
+# the block's own decode kernel's constants (``Efficiency.attention_decode_*``), unset: a
+# view of another kernel prices its decode on its own constants
+DECODE_KERNEL_OFF = {"attention_decode_fraction": None, "attention_decode_program_keys": 0.0,
+                     "attention_decode_head_dim_half": 0.0, "attention_decode_latency_s": 0.0,
+                     "attention_decode_splits": ""}
+
+
 def laid(eff, profile: dict[str, float], kernel: str):
     """Efficiency block ``eff`` with ``profile`` (``PROFILE_FIELDS``) laid over it."""
     own = {k: v for k, v in profile.items() if k.startswith("attention_")}
@@ -88,6 +95,8 @@ def laid(eff, profile: dict[str, float], kernel: str):
     # inherit the block's, the block backend's FP8 build does
     inherited = eff.attention_q_cast and kernel.startswith(f"{eff.attention_backend}@")
     own["attention_q_cast"] = bool(own.get("attention_q_cast", inherited))
+    if not kernel.startswith(f"{eff.attention_backend}@"):
+        own |= DECODE_KERNEL_OFF    # the block's own decode kernel is not this kernel
     fraction, latency = dict(eff.kernel_memory_fraction), dict(eff.kernel_latency_by_kind)
     if "memory_fraction" in profile:
         fraction["attention"] = profile["memory_fraction"]

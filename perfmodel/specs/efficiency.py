@@ -78,6 +78,19 @@ class Efficiency:
     # keys (0: none). Fitted by calibrate --from; a decode of many short sequences is made
     # of it
     attention_program_keys: float = 0.0
+    # the same for the decode kernel where the engine decodes with a kernel of its own
+    # (TensorRT-LLM's XQA beside its context FMHA; 0: as attention_program_keys)
+    attention_decode_program_keys: float = 0.0
+    # the fixed cost of that decode kernel's call (0: the attention call's,
+    # kernel_latency_s.attention); set, a call with prefill and decode groups pays both, the
+    # engine running its context and generation kernels one after the other
+    attention_decode_latency_s: float = 0.0
+    # and its per-score softmax work, as attention_head_dim_half is the block's (0: as that)
+    attention_decode_head_dim_half: float = 0.0
+    # how that decode kernel splits a sequence's keys over programs: '' FlashAttention-2's
+    # num_splits_heuristic (tiling.kv_splits); 'xqa' TensorRT-LLM's XQA multi-block count
+    # (cost/decode_fallback.py xqa_splits)
+    attention_decode_splits: str = ""
     # query rows of a decode program's tile: a KV group's query heads are padded to it
     # (0: the smallest power of two from 16 to 128, a kernel for skinny shapes)
     attention_decode_tile_q: int = 0
@@ -109,8 +122,10 @@ class Efficiency:
     # 0: always the main kernel
     attention_decode_min_waves: float = 0.0
     # the fallback kernel's own fixed work per program (one query head of one sequence), in
-    # key positions, as attention_program_keys is the main kernel's (0: as that)
-    attention_fallback_program_keys: float = 0.0
+    # its threads' loop steps: MMHA's thread reads one 16-byte vector of a key or value per
+    # step, whatever head_dim, so a step is 8 x 256 threads / head_dim key positions
+    # (cost/decode_fallback.py fallback_program_keys; 0: none)
+    attention_fallback_program_steps: float = 0.0
     # attention's MMA share x head_dim / (head_dim + this): the per-score softmax work (an
     # exp, max, rescale) that does not scale with head_dim (0: off; cost/attention.py)
     attention_head_dim_half: float = 0.0

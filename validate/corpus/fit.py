@@ -56,9 +56,18 @@ PARAMETERS: dict[str, tuple[float, float, str]] = {
     "attention_fallback_fraction": (0.01, 0.8, "the fallback decode kernel's CUDA-core dot "
                                                "products (TensorRT-LLM's MMHA), share of the "
                                                "fp32 peak"),
-    "attention_fallback_program_keys": (1.0, 4096.0, "the fallback decode kernel's work per "
-                                                     "program (one query head) beyond its "
-                                                     "keys, in keys"),
+    "attention_fallback_program_steps": (0.05, 256.0, "the fallback decode kernel's work per "
+                                                      "program (one query head) beyond its "
+                                                      "keys, in its threads' 16-byte loop "
+                                                      "steps"),
+    "attention_decode_fraction": (0.1, 0.95, "the engine's own decode kernel's MMA share of "
+                                             "dense peak (TensorRT-LLM's XQA)"),
+    "attention_decode_program_keys": (1.0, 4096.0, "that decode kernel's work per program "
+                                                   "(one KV head of one sequence) beyond its "
+                                                   "keys, in keys"),
+    "attention_decode_latency_s": (0.5e-6, 30e-6, "fixed cost of that decode kernel's call "
+                                                  "(its launch, tail and split combine)"),
+    "attention_decode_head_dim_half": (1.0, 512.0, "the decode kernel's per-score softmax"),
     "attention_head_dim_half": (1.0, 512.0, "per-score softmax work beyond the MMAs, in "
                                             "head_dim units"),
     "kernel_latency_s.attention": (0.5e-6, 30e-6, "fixed cost of the attention call (cache "
@@ -114,7 +123,11 @@ STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
                                                  "attention_program_keys",
                                                  "attention_head_dim_half",
                                                  "attention_fallback_fraction",
-                                                 "attention_fallback_program_keys",
+                                                 "attention_fallback_program_steps",
+                                                 "attention_decode_fraction",
+                                                 "attention_decode_program_keys",
+                                                 "attention_decode_latency_s",
+                                                 "attention_decode_head_dim_half",
                                                  "memory_fraction.attention",
                                                  "kernel_latency_s.attention")),
     (("collective",), ("collective_fraction", "collective_latency_s",
@@ -144,6 +157,8 @@ def value_of(hw: Hardware, name: str) -> float:
     value = getattr(hw.efficiency, name)
     if value is None and name == "attention_fraction":
         return float(hw.efficiency.attention)
+    if value is None and name == "attention_decode_fraction":
+        return float(hw.efficiency.attention_decode)
     return float(value)
 
 
@@ -188,7 +203,9 @@ def subsample(s: KernelSet, max_rows: int = MAX_ROWS, seed: int = 0) -> KernelSe
 START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          "memory_half_bytes": 1e6, "kernel_latency_s": 2e-6, "attention_fraction": 0.6,
          "attention_program_keys": 64.0, "attention_head_dim_half": 32.0,
-         "attention_fallback_fraction": 0.1, "attention_fallback_program_keys": 64.0,
+         "attention_fallback_fraction": 0.1, "attention_fallback_program_steps": 4.0,
+         "attention_decode_fraction": 0.6, "attention_decode_program_keys": 64.0,
+         "attention_decode_latency_s": 5e-6, "attention_decode_head_dim_half": 32.0,
          "memory_fraction.attention": 0.85,
          "kernel_latency_s.attention": 5e-6, "collective_fraction": 0.7,
          "collective_latency_s": 8e-6, "custom_all_reduce_fraction": 0.3,
@@ -274,7 +291,8 @@ def fit_devices(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], max_nfe
                 np.any(s.columns["algorithm"] == 1) for _, sets in chosen for s in sets):
             names = [n for n in names if not n.startswith("custom_all_reduce")]
         if not any(_has_fallback(hw) for hw, _ in chosen):
-            names = [n for n in names if not n.startswith("attention_fallback")]
+            names = [n for n in names if not n.startswith(("attention_fallback",
+                                                           "attention_decode_"))]
         fitted |= _stage(chosen, names, max_nfev)
     fitted |= _class_stage(devices, fitted, "moe", MOE_FIELDS, max_nfev, max_rows)
     return fitted | _class_stage(devices, fitted, "gemm_quantized", MOE_FIELDS[:3],

@@ -53,13 +53,15 @@ def sets_of(folder: Path, device: str) -> list:
 
 
 def before_view(hw):
-    """``hw`` as the tree before this change priced it: the 8-row tile for every cache, no
-    fallback kernel."""
+    """``hw`` as the tree before the dispatch priced it: the 8-row tile for every cache, no
+    fallback kernel, FlashAttention's splits, decode on the context kernel's constants."""
     return replace(hw, efficiency=replace(
         hw.efficiency, attention_decode_tile_q=8 if hw.efficiency.attention_decode_tile_q
         else 0, attention_decode_tile_q_fp8=0, attention_decode_min_group=0,
         attention_decode_max_group=0, attention_fallback_fraction=0.0,
-        attention_decode_min_waves=0.0))
+        attention_decode_min_waves=0.0, attention_decode_splits="",
+        attention_decode_fraction=None, attention_decode_program_keys=0.0,
+        attention_decode_head_dim_half=0.0, attention_decode_latency_s=0.0))
 
 
 def line(name: str, table: dict) -> str:

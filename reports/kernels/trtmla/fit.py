@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.cost.attention_kernels import DECODE_KERNEL_OFF
 from perfmodel.cost.ops import Attention, KvWrite
 from perfmodel.cost.roofline import op_time
 from perfmodel.kernels.corpus import read_file
@@ -65,8 +66,10 @@ def mla_set(folder: Path, device: str) -> KernelSet:
 
 
 def block(hw):
-    """``hw``'s block as the fit prices the rows: its own constants on the latent calls."""
-    return replace(hw, efficiency=replace(hw.efficiency, attention_latent_kernel=""))
+    """``hw``'s block as the fit prices the rows: its own constants on the latent calls,
+    without its own decode kernel's (XQA's, ``attention_kernels.DECODE_KERNEL_OFF``)."""
+    return replace(hw, efficiency=replace(hw.efficiency, attention_latent_kernel="",
+                                          **DECODE_KERNEL_OFF))
 
 
 def fit(pairs: list) -> dict[str, float]:
