@@ -118,3 +118,20 @@ def test_kernel_names_and_keys_are_checked(tmp_path):
         _load(tmp_path, "{fp8_block@8: deepgemm_sm90}")
     assert _load(tmp_path, "{fp8_block: deepgemm_sm90}").efficiency.gemm_kernel_tiles == {
         "fp8_block": "deepgemm_sm90"}
+
+
+def test_a_class_k_half_replaces_the_engines_ramp_for_its_own_tile():
+    op = _block_gemm([4096.0], 7168.0, 512.0)
+    hw = _hw({"fp8_block": "deepgemm_sm90"})
+    hw = replace(hw, efficiency=replace(hw.efficiency, gemm_kernel_k_half={}))
+    own = replace(hw, efficiency=replace(hw.efficiency,
+                                         gemm_kernel_k_half={"fp8_block": 1000.0}))
+    engine = hw.efficiency.gemm_k_half
+    ratio = moe.plan(op, own)[0][0] / moe.plan(op, hw)[0][0]
+    assert ratio == pytest.approx((512 / (512 + 1000)) / (512 / (512 + engine)))
+
+
+def test_k_half_is_read_from_the_class_row():
+    hw = pm.hardware("h100-sxm", "sglang")
+    assert set(hw.efficiency.gemm_kernel_k_half) <= set(hw.efficiency.gemm_kernel_tiles)
+    assert all(8 <= v <= 4096 for v in hw.efficiency.gemm_kernel_k_half.values())

@@ -197,7 +197,7 @@ def own_tile_plan(op: Gemm, hw: Hardware, whole: np.ndarray) -> np.ndarray:
     dense quantized GEMM's ``gemm_kernels`` key names a kernel that picks its own tile
     (``efficiency.gemm_kernel_tiles``) the fraction of the tile that kernel chooses
     (``kernel_tiles.chosen_tile``: its padding, waves and operand share, ``tiling.tile_plan``,
-    with the class's own k-depth ramp ``gemm_kernel_k_half`` where the file has one)."""
+    with the key's own k-depth ramp ``gemm_kernel_k_half`` where the file has one)."""
     named = hw.efficiency.gemm_kernel_tiles
     if not named:
         return whole
@@ -205,7 +205,7 @@ def own_tile_plan(op: Gemm, hw: Hardware, whole: np.ndarray) -> np.ndarray:
     for mask, key in dense_key(hw, op):
         if key in named and np.any(mask):
             bm, bn, share = chosen_tile(named[key], m, n, k, hw.compute_units)
-            k_half = hw.efficiency.gemm_kernel_k_half.get(key.partition("@")[0])
+            k_half = hw.efficiency.gemm_kernel_k_half.get(key)
             mine = tile_plan(m, n, k, op.groups, hw, (bm, bn), k_half) * share
             whole = np.where(mask, mine, whole)
     return whole

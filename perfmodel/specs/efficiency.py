@@ -232,7 +232,7 @@ class Efficiency:
     # picks the output tile of that key's GEMMs (DeepGEMM: ``cost.kernel_tiles``); a key
     # not listed runs the device's tile menu (``tiling.gemm_plan``)
     gemm_kernel_tiles: dict[str, str] = field(default_factory=dict)
-    # class of ``gemm_kernels`` -> the k elements of fixed work of one block of that class's
+    # key of ``gemm_kernels`` -> the k elements of fixed work of one block of that key's
     # own-tile kernel (``gemm_kernel_tiles``: pipeline fill, output epilogue), its k-depth
     # ramp k / (k + this) in place of ``gemm_k_half``
     gemm_kernel_k_half: dict[str, float] = field(default_factory=dict)

@@ -195,8 +195,8 @@ def _moe_kernels(f: Fields | None, classes: tuple[str, ...],
     ``<class>`` row, those above every bucket; ``<class>@unaligned``, shapes DeepGEMM
     cannot run: ``cost.moe.dense_buckets``), and carry the
     engine's eager host path of one call, ``host_s`` (``cost.eager``), and the seconds
-    per row its activation quantization adds, ``row_s``, and the k elements of fixed work
-    of a block of the class's own-tile kernel, ``k_half`` (a plain class row's; into
+    per row its activation quantization adds, ``row_s`` (a plain class row's), and the k
+    elements of fixed work of a block of the row's own-tile kernel, ``k_half`` (into
     ``hosts``, so each row keeps its three fields)."""
     if f is None:
         return {}

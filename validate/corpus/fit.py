@@ -319,8 +319,7 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
         if prefix == "gemm" and cls not in DENSE_FORMATS:
             continue            # w4a8 dense linears: priced at the dense fp8 figures
         # the top bucket first: the per-tensor quantization's cost per row (``row_s``,
-        # the class's, every bucket's) is seen at large M only, and so is the k-depth
-        # ramp of an own-tile kernel's blocks (``k_half``, the class's too)
+        # the class's, every bucket's) is seen at large M only
         for bucket in sorted(_buckets(devices, error_class, i), key=lambda b: -b):
             chosen, eager, quantized = [], False, False
             for hw, sets in devices:
@@ -343,11 +342,14 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
     return out
 
 
-def _own_tiles(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], cls: str) -> bool:
-    """Whether a device's ``cls`` top-bucket kernel picks its own tile
-    (``efficiency.gemm_kernel_tiles``): only then is its k-depth ramp a parameter of the
-    class (the class's, every bucket's; the engine's ``gemm_k_half`` otherwise)."""
-    return any(cls in hw.efficiency.gemm_kernel_tiles for hw, _ in devices)
+def _own_tiles(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], key: str) -> bool:
+    """Whether a device's ``gemm_kernels`` row ``key`` runs a kernel that picks its own
+    tile (``efficiency.gemm_kernel_tiles``): only then is its blocks' k-depth ramp
+    (``k_half``) a parameter of the row (the engine's ``gemm_k_half`` otherwise). Only
+    the top bucket's is fitted: below it the rows are memory bound and leave k_half
+    unidentified (fitted per bucket, H100's five lower buckets all went to the bound 8
+    and H200's to 280-420 for the same kernel on the same SM)."""
+    return any(key in hw.efficiency.gemm_kernel_tiles for hw, _ in devices)
 
 
 def _has_fallback(hw: Hardware) -> bool:
