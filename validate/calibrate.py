@@ -205,7 +205,8 @@ def _efficiency_block(eff: Efficiency, source: str) -> dict:
         del out["gemm_tiles"]
     # a dense quantized class's host path and cost per row are fields of its gemm_kernels
     # row in the file (``specs.efficiency_block``), not blocks of their own
-    extras = {"host_s": out.pop("gemm_host_s", {}), "row_s": out.pop("gemm_row_s", {})}
+    extras = {"host_s": out.pop("gemm_host_s", {}), "row_s": out.pop("gemm_row_s", {}),
+              "k_half": out.pop("gemm_kernel_k_half", {})}
     out["gemm_kernels"] = {
         key: dict(zip(("gemm_fraction", "memory_fraction", "latency_s"), row, strict=True))
         | {name: table[key] for name, table in extras.items() if key in table}

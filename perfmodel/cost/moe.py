@@ -59,8 +59,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.cost.kernel_tiles import chosen_tile
 from perfmodel.cost.ops import Gemm
-from perfmodel.cost.tiling import gemm_plan
+from perfmodel.cost.tiling import gemm_plan, tile_plan
 from perfmodel.specs.dtypes import BYTES, CODE
 from perfmodel.specs.dtypes import MOE_FORMATS as FORMATS
 from perfmodel.specs.hardware import Hardware
@@ -186,8 +187,28 @@ def plan(op: Gemm, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
     if not np.any(whole_k):
         return frac * compute_factor(op, hw), split
     whole, _ = gemm_plan(op.m, op.n, op.k, op.groups, hw, may_split=False)
+    whole = own_tile_plan(op, hw, whole)
     return (np.where(whole_k, whole, frac) * compute_factor(op, hw),
             np.where(whole_k, 1.0, split))
+
+
+def own_tile_plan(op: Gemm, hw: Hardware, whole: np.ndarray) -> np.ndarray:
+    """``whole`` (the one-program-per-tile fraction of the device's tile menu), where a
+    dense quantized GEMM's ``gemm_kernels`` key names a kernel that picks its own tile
+    (``efficiency.gemm_kernel_tiles``) the fraction of the tile that kernel chooses
+    (``kernel_tiles.chosen_tile``: its padding, waves and operand share, ``tiling.tile_plan``,
+    with the key's own k-depth ramp ``gemm_kernel_k_half`` where the file has one)."""
+    named = hw.efficiency.gemm_kernel_tiles
+    if not named:
+        return whole
+    m, n, k = (np.broadcast_to(np.asarray(v, dtype=float), op.shape) for v in (op.m, op.n, op.k))
+    for mask, key in dense_key(hw, op):
+        if key in named and np.any(mask):
+            bm, bn, share = chosen_tile(named[key], m, n, k, hw.compute_units)
+            k_half = hw.efficiency.gemm_kernel_k_half.get(key)
+            mine = tile_plan(m, n, k, op.groups, hw, (bm, bn), k_half) * share
+            whole = np.where(mask, mine, whole)
+    return whole
 
 
 def own_kernel(op: Gemm, hw: Hardware) -> np.ndarray:

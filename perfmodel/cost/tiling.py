@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -80,6 +81,15 @@ def _tile_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
     if eff.gemm_n_half:
         pad_n = np.where(m > 1, pad_n * (eff.gemm_n_half / (eff.gemm_n_half + n)), pad_n)
     return eff.gemm_fraction * pad_m * pad_n * wave * ramp, split
+
+
+def tile_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray, hw: Hardware,
+              tile: tuple[np.ndarray, np.ndarray], k_half: float | None = None) -> np.ndarray:
+    """Achievable fraction of a GEMM run with the given output ``tile`` (per instance: the
+    one its kernel chose, ``cost.kernel_tiles``), one program per tile, no split-K, with
+    the kernel's own k-depth ramp ``k_half`` (None: the device's ``gemm_k_half``)."""
+    eff = hw.efficiency if k_half is None else replace(hw.efficiency, gemm_k_half=k_half)
+    return _tile_plan(m, n, k, groups, eff, hw.compute_units, tile, may_split=False)[0]
 
 
 def gemm_choice(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,

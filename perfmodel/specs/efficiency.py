@@ -228,6 +228,14 @@ class Efficiency:
     # tiling rule picks; false: never (vLLM / sgl-kernel CUTLASS scaled_mm's persistent
     # scheduler, DeepGEMM's one block per output tile: ``cost.moe.own_kernel``)
     gemm_kernels_split_k: bool = False
+    # key of ``gemm_kernels`` -> the kernel (``cost/kernel_tiles.yaml``) whose own heuristic
+    # picks the output tile of that key's GEMMs (DeepGEMM: ``cost.kernel_tiles``); a key
+    # not listed runs the device's tile menu (``tiling.gemm_plan``)
+    gemm_kernel_tiles: dict[str, str] = field(default_factory=dict)
+    # key of ``gemm_kernels`` -> the k elements of fixed work of one block of that key's
+    # own-tile kernel (``gemm_kernel_tiles``: pipeline fill, output epilogue), its k-depth
+    # ramp k / (k + this) in place of ``gemm_k_half``
+    gemm_kernel_k_half: dict[str, float] = field(default_factory=dict)
     # async: host launches overlap device work (GPUs); sync: each op's dispatch adds to its
     # time (CPU eager execution)
     launch_mode: str = "async"

@@ -16,7 +16,7 @@ from perfmodel.specs.kinds import OWN_FRACTION, OWN_LATENCY
 def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
     """The ``efficiency:`` block's figures; ``scan_kernel`` is the default of the file's
     vendor. The caller reads its ``source:`` and finishes the block."""
-    hosts: dict[str, dict[str, float]] = {"host_s": {}, "row_s": {}}
+    hosts: dict[str, dict[str, float]] = {"host_s": {}, "row_s": {}, "k_half": {}}
     out = Efficiency(
         gemm_fraction=f.quantity("gemm_fraction", "number", maximum=1.0),
         memory_fraction=f.quantity("memory_fraction", "number", maximum=1.0),
@@ -80,7 +80,9 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
                                   hosts),
         gemm_host_s=hosts["host_s"],
         gemm_row_s=hosts["row_s"],
+        gemm_kernel_k_half=hosts["k_half"],
         gemm_kernels_split_k=f.flag("gemm_kernels_split_k", False),
+        gemm_kernel_tiles=_kernel_tiles(f.sub("gemm_kernel_tiles", required=False)),
         scan_kernels=_scan_kernels(f.sub("scan_kernels", required=False)),
         ep_kernels=_ep_kernels(f.sub("ep_kernels", required=False)),
         parallel_grain_elements=f.integer("parallel_grain_elements", 0, minimum=0),
@@ -90,6 +92,9 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         alu_ops_per_clock_per_unit=f.quantity("alu_ops_per_clock_per_unit", "number", 128.0),
         alu_clock_hz=f.quantity("alu_clock_hz", "number", 0.0, positive=False),
     )
+    unknown = sorted(set(out.gemm_kernel_tiles) - set(out.gemm_kernels))
+    if unknown:
+        raise f.error("gemm_kernel_tiles", f"{unknown[0]}: expected a key of gemm_kernels")
     if out.attention_latent_kernel and out.attention_latent_kernel not in out.attention_kernels:
         raise f.error("attention_latent_kernel",
                       "expected the name of a profile listed under attention_kernels")
@@ -165,6 +170,20 @@ def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float
     return out
 
 
+def _kernel_tiles(f: Fields | None) -> dict[str, str]:
+    """``gemm_kernel_tiles``: ``gemm_kernels`` key -> a kernel of ``cost/kernel_tiles.yaml``
+    that picks its own tile (the keys are checked against ``gemm_kernels`` by the
+    caller)."""
+    if f is None:
+        return {}
+    from perfmodel.cost.kernel_tiles import kernels
+
+    names = tuple(sorted(kernels()))
+    out = {str(key): f.text(key, choices=names) for key in list(f.data)}
+    f.finish()
+    return out
+
+
 def _moe_kernels(f: Fields | None, classes: tuple[str, ...],
                  hosts: dict[str, dict[str, float]] | None = None
                  ) -> dict[str, tuple[float, ...]]:
@@ -176,7 +195,8 @@ def _moe_kernels(f: Fields | None, classes: tuple[str, ...],
     ``<class>`` row, those above every bucket; ``<class>@unaligned``, shapes DeepGEMM
     cannot run: ``cost.moe.dense_buckets``), and carry the
     engine's eager host path of one call, ``host_s`` (``cost.eager``), and the seconds
-    per row its activation quantization adds, ``row_s`` (a plain class row's; into
+    per row its activation quantization adds, ``row_s`` (a plain class row's), and the k
+    elements of fixed work of a block of the row's own-tile kernel, ``k_half`` (into
     ``hosts``, so each row keeps its three fields)."""
     if f is None:
         return {}
@@ -200,7 +220,8 @@ def _moe_kernels(f: Fields | None, classes: tuple[str, ...],
                     k.quantity("depth_s", "s", 0.0, positive=False))
         elif hosts is not None:
             for extra, table in hosts.items():
-                value = k.quantity(extra, "s", 0.0, positive=False)
+                value = k.quantity(extra, "number" if extra == "k_half" else "s", 0.0,
+                                   positive=False)
                 if value > 0:
                     table[name] = value
         out[name] = row

@@ -159,7 +159,8 @@ def kernel_tables(values: dict[str, float]) -> dict[str, dict]:
             prefix, cls, what = key.split(".")
             row = out.setdefault(TABLES[prefix], {}).setdefault(cls, {})
             row[what] = _shown(what, float(f"{value:.4g}"))
-    return {t: {c: {f: row[f] for f in (*MOE_FIELDS, "host_s", "row_s") if f in row}
+    return {t: {c: {f: row[f] for f in (*MOE_FIELDS, "host_s", "row_s", "k_half")
+                    if f in row}
                 for c, row in classes.items()}
             for t, classes in out.items()}
 

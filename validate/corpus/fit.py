@@ -114,6 +114,10 @@ PARAMETERS |= {f"gemm.{c}.row_s": (1e-12, 3e-8, "seconds per token of the activa
                                                "quantization beyond its bytes "
                                                "(cost.moe.row_cost)")
                for c in DENSE_FORMATS}
+PARAMETERS |= {f"gemm.{c}.k_half": (8.0, 4096.0, "k elements of fixed work of one block of "
+                                                 "the class's own-tile kernel (pipeline "
+                                                 "fill, output epilogue)")
+               for c in DENSE_FORMATS}
 INTERCONNECT = ("collective_latency_s", "custom_all_reduce_fraction",
                 "custom_all_reduce_latency_s")
 STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
@@ -145,8 +149,8 @@ def value_of(hw: Hardware, name: str) -> float:
         return float(getattr(hw.interconnect, name))
     if name.startswith(("moe.", "gemm.")):
         table, cls, what = name.split(".")
-        if what in ("host_s", "row_s"):
-            return float(getattr(hw.efficiency, f"gemm_{what}").get(
+        if what in EXTRAS:
+            return float(getattr(hw.efficiency, EXTRAS[what]).get(
                 cls, START[param_entry(name)]))
         row = getattr(hw.efficiency, f"{table}_kernels").get(cls)
         return float(row[MOE_FIELDS.index(what)]) if row else float(START[param_entry(name)])
@@ -162,6 +166,10 @@ def value_of(hw: Hardware, name: str) -> float:
     return float(value)
 
 
+# the per-class fields of ``gemm_kernels`` beyond its rows' three -> their efficiency table
+EXTRAS = {"host_s": "gemm_host_s", "row_s": "gemm_row_s", "k_half": "gemm_kernel_k_half"}
+
+
 def apply(hw: Hardware, values: dict[str, float]) -> Hardware:
     """``hw`` with fitted ``values`` set (efficiency fields, per-kind latencies, link)."""
     for prefix, count in (("moe", len(MOE_FIELDS)), ("gemm", 3)):
@@ -169,18 +177,16 @@ def apply(hw: Hardware, values: dict[str, float]) -> Hardware:
         if not mine:
             continue
         table = dict(getattr(hw.efficiency, f"{prefix}_kernels"))
-        hosts = dict(hw.efficiency.gemm_host_s)
-        per_row = dict(hw.efficiency.gemm_row_s)
+        extras = {f: dict(getattr(hw.efficiency, f)) for f in EXTRAS.values()}
         for cls in {k.split(".")[1] for k in mine}:
             table[cls] = tuple(mine.get(f"{prefix}.{cls}.{n}",
                                         START[param_entry(f"{prefix}.{cls}.{n}")])
                                for n in MOE_FIELDS[:count])
-            if f"{prefix}.{cls}.host_s" in mine:
-                hosts[cls] = mine[f"{prefix}.{cls}.host_s"]
-            if f"{prefix}.{cls}.row_s" in mine:
-                per_row[cls] = mine[f"{prefix}.{cls}.row_s"]
+            for what, field in EXTRAS.items():
+                if f"{prefix}.{cls}.{what}" in mine:
+                    extras[field][cls] = mine[f"{prefix}.{cls}.{what}"]
         hw = replace(hw, efficiency=replace(hw.efficiency, **{f"{prefix}_kernels": table},
-                                            gemm_host_s=hosts, gemm_row_s=per_row))
+                                            **extras))
         values = {k: v for k, v in values.items() if k not in mine}
     link = {k: v for k, v in values.items() if k in INTERCONNECT}
     if any(k.startswith("custom_all_reduce") for k in link):
@@ -213,8 +219,8 @@ START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          **{f"moe.{c}.{n}": v for c in MOE_FORMATS
             for n, v in zip(MOE_FIELDS, (0.5, 0.8, 8e-6, 5e-8, 1.0, 1e-9), strict=True)},
          **{f"gemm.{c}.{n}": v for c in DENSE_FORMATS
-            for n, v in zip((*MOE_FIELDS[:3], "host_s", "row_s"),
-                            (0.7, 0.8, 4e-6, 50e-6, 1e-9), strict=True)}}
+            for n, v in zip((*MOE_FIELDS[:3], "host_s", "row_s", "k_half"),
+                            (0.7, 0.8, 4e-6, 50e-6, 1e-9, 128.0), strict=True)}}
 
 
 def param_entry(name: str) -> str:
@@ -330,8 +336,20 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
                          for n in [*fields, *(["host_s"] if eager else [])]]
                 if quantized and prefix == "gemm" and bucket == np.inf:
                     names.append(f"gemm.{cls}.row_s")
+                if prefix == "gemm" and bucket == np.inf and _own_tiles(chosen, cls):
+                    names.append(f"gemm.{cls}.k_half")
                 out |= _stage(chosen, names, max_nfev)
     return out
+
+
+def _own_tiles(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], key: str) -> bool:
+    """Whether a device's ``gemm_kernels`` row ``key`` runs a kernel that picks its own
+    tile (``efficiency.gemm_kernel_tiles``): only then is its blocks' k-depth ramp
+    (``k_half``) a parameter of the row (the engine's ``gemm_k_half`` otherwise). Only
+    the top bucket's is fitted: below it the rows are memory bound and leave k_half
+    unidentified (fitted per bucket, H100's five lower buckets all went to the bound 8
+    and H200's to 280-420 for the same kernel on the same SM)."""
+    return any(key in hw.efficiency.gemm_kernel_tiles for hw, _ in devices)
 
 
 def _has_fallback(hw: Hardware) -> bool:
