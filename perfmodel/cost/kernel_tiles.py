@@ -19,22 +19,13 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 
 import numpy as np
-import yaml
 
 from perfmodel.cost.tiling import _per_key
+from perfmodel.specs.tile_rules import kernels
 
-TABLE = Path(__file__).with_name("kernel_tiles.yaml")
 RULES = ("cycles", "waves")
-
-
-@functools.cache
-def kernels() -> dict[str, dict]:
-    """The shipped kernels' tile rules (``kernel_tiles.yaml``), by name."""
-    data = yaml.safe_load(TABLE.read_text())
-    return {k: v for k, v in data.items() if k != "version"}
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -228,7 +228,7 @@ class Efficiency:
     # tiling rule picks; false: never (vLLM / sgl-kernel CUTLASS scaled_mm's persistent
     # scheduler, DeepGEMM's one block per output tile: ``cost.moe.own_kernel``)
     gemm_kernels_split_k: bool = False
-    # key of ``gemm_kernels`` -> the kernel (``cost/kernel_tiles.yaml``) whose own heuristic
+    # key of ``gemm_kernels`` -> the kernel (``specs/kernel_tiles.yaml``) whose own heuristic
     # picks the output tile of that key's GEMMs (DeepGEMM: ``cost.kernel_tiles``); a key
     # not listed runs the device's tile menu (``tiling.gemm_plan``)
     gemm_kernel_tiles: dict[str, str] = field(default_factory=dict)

@@ -171,12 +171,12 @@ def _per_kind(f: Fields | None, unit: str, memory_only: bool) -> dict[str, float
 
 
 def _kernel_tiles(f: Fields | None) -> dict[str, str]:
-    """``gemm_kernel_tiles``: ``gemm_kernels`` key -> a kernel of ``cost/kernel_tiles.yaml``
+    """``gemm_kernel_tiles``: ``gemm_kernels`` key -> a kernel of ``specs/kernel_tiles.yaml``
     that picks its own tile (the keys are checked against ``gemm_kernels`` by the
     caller)."""
     if f is None:
         return {}
-    from perfmodel.cost.kernel_tiles import kernels
+    from perfmodel.specs.tile_rules import kernels
 
     names = tuple(sorted(kernels()))
     out = {str(key): f.text(key, choices=names) for key in list(f.data)}
