@@ -1,12 +1,16 @@
-"""The host's dispatch floor of a step run eagerly (no CUDA graph).
+"""The host's dispatch of a step run eagerly (no CUDA graph).
 
 An engine that runs a step without a CUDA graph dispatches every operator from Python, one
-after another, while the GPU runs what was dispatched before: an operator whose kernels
-finish before the host has dispatched the next leaves the GPU waiting. Each operator then
-takes at least the host's dispatch time ``HostTime.eager_op_s``: the rule of a stream-timed
-step (``cost.timebase.per_instance``: max(device time, launch) per instance) with the
-engine's eager dispatch in place of the device's bare launch. ``excess_s`` is what that adds
-to a priced step; ``eager_rows`` says which steps of a batch run eagerly.
+after another, into the stream's queue while the GPU runs what was dispatched before. The
+stream is a first-in first-out queue deep enough to hold a whole step's launches, and the
+forward pass has no host synchronisation, so the host runs ahead during long kernels and
+the GPU catches up during short ones: a step of ``n`` operator instances takes
+max(n x ``HostTime.eager_op_s``, its device time), to within one operator. (A floor per
+operator, max(device, dispatch) each, would hold only if the host could never run ahead.)
+``excess_s`` is what the host adds to a priced step; ``eager_rows`` says which steps of a
+batch run eagerly. ``eager_op_s`` is the host's time per operator instance of the cost
+model (``cost.step``), so it is derived from a whole eager step divided by the instances the
+model counts in it (``reports/host/eager_sglang.py``).
 
 Which steps run eagerly, from the engines' source:
 - decode steps replay a CUDA graph unless the engine's graphs are off (``cuda_graphs``);
@@ -53,9 +57,8 @@ def eager_rows(prefill: np.ndarray, tokens: np.ndarray, graphs: bool, graph_upto
 
 
 def excess_s(cost: StepCost, op_s: float) -> np.ndarray:
-    """Seconds the host's dispatch floor ``op_s`` adds to each of ``cost``'s steps: for every
-    operator instance that finishes sooner, the rest of ``op_s`` (0 where none does)."""
-    count = cost.count
-    per = np.divide(cost.time_s, count, out=np.zeros_like(cost.time_s), where=count > 0)
-    short = (count > 0) & (per < op_s)
-    return np.where(short, count * op_s - cost.time_s, 0.0).sum(axis=0)
+    """Seconds the host's dispatch adds to each of ``cost``'s steps run eagerly: how much
+    its operator instances' dispatch, ``op_s`` each, outlasts the step's device time (0
+    where the device is the longer)."""
+    host = cost.count.sum(axis=0) * op_s
+    return np.maximum(host - cost.time_s.sum(axis=0), 0.0)

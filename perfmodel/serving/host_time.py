@@ -43,9 +43,9 @@ class HostTime:
     overlap hides. A request spends ``request_s + prompt_token_s * prompt tokens`` in the
     API server (one process: requests queue for it) before the engine sees it, and each
     token reaches the client ``stream_s`` after the engine's step ends. A step run eagerly
-    (no CUDA graph) takes at least ``eager_op_s`` per operator, the host's dispatch of it
-    (``serving.eager``); ``prefill_graph``: the engine replays short prefill steps as a
-    piecewise CUDA graph (``eager.graph_tokens``)."""
+    (no CUDA graph) dispatches each operator instance in ``eager_op_s``, so it takes at
+    least their dispatch (``serving.eager``); ``prefill_graph``: the engine replays short
+    prefill steps as a piecewise CUDA graph (``eager.graph_tokens``)."""
 
     step_s: float = 0.0
     seq_s: float = 0.0
