@@ -260,13 +260,16 @@ def moe_layer(tokens: np.ndarray, topk: np.ndarray, hidden: np.ndarray, width: n
     ``local_combine`` is 1 (``LOCAL_COMBINE``) a copy of the ``pairs`` rows into expert
     order (at the GEMM's activation width) comes first, and the un-permutation reads the
     ``pairs`` rows and writes one row per token: (pairs + tokens) / 2 rows of one read
-    and one write."""
+    and one write. The up GEMM carries the layer's tokens x topk (token, top-k) slots,
+    which its routing and sort read (``Gemm.slots``, priced at its kernel's ``slot_s``,
+    ``cost.moe.fixed_cost``)."""
     # mean rows of each expert it touches, padded
     expert_rows = (pairs if padded is None else np.maximum(padded, pairs)) / groups
     ab = BYTES[dtype]
     gate = np.asarray(gated, dtype=float) > 0
     up = Gemm(m=expert_rows, n=np.where(gate, 2, 1) * width, k=hidden, groups=groups,
-              weight_bytes=wb, act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
+              weight_bytes=wb, act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True,
+              slots=tokens * topk)
     down = Gemm(m=expert_rows, n=hidden, k=width, groups=groups, weight_bytes=wb,
                 act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
     local = np.asarray(local_combine, dtype=float) > 0
