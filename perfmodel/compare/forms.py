@@ -61,6 +61,17 @@ ACT_QUANT = ("", "tensor", "token")
 # ``moe_torch_flow_nongated`` (collector/trtllm/collect_moe.py, run_moe_torch: Relu2,
 # no gate half in w3_w1)
 NON_GATED = ("_nongated",)
+# kernel names of MoE paths that copy the device's (token, expert) rows into expert order
+# and back: TensorRT-LLM's torch-flow MoE backends (CUTLASS, its non-gated path, DeepGEMM;
+# aiconfigurator records them as moe_torch_flow* / deepgemm). In cpp/tensorrt_llm/kernels/
+# cutlass_kernels/moe_gemm/moe_kernels.cu, expandInputRowsKernel copies each token row to
+# every local permuted row (permuted_row < expert_first_token_offset[experts per node])
+# before the first GEMM, and finalizeMoeRoutingKernel (DeepGEMM's through
+# moe_finalize_scale_op, thop/moeUtilOp.cpp) writes one row per token, skipping each
+# top-k slot whose expert is not on the device: it reads the local pairs' rows only.
+# Triton fused_moe gathers rows inside its GEMM (sorted_token_ids, no copy) and its
+# moe_sum reads all M x topk slots of intermediate_cache3.
+LOCAL_COMBINE = ("moe_torch_flow", "deepgemm")
 _BF16 = CODE["bf16"]
 
 
@@ -194,12 +205,14 @@ def moe_inputs(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np
     quantization each row's columns give)."""
     pairs, groups, padded = moe_routing(rows, col, where, line)
     wb, stored = _weights(rows, dtype, where, line)
-    gated = [not any(k.endswith(s) for s in NON_GATED) for k in _text(rows, "kernel")]
+    kernels = _text(rows, "kernel")
+    gated = [not any(k.endswith(s) for s in NON_GATED) for k in kernels]
+    local = [k.startswith(LOCAL_COMBINE) for k in kernels]
     return {"tokens": col("m"), "topk": col("topk"), "hidden": col("n"), "width": col("k"),
             "pairs": pairs,
             "groups": groups, "wb": wb, "stored": stored, "dtype": dtype,
             "mode": _act_quant(rows, where, line), "gated": np.asarray(gated, dtype=float),
-            "padded": padded}
+            "padded": padded, "local_combine": np.asarray(local, dtype=float)}
 
 
 def moe_routing(rows: Sequence[dict], col: Callable[[str], np.ndarray], where: str,
@@ -234,28 +247,42 @@ def row_block(tokens: float, local_experts: float) -> int:
 def moe_layer(tokens: np.ndarray, topk: np.ndarray, hidden: np.ndarray, width: np.ndarray,
               pairs: np.ndarray, groups: np.ndarray, wb: np.ndarray, stored: np.ndarray,
               dtype: np.ndarray, mode: np.ndarray, gated: np.ndarray | float = 1.0,
-              padded: np.ndarray | None = None) -> list[Part]:
+              padded: np.ndarray | None = None, local_combine: np.ndarray | float = 0.0
+              ) -> list[Part]:
     """The kernels of a fused MoE layer on one device: the up/gate grouped GEMM over the
     ``groups`` experts its ``pairs`` (token, expert) pairs touch, the gated activation, the
     down grouped GEMM and, where ``mode`` >= 0, the activations' quantization before each
     GEMM (``_act_quant``). Where ``gated`` is 0 the experts have no gate half: an up GEMM
     of ``width`` columns and a one-operand activation (relu2). Each expert's GEMM rows are
     its tokens padded to the kernel's row block (``padded``, default ``pairs``): the
-    padding rows are multiplied as real ones (``moe_align_block_size``)."""
+    padding rows are multiplied as real ones (``moe_align_block_size``). The weighted
+    un-permutation (``gather``) reads every token's top-k rows and writes as many; where
+    ``local_combine`` is 1 (``LOCAL_COMBINE``) a copy of the ``pairs`` rows into expert
+    order (at the GEMM's activation width) comes first, and the un-permutation reads the
+    ``pairs`` rows and writes one row per token: (pairs + tokens) / 2 rows of one read
+    and one write. The up GEMM carries the layer's tokens x topk (token, top-k) slots,
+    which its routing and sort read (``Gemm.slots``, priced at its kernel's ``slot_s``,
+    ``cost.moe.fixed_cost``)."""
     # mean rows of each expert it touches, padded
     expert_rows = (pairs if padded is None else np.maximum(padded, pairs)) / groups
     ab = BYTES[dtype]
     gate = np.asarray(gated, dtype=float) > 0
     up = Gemm(m=expert_rows, n=np.where(gate, 2, 1) * width, k=hidden, groups=groups,
-              weight_bytes=wb, act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
+              weight_bytes=wb, act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True,
+              slots=tokens * topk)
     down = Gemm(m=expert_rows, n=hidden, k=width, groups=groups, weight_bytes=wb,
                 act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
+    local = np.asarray(local_combine, dtype=float) > 0
     parts: list[Part] = [(up, True)]
+    if local.any():
+        parts.append((pointwise("gather", pairs, hidden, act_bytes=ab, count=local * 1.0),
+                      False))
     if gate.any():
         parts.append((pointwise("silu_and_mul", pairs, width, count=gate * 1.0), False))
     if not gate.all():
         parts.append((pointwise("gelu", pairs, width, count=~gate * 1.0), False))
-    parts += [(down, False), (pointwise("gather", tokens * topk, hidden), False)]
+    combined = np.where(local, (pairs + tokens) / 2, tokens * topk)
+    parts += [(down, False), (pointwise("gather", combined, hidden), False)]
     if (mode >= 0).any():
         parts += [(_quant_pass(tokens, hidden, dtype, mode), False),
                   (_quant_pass(pairs, width, dtype, mode), False)]

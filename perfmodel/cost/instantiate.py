@@ -91,6 +91,7 @@ class Values:
     outliers: np.ndarray = field(default_factory=lambda: np.zeros(1))   # (N,) 16-bit share
     head: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=bool))  # (N,)
     pairs: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (token, expert) here
+    slots: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (token, top-k) routed
     absorbed_groups: np.ndarray | None = None       # (N, G): MLA groups in latent form
     # classes stored in another format (``params.other_formats``): format name ->
     # (bytes per weight, stored dtype code, compute dtype codes (N,))
@@ -111,9 +112,11 @@ class Values:
         (``routing.device_imbalance``) when those are more. With ``replicas`` redundant
         copies of the hottest experts (EPLB), each device holds ceil((E + replicas) / ep)
         copies, a token reaches one copy of its expert, and the touched copies and the
-        busiest device follow the placement with replicas."""
+        busiest device follow the placement with replicas. The layer's routing and sort
+        read every (token, top-k) slot of the tokens it routes (``slots``)."""
         tokens = self.tokens * spread
         self.pairs = self.tokens * top_k                   # this device's (token, expert)
+        self.slots = tokens * top_k
         touched = experts_touched(n_experts, top_k, tokens, skew)
         each = tokens * top_k / touched
         if ep == 1:
@@ -192,6 +195,7 @@ def compile_template(specs: list) -> tuple[Block, ...]:
         if kind is GemmSpec:
             touched = np.array([s.groups == "touched" for s in group])[:, None]
             const["touched"] = touched if touched.any() else None
+            const["slots"] = np.array([s.slots for s in group])[:, None]
             const["groups"] = np.array([1.0 if s.groups == "touched" else s.groups
                                         for s in group])[:, None]
             const["act"] = np.array([s.weights == "act" for s in group])[:, None]
@@ -236,7 +240,8 @@ def _gemms(b: Block, v: Values) -> Gemm:
     return weight_gemm(outliers, m=rows, n=c["n"], k=c["k"], groups=groups,
                        weight_bytes=wb, act_bytes=v.ab, bias=c["bias"], dtype=dtype,
                        count=count, weight_dtype=stored,
-                       experts=False if c["touched"] is None else c["touched"])
+                       experts=False if c["touched"] is None else c["touched"],
+                       slots=np.where(c["slots"], v.slots, 0.0))
 
 
 def _pointwise(b: Block, v: Values) -> Pointwise:

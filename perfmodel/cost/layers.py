@@ -291,16 +291,19 @@ def experts_touched(n_experts: int, top_k: int, tokens: np.ndarray,
 def _mlp_block(model: Model, tp: int, prefix: str, width: int, count: float,
                rows: str = "tokens", groups: float | str = 1.0,
                linear_class: str = "mlp") -> list[Spec]:
-    """Gated (gate+up fused, act-and-mul, down) or plain (up, act, down) MLP of ``width``."""
+    """Gated (gate+up fused, act-and-mul, down) or plain (up, act, down) MLP of ``width``;
+    routed experts' first GEMM carries the layer's routing slots (``GemmSpec.slots``)."""
     w, d, bias = width // tp, model.d_model, model.linear_bias
     act_rows = "expert_act_rows" if rows == "expert_rows" else rows
     kw = {"weights": weights_of(model, linear_class), "bias": bias}
+    slots = groups == "touched"
     if model.gated_mlp:
         act = "silu_and_mul" if model.activation == "silu" else "gelu_and_mul"
-        return [GemmSpec(f"{prefix}gate_up_proj", 2 * w, d, count, rows, groups, **kw),
+        return [GemmSpec(f"{prefix}gate_up_proj", 2 * w, d, count, rows, groups, **kw,
+                         slots=slots),
                 PointwiseSpec(f"{prefix}{act}", act, w, count, act_rows),
                 GemmSpec(f"{prefix}down_proj", d, w, count, rows, groups, **kw)]
-    return [GemmSpec(f"{prefix}up_proj", w, d, count, rows, groups, **kw),
+    return [GemmSpec(f"{prefix}up_proj", w, d, count, rows, groups, **kw, slots=slots),
             PointwiseSpec(f"{prefix}gelu", "gelu", w, count, act_rows),
             GemmSpec(f"{prefix}down_proj", d, w, count, rows, groups, **kw)]
 

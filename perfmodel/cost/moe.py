@@ -41,7 +41,17 @@ format class (``FORMATS``), from the measured MoE layers (``validate/corpus/fit.
   tile load after another, each waiting on memory latency): at decode a program has one
   or two M rows of work per weight tile, so its k loop, not the bandwidth, sets a floor
   of k x depth_s (vLLM H100 Triton bf16, 8 experts of 2048 x 384 at one token: 27.5 us;
-  16 of 6144 x 80: 55 us).
+  16 of 6144 x 80: 55 us);
+- ``slot_s``: the time per (token, top-k) slot of the layer's routing and expert sort,
+  which read every slot of the batch, the device's or not, before any expert runs
+  (TensorRT-LLM ``cutlass_kernels/moe_gemm/moe_kernels.cu``: the single-block
+  ``fusedBuildExpertMapsSortFirstTokenKernel`` ranks all num_tokens x k
+  ``token_selected_experts`` at up to 256 tokens, and above that
+  ``threeStepBuildExpertMapsSortFirstToken`` runs ``blockExpertPrefixSumKernel``, whose
+  threads each load their token's k expert ids, stride k, for every local expert, then
+  ``globalExpertPrefixSumKernel`` and ``mergeExpertPrefixSumKernel``). Priced on the
+  layer's first expert GEMM (``Gemm.slots``); 0 (off) where the file has none: the
+  Triton kernels' un-permutation already reads every slot (``compare.forms.moe_layer``).
 
 A class the file lacks prices as a dense GEMM of the device (``gemm_fraction``,
 ``kernel_latency_s``).
@@ -67,7 +77,7 @@ from perfmodel.specs.dtypes import MOE_FORMATS as FORMATS
 from perfmodel.specs.hardware import Hardware
 
 FIELDS = ("gemm_fraction", "memory_fraction", "latency_s", "expert_latency_s",
-          "programs_per_unit", "depth_s")
+          "programs_per_unit", "depth_s", "slot_s")
 DENSE_FIELDS = FIELDS[:3]
 # the output tile of one fused-MoE program at decode sizes: BLOCK_SIZE_M 16 (vLLM
 # fused_moe get_default_config for M <= E; the m16n8k16 MMA), BLOCK_SIZE_N 64 (its tuned
@@ -105,7 +115,7 @@ def _table(hw: Hardware, op: Gemm, field: int, dense: np.ndarray | float
            ) -> np.ndarray | float:
     """``FIELDS[field]`` per instance: an expert GEMM's from ``moe_kernels``, a dense
     quantized GEMM's from ``gemm_kernels`` (its first three fields), ``dense`` for any
-    other GEMM or a class the file lacks."""
+    other GEMM, a class the file lacks or a field its row does not carry."""
     eff = hw.efficiency
     moe_rows = eff.moe_kernels if np.any(op.experts) else {}
     dense_rows = eff.gemm_kernels if field < len(DENSE_FIELDS) else {}
@@ -116,7 +126,7 @@ def _table(hw: Hardware, op: Gemm, field: int, dense: np.ndarray | float
     out = np.broadcast_to(np.asarray(dense, dtype=float), op.shape).copy()
     m = np.broadcast_to(np.asarray(op.m, dtype=float), op.shape)
     for i, name in enumerate(FORMATS):
-        if name in moe_rows:
+        if name in moe_rows and field < len(moe_rows[name]):
             out = np.where(expert & (cls == i), moe_rows[name][field], out)
         for m_max, key in reversed(dense_buckets(dense_rows, name)):
             out = np.where(~expert & (cls == i) & (m <= m_max), dense_rows[key][field], out)
@@ -283,9 +293,12 @@ def row_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
 
 def fixed_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
     """One GEMM kernel's fixed cost: its kernel's for an expert GEMM (plus its cost per
-    expert it runs), else ``gemm``'s."""
+    expert it runs, per k element of a program's loop and, on the layer's first, per
+    (token, top-k) slot its routing and sort read: ``slot_s`` x ``slots``), else
+    ``gemm``'s."""
     if not np.any(op.experts):
         return _table(hw, op, 2, hw.efficiency.latency_for("gemm")) + row_cost(op, hw)
-    per, depth = _table(hw, op, 3, 0.0), _table(hw, op, 5, 0.0)
+    per, depth, slot = _table(hw, op, 3, 0.0), _table(hw, op, 5, 0.0), _table(hw, op, 6, 0.0)
     return (_table(hw, op, 2, hw.efficiency.latency_for("gemm"))
-            + per * np.asarray(op.groups) + depth * np.asarray(op.k))
+            + per * np.asarray(op.groups) + depth * np.asarray(op.k)
+            + slot * np.asarray(op.slots))

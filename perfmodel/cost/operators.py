@@ -30,6 +30,8 @@ class GemmSpec(NamedTuple):
     weights: str = "matmul"
     bias: bool = False
     context: bool = False       # its shape moves with the context (priced per decode step)
+    slots: bool = False         # a MoE layer's first expert GEMM: it carries the layer's
+    #                             (token, top-k) slots (``instantiate.Values.slots``)
 
 
 class PointwiseSpec(NamedTuple):

@@ -116,7 +116,9 @@ class Gemm(OpRecord):
     as activations. ``weight_bytes`` and ``act_bytes`` are bytes per element (the weights'
     with their group scales). ``weight_dtype``: the stored weights' code when narrower than
     ``dtype`` (weight-only, dequantized in the kernel: ``cost.dequant``), else -1.
-    ``experts``: a fused MoE's expert GEMM, priced by its kernel's constants (``cost.moe``)."""
+    ``experts``: a fused MoE's expert GEMM, priced by its kernel's constants (``cost.moe``);
+    ``slots``: on the layer's first expert GEMM (0 on the others), the (token, top-k) slots
+    its routing and sort read (``cost.moe.fixed_cost``)."""
 
     kind: ClassVar[str] = "gemm"
     m: Num
@@ -129,6 +131,7 @@ class Gemm(OpRecord):
     weights_are_activations: Num = False
     weight_dtype: Num = -1
     experts: Num = False
+    slots: Num = 0.0
 
     @property
     def flops(self) -> Num:

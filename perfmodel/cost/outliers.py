@@ -85,7 +85,8 @@ class OutlierGemm(Gemm):
         gather = pointwise("gather", self.m * self.groups, k_out, act_bytes=self.act_bytes,
                            dtype=self.dtype, count=count, name=self.name)
         outlier = AddGemm(**own | {"k": k_out, "weight_bytes": DTYPE_BYTES["bf16"],
-                                   "bias": 0.0, "weight_dtype": -1, "count": count})
+                                   "bias": 0.0, "weight_dtype": -1, "count": count,
+                                   "slots": 0.0})
         return main, gather, outlier
 
     @property

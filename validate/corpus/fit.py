@@ -22,7 +22,8 @@ on disjoint kernels, so each sees only its own:
 4. fused MoE layers (every weight format the engine's collector timed, with stage 1's
    constants), one fit per format class (``cost.moe``: the engine runs a kernel of its own
    for each): the expert GEMMs' ``gemm_fraction``, ``memory_fraction`` and ``latency_s``
-   (``efficiency.moe_kernels.<class>``, parameters ``moe.<class>.<field>``).
+   (``efficiency.moe_kernels.<class>``, parameters ``moe.<class>.<field>``), and the
+   per-slot routing and sort cost ``slot_s`` on TensorRT-LLM's rows (``SLOT``).
 
 ``fit_devices`` fits one set of constants to several devices at once (each keeps its own
 peaks, bandwidth and units): a family rule, used for leave-one-device-out.
@@ -90,7 +91,10 @@ PARAMETERS: dict[str, tuple[float, float, str]] = {
         ("programs_per_unit", (0.05, 8.0, "programs per SM that saturate the memory "
                                           "(loads in flight)")),
         ("depth_s", (1e-12, 1e-8, "time per k element of one program's serial k loop "
-                                  "(memory latency per weight tile)")))},
+                                  "(memory latency per weight tile)")),
+        ("slot_s", (1e-13, 1e-8, "time per (token, top-k) slot of the layer's routing and "
+                                 "expert sort, which read every slot (TensorRT-LLM "
+                                 "moe_kernels.cu threeStepBuildExpertMapsSortFirstToken)")))},
 }
 PARAMETERS |= {f"gemm.{c}.{n}": (*PARAMETERS[f"moe.{c}.{n}"][:2], why)
                for c in DENSE_FORMATS for n, why in (
@@ -138,7 +142,12 @@ STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
                        "custom_all_reduce_fraction", "custom_all_reduce_latency_s")),
 )
 MOE_FIELDS = ("gemm_fraction", "memory_fraction", "latency_s", "expert_latency_s",
-              "programs_per_unit", "depth_s")
+              "programs_per_unit", "depth_s", "slot_s")
+# fitted only on rows of the kernels that copy the device's pairs into expert order
+# (``compare.forms.LOCAL_COMBINE``: TensorRT-LLM's), whose routing and sort no other term
+# prices; 0 (off) in a row that does not fit it (the Triton kernels' un-permutation reads
+# every slot already: vLLM / SGLang prices stay as they were)
+SLOT = "slot_s"
 CUSTOM_AR_MAX_BYTES = 8192 * 1024   # vLLM CustomAllreduce max_size (custom_all_reduce.py)
 MAX_ROWS = 2500                     # per error class and device in one fit (deterministic)
 
@@ -153,7 +162,9 @@ def value_of(hw: Hardware, name: str) -> float:
             return float(getattr(hw.efficiency, EXTRAS[what]).get(
                 cls, START[param_entry(name)]))
         row = getattr(hw.efficiency, f"{table}_kernels").get(cls)
-        return float(row[MOE_FIELDS.index(what)]) if row else float(START[param_entry(name)])
+        at = MOE_FIELDS.index(what)
+        return float(row[at] if len(row) > at else 0.0) if row \
+            else float(START[param_entry(name)])
     base, _, kind = name.partition(".")
     if kind:
         return float(hw.efficiency.memory_fraction_for(kind) if base == "memory_fraction"
@@ -180,6 +191,7 @@ def apply(hw: Hardware, values: dict[str, float]) -> Hardware:
         extras = {f: dict(getattr(hw.efficiency, f)) for f in EXTRAS.values()}
         for cls in {k.split(".")[1] for k in mine}:
             table[cls] = tuple(mine.get(f"{prefix}.{cls}.{n}",
+                                        0.0 if n == SLOT else
                                         START[param_entry(f"{prefix}.{cls}.{n}")])
                                for n in MOE_FIELDS[:count])
             for what, field in EXTRAS.items():
@@ -217,7 +229,8 @@ START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          "collective_latency_s": 8e-6, "custom_all_reduce_fraction": 0.3,
          "custom_all_reduce_latency_s": 5e-6,
          **{f"moe.{c}.{n}": v for c in MOE_FORMATS
-            for n, v in zip(MOE_FIELDS, (0.5, 0.8, 8e-6, 5e-8, 1.0, 1e-9), strict=True)},
+            for n, v in zip(MOE_FIELDS, (0.5, 0.8, 8e-6, 5e-8, 1.0, 1e-9, 5e-10),
+                            strict=True)},
          **{f"gemm.{c}.{n}": v for c in DENSE_FORMATS
             for n, v in zip((*MOE_FIELDS[:3], "host_s", "row_s", "k_half"),
                             (0.7, 0.8, 4e-6, 50e-6, 1e-9, 128.0), strict=True)}}
@@ -300,7 +313,7 @@ def fit_devices(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], max_nfe
             names = [n for n in names if not n.startswith(("attention_fallback",
                                                            "attention_decode_"))]
         fitted |= _stage(chosen, names, max_nfev)
-    fitted |= _class_stage(devices, fitted, "moe", MOE_FIELDS, max_nfev, max_rows)
+    fitted |= _class_stage(devices, fitted, "moe", MOE_FIELDS[:-1], max_nfev, max_rows)
     return fitted | _class_stage(devices, fitted, "gemm_quantized", MOE_FIELDS[:3],
                                  max_nfev, max_rows)
 
@@ -321,7 +334,7 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
         # the top bucket first: the per-tensor quantization's cost per row (``row_s``,
         # the class's, every bucket's) is seen at large M only
         for bucket in sorted(_buckets(devices, error_class, i), key=lambda b: -b):
-            chosen, eager, quantized = [], False, False
+            chosen, eager, quantized, local = [], False, False, False
             for hw, sets in devices:
                 mine = [s.take(np.flatnonzero((s.columns["format"] == i)
                                               & (s.columns.get("bucket", np.inf) == bucket)))
@@ -329,11 +342,13 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
                 mine = [subsample(s, max_rows) for s in mine if len(s)]
                 eager |= any(np.any(s.columns.get("eager", 0) > 0) for s in mine)
                 quantized |= any(np.any(s.columns["mode"] >= 0) for s in mine)
+                local |= any(np.any(s.columns.get("local_combine", 0) > 0) for s in mine)
                 if mine:
                     chosen.append((apply(hw, fitted | out), mine))
             if chosen:
                 names = [f"{prefix}.{key(cls, bucket)}.{n}"
-                         for n in [*fields, *(["host_s"] if eager else [])]]
+                         for n in [*fields, *(["host_s"] if eager else []),
+                                   *([SLOT] if local and prefix == "moe" else [])]]
                 if quantized and prefix == "gemm" and bucket == np.inf:
                     names.append(f"gemm.{cls}.row_s")
                 if prefix == "gemm" and bucket == np.inf and _own_tiles(chosen, cls):
