@@ -132,7 +132,7 @@ def test_fp8_weights_price_an_fp8_mma_on_hopper_and_a_dequant_on_ampere():
     d = Dtypes.of(weights="fp8", group_size=16384, scale_bytes=4.0)
     hopper, ampere = _gemm(m, "h200-sxm", "o_proj", d), _gemm(m, "a100-80gb-sxm", "o_proj", d)
     assert int(np.ravel(hopper.dtype)[0]) == CODE["fp8"]
-    assert int(np.ravel(hopper.weight_dtype)[0]) == CODE["fp8"]   # no conversion: same dtype
+    assert int(np.ravel(hopper.weight_dtype)[0]) == -1   # no conversion: same dtype
     assert int(np.ravel(ampere.dtype)[0]) == CODE["bf16"]          # weight-only
     assert float(np.ravel(hopper.weight_bytes)[0]) == pytest.approx(1 + 4 / 16384)
 

@@ -49,7 +49,7 @@ from perfmodel.cost.ops import AllReduce, AllToAll, Attention, Gemm, KvWrite, Op
 from perfmodel.cost.quantize import ActQuant, act_scale_bytes
 from perfmodel.cost.routing import expected_distinct, zipf_popularity
 from perfmodel.cost.scan import Conv1d, LinearScan
-from perfmodel.specs.dtypes import BYTES, CODE, weight_bytes
+from perfmodel.specs.dtypes import BYTES, CODE, narrower_code, weight_bytes
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.formats import weight_formats
 from perfmodel.specs.hardware import Hardware
@@ -120,8 +120,7 @@ def _weights(rows: Sequence[dict], dtype: np.ndarray, where: str, line: Sequence
             fmt, group, scale = formats[name].scheme
             stored[i] = CODE[fmt]
             wb[i] = float(weight_bytes(CODE[fmt], group or 0, scale))
-    narrower = BYTES[stored] < BYTES[dtype]
-    return wb, np.where(narrower, stored, -1)
+    return wb, narrower_code(stored, dtype)
 
 
 def _act_quant(rows: Sequence[dict], where: str, line: Sequence[int]) -> np.ndarray:

@@ -47,7 +47,7 @@ from perfmodel.cost.routing import (
 )
 from perfmodel.cost.scan import Conv1d, LinearScan, Scan
 from perfmodel.cost.timebase import HOST
-from perfmodel.specs.dtypes import CODE
+from perfmodel.specs.dtypes import CODE, narrower_code
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import POINTWISE_CODE
 from perfmodel.specs.model import Model, MoE
@@ -239,7 +239,7 @@ def _gemms(b: Block, v: Values) -> Gemm:
         outliers = np.where(at, 0.0, outliers)
     return weight_gemm(outliers, m=rows, n=c["n"], k=c["k"], groups=groups,
                        weight_bytes=wb, act_bytes=v.ab, bias=c["bias"], dtype=dtype,
-                       count=count, weight_dtype=stored,
+                       count=count, weight_dtype=narrower_code(stored, dtype),
                        experts=False if c["touched"] is None else c["touched"],
                        slots=np.where(c["slots"], v.slots, 0.0))
 

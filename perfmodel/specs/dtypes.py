@@ -87,6 +87,15 @@ def kv_group(codes: np.ndarray | int, group_size: np.ndarray | int,
     return np.where(group == KV_PER_VECTOR, np.where(scaled, vector, 0), group)
 
 
+def narrower_code(stored: np.ndarray | int, compute: np.ndarray | int) -> np.ndarray:
+    """The stored weights' dtype code where narrower than the ``compute`` dtype (converted
+    in the kernel), else -1: ``cost.ops.Gemm.weight_dtype``'s contract. Weights stored at
+    the compute width (a bf16 checkpoint's, an fp8 W8A8's) are not weight-only quantized."""
+    stored, compute = np.asarray(stored, dtype=int), np.asarray(compute, dtype=int)
+    safe = np.where(stored >= 0, stored, compute)
+    return np.where((stored >= 0) & (BYTES[safe] < BYTES[compute]), stored, -1)
+
+
 def compute_codes(weights: np.ndarray | int, acts: np.ndarray | int) -> np.ndarray:
     """``compute_dtype`` on arrays of codes (ties go to the weights' dtype)."""
     return np.where(BYTES[weights] >= BYTES[acts], weights, acts)
