@@ -52,3 +52,27 @@ def test_bf16_experts_are_priced_by_the_fitted_moe_kernels():
                                           moe_kernels={**table, "bf16": tuple(slow)}))
     w = pm.Workload.for_model(model, batch=8, prompt_len=1024)
     assert pm.estimate(half, model, w).ttft_s > 1.2 * pm.estimate(hw, model, w).ttft_s
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+@pytest.mark.parametrize("tokens", [256, 4096])
+def test_estimate_prices_a_bf16_moe_layer_as_its_corpus_rows(engine, tokens):
+    """Qwen3-30B-A3B's expert GEMMs in a prefill step of ``tokens`` (every one of the 128
+    experts touched) cost what ``compare.forms.moe_layer`` prices a corpus row of the same
+    shape at: the estimate and the fit see one kernel class and one formula."""
+    from perfmodel.compare.forms import moe_layer
+    from perfmodel.cost.roofline import op_time
+
+    model, hw = pm.model("qwen3-30b-a3b"), pm.hardware("h100-sxm", engine)
+    records = step_records(model, hw, pm.Parallelism(), Step.uniform(1, tokens, tokens),
+                           Dtypes.of(weights="bf16", acts="bf16"))
+    estimate = sum(float(np.sum(op_time(r, hw, "graph").time_s)) for r in records
+                   if r.name.startswith("experts.") and hasattr(r, "experts"))
+    one = np.array([1.0])
+    parts = moe_layer(tokens=tokens * one, topk=8 * one, hidden=2048 * one, width=768 * one,
+                      pairs=8 * tokens * one, groups=128 * one, wb=2 * one,
+                      stored=np.array([-1]), dtype=np.array([CODE["bf16"]]),
+                      mode=np.array([-1]), local_combine=one * (engine == "trtllm"))
+    row = sum(float(np.sum(op_time(op, hw, "kernel").time_s)) for op, _ in parts
+              if hasattr(op, "experts") and np.any(op.experts))
+    assert estimate / model.n_layers == pytest.approx(row, rel=1e-6)
