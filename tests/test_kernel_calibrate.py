@@ -15,7 +15,8 @@ import perfmodel as pm
 from perfmodel.cost.collectives import all_reduce_parts, custom_all_reduce_parts
 from perfmodel.specs.load import load_hardware
 from validate.corpus import write as kw
-from validate.corpus.fit import apply, fit_device, held_out
+from validate.corpus.fit import fit_device, held_out
+from validate.corpus.params import apply
 from validate.corpus.sets import attention_sets, collective_set, fold_of, gemm_sets
 
 

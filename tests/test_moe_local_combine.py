@@ -105,7 +105,7 @@ def test_the_estimate_prices_the_slots_once_per_moe_layer(plan, slots):
 
 
 def test_slot_s_is_off_where_the_engine_does_not_fit_it():
-    from validate.corpus.fit import apply
+    from validate.corpus.params import apply
 
     for device in ("h100-sxm", "h200-sxm", "b200"):
         for engine in ("vllm", "sglang"):

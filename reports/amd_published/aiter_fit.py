@@ -25,7 +25,7 @@ block; the top-level (vLLM) figures stay:
 Bounded least squares on log(predicted / measured) (scipy ``least_squares``, soft-L1, as
 ``validate/corpus/fit.py``; its bounds, and for the MLA decode share 0.1-0.95: AITER's
 MI300X fp8 MLA decode peaks at 367 TFLOP/s, 14% of the fp8 peak, ROCm/aiter PR 3188).
-Constants are set through ``validate.corpus.fit.apply``, the corpus fit's own constructor.
+Constants are set through ``validate.corpus.params.apply``, the corpus fit's own constructor.
 Held out: leave one model's table out (gemm, moe); MLA, one table: leave one context
 length out. Leave one device out: each device predicted with the other's constants.
 
@@ -45,7 +45,7 @@ from perfmodel.compare.errors import predict_rows
 from perfmodel.compare.rows import read_measurements
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.load import hardware
-from validate.corpus.fit import PARAMETERS, START, apply
+from validate.corpus.params import PARAMETERS, START, apply
 
 HERE = Path(__file__).resolve().parent
 DEVICES = ("mi300x", "mi355x")

@@ -19,15 +19,8 @@ import perfmodel as pm
 from perfmodel.specs.errors import SpecError
 from perfmodel.specs.hardware import Hardware
 from perfmodel.specs.kinds import ERROR_CLASSES
-from validate.corpus.fit import (
-    INTERCONNECT,
-    PARAMETERS,
-    apply,
-    fit_device,
-    fit_devices,
-    held_out,
-    summary,
-)
+from validate.corpus.fit import fit_device, fit_devices, held_out, summary
+from validate.corpus.params import INTERCONNECT, PARAMETERS, apply
 from validate.corpus.rows import Rows, load_sets
 from validate.corpus.sets import KernelSet
 
@@ -150,7 +143,7 @@ def kernel_tables(values: dict[str, float]) -> dict[str, dict]:
     """The ``efficiency.moe_kernels`` / ``gemm_kernels`` mappings of fitted values
     (``moe.<class>.<field>``, ``gemm.<class>.<field>``; seconds as microsecond text),
     each class's fields in ``kernel_fit.MOE_FIELDS`` order."""
-    from validate.corpus.fit import MOE_FIELDS
+    from validate.corpus.params import MOE_FIELDS
     from validate.corpus.write import _shown
 
     out: dict[str, dict] = {}

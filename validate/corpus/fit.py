@@ -38,18 +38,7 @@ import numpy as np
 
 from perfmodel.specs.dtypes import DENSE_FORMATS
 from perfmodel.specs.hardware import Hardware
-from validate.corpus.params import (  # noqa: F401 (the fit's parameters, re-exported)
-    EXTRAS,
-    INTERCONNECT,
-    MOE_FIELDS,
-    PARAMETERS,
-    SLOT,
-    START,
-    _start,
-    apply,
-    param_entry,
-    value_of,
-)
+from validate.corpus.params import MOE_FIELDS, PARAMETERS, SLOT, _start, apply, param_entry
 from validate.corpus.sets import KernelSet
 
 STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (

@@ -27,15 +27,8 @@ import perfmodel as pm
 from validate.corpus import write as kw
 from validate.corpus.calibrate import Calibration, family_of
 from validate.corpus.calibrate import kernel_tables as tables_of
-from validate.corpus.fit import (
-    PARAMETERS,
-    apply,
-    fit_device,
-    fit_devices,
-    held_out,
-    param_entry,
-    summary,
-)
+from validate.corpus.fit import fit_device, fit_devices, held_out, summary
+from validate.corpus.params import PARAMETERS, apply, param_entry
 from validate.corpus.rows import ENGINES, Rows, load_sets
 from validate.corpus.splice import splice
 

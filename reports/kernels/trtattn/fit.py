@@ -33,7 +33,8 @@ from perfmodel.cost.ops import Attention
 from perfmodel.kernels.corpus import read_file
 from perfmodel.specs.load import hardware
 from validate.corpus.calibrate import family_of
-from validate.corpus.fit import apply, fit_devices, held_out, summary
+from validate.corpus.fit import fit_devices, held_out, summary
+from validate.corpus.params import apply
 from validate.corpus.rows import newest, typed
 from validate.corpus.sets import attention_sets
 

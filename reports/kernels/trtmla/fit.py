@@ -29,7 +29,8 @@ from perfmodel.kernels.corpus import read_file
 from perfmodel.specs.dtypes import CODE
 from perfmodel.specs.load import hardware
 from validate.corpus.calibrate import family_of
-from validate.corpus.fit import _stage, apply, summary
+from validate.corpus.fit import _stage, summary
+from validate.corpus.params import apply
 from validate.corpus.sets import KernelSet, fold_of
 
 NAMES = ("attention_fraction", "attention_program_keys", "attention_head_dim_half",
