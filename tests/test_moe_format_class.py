@@ -72,7 +72,8 @@ def test_estimate_prices_a_bf16_moe_layer_as_its_corpus_rows(engine, tokens):
     parts = moe_layer(tokens=tokens * one, topk=8 * one, hidden=2048 * one, width=768 * one,
                       pairs=8 * tokens * one, groups=128 * one, wb=2 * one,
                       stored=np.array([-1]), dtype=np.array([CODE["bf16"]]),
-                      mode=np.array([-1]), local_combine=one * (engine == "trtllm"))
+                      mode=np.array([-1]), local_combine=one * (engine == "trtllm"),
+                      local_experts=128 * one)
     row = sum(float(np.sum(op_time(op, hw, "kernel").time_s)) for op, _ in parts
               if hasattr(op, "experts") and np.any(op.experts))
     assert estimate / model.n_layers == pytest.approx(row, rel=1e-6)

@@ -45,6 +45,7 @@ import numpy as np
 
 from perfmodel.compare.moe_routing import is_known, routed_load
 from perfmodel.cost import ep
+from perfmodel.cost.moe import expert_scan
 from perfmodel.cost.ops import AllReduce, AllToAll, Attention, Gemm, KvWrite, OpRecord, pointwise
 from perfmodel.cost.quantize import ActQuant, act_scale_bytes
 from perfmodel.cost.routing import expected_distinct, zipf_popularity
@@ -202,22 +203,22 @@ def moe_inputs(rows: Sequence[dict], col: Callable[[str], np.ndarray], dtype: np
                where: str, line: Sequence[int]) -> dict[str, np.ndarray]:
     """``moe_layer``'s arguments for MoE rows (the routing, weight bytes and activation
     quantization each row's columns give)."""
-    pairs, groups, padded = moe_routing(rows, col, where, line)
+    pairs, groups, padded, local = moe_routing(rows, col, where, line)
     wb, stored = _weights(rows, dtype, where, line)
     kernels = _text(rows, "kernel")
     gated = [not any(k.endswith(s) for s in NON_GATED) for k in kernels]
-    local = [k.startswith(LOCAL_COMBINE) for k in kernels]
+    combine = [k.startswith(LOCAL_COMBINE) for k in kernels]
     return {"tokens": col("m"), "topk": col("topk"), "hidden": col("n"), "width": col("k"),
-            "pairs": pairs,
-            "groups": groups, "wb": wb, "stored": stored, "dtype": dtype,
+            "pairs": pairs, "groups": groups, "wb": wb, "stored": stored, "dtype": dtype,
             "mode": _act_quant(rows, where, line), "gated": np.asarray(gated, dtype=float),
-            "padded": padded, "local_combine": np.asarray(local, dtype=float)}
+            "padded": padded, "local_combine": np.asarray(combine, dtype=float),
+            "local_experts": local}
 
 
 def moe_routing(rows: Sequence[dict], col: Callable[[str], np.ndarray], where: str,
-                line: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                line: Sequence[int]) -> tuple[np.ndarray, ...]:
     """(token-expert pairs, experts touched, rows once each expert's are padded to the
-    kernel's row block, ``row_block``) on the timed device of each MoE row: routed as
+    kernel's row block, ``row_block``, experts held) on the timed device of each row: as
     aiconfigurator's collector routes where the row names its distribution
     (``compare.moe_routing``), else under Zipf routing of exponent ``skew``
     (``busiest_rank``)."""
@@ -230,7 +231,7 @@ def moe_routing(rows: Sequence[dict], col: Callable[[str], np.ndarray], where: s
         else busiest_rank(int(e), int(t), x, s, int(d))
         for e, t, x, s, d, r in zip(experts, topk, tokens, skew, ep, routing, strict=True)]
     ).reshape(-1, 3).T
-    return pairs, groups, padded
+    return pairs, groups, padded, np.maximum(np.floor(experts / ep), 1.0)
 
 
 def row_block(tokens: float, local_experts: float) -> int:
@@ -246,8 +247,8 @@ def row_block(tokens: float, local_experts: float) -> int:
 def moe_layer(tokens: np.ndarray, topk: np.ndarray, hidden: np.ndarray, width: np.ndarray,
               pairs: np.ndarray, groups: np.ndarray, wb: np.ndarray, stored: np.ndarray,
               dtype: np.ndarray, mode: np.ndarray, gated: np.ndarray | float = 1.0,
-              padded: np.ndarray | None = None, local_combine: np.ndarray | float = 0.0
-              ) -> list[Part]:
+              padded: np.ndarray | None = None, local_combine: np.ndarray | float = 0.0,
+              local_experts: np.ndarray | None = None) -> list[Part]:
     """The kernels of a fused MoE layer on one device: the up/gate grouped GEMM over the
     ``groups`` experts its ``pairs`` (token, expert) pairs touch, the gated activation, the
     down grouped GEMM and, where ``mode`` >= 0, the activations' quantization before each
@@ -261,14 +262,16 @@ def moe_layer(tokens: np.ndarray, topk: np.ndarray, hidden: np.ndarray, width: n
     ``pairs`` rows and writes one row per token: (pairs + tokens) / 2 rows of one read
     and one write. The up GEMM carries the layer's tokens x topk (token, top-k) slots,
     which its routing and sort read (``Gemm.slots``, priced at its kernel's ``slot_s``,
-    ``cost.moe.fixed_cost``)."""
+    ``cost.moe.fixed_cost``), and its three-step sort's threads over the device's
+    ``local_experts`` (``Gemm.scan``, ``cost.moe.expert_scan``; None: not priced)."""
     # mean rows of each expert it touches, padded
     expert_rows = (pairs if padded is None else np.maximum(padded, pairs)) / groups
     ab = BYTES[dtype]
     gate = np.asarray(gated, dtype=float) > 0
     up = Gemm(m=expert_rows, n=np.where(gate, 2, 1) * width, k=hidden, groups=groups,
               weight_bytes=wb, act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True,
-              slots=tokens * topk)
+              slots=tokens * topk, scan=0.0 if local_experts is None
+              else expert_scan(tokens, topk, local_experts))
     down = Gemm(m=expert_rows, n=hidden, k=width, groups=groups, weight_bytes=wb,
                 act_bytes=ab, dtype=dtype, weight_dtype=stored, experts=True)
     local = np.asarray(local_combine, dtype=float) > 0

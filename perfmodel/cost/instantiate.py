@@ -14,6 +14,7 @@ import numpy as np
 
 from perfmodel.cost import ep
 from perfmodel.cost.layers import experts_touched, mla_absorbed
+from perfmodel.cost.moe import expert_scan
 from perfmodel.cost.operators import (
     ROW_QUANTITIES,
     AllReduceSpec,
@@ -92,6 +93,7 @@ class Values:
     head: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=bool))  # (N,)
     pairs: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (token, expert) here
     slots: np.ndarray = field(default_factory=lambda: np.zeros(1))  # (token, top-k) routed
+    scan: np.ndarray = field(default_factory=lambda: np.zeros(1))   # three-step sort threads
     absorbed_groups: np.ndarray | None = None       # (N, G): MLA groups in latent form
     # classes stored in another format (``params.other_formats``): format name ->
     # (bytes per weight, stored dtype code, compute dtype codes (N,))
@@ -113,10 +115,12 @@ class Values:
         copies of the hottest experts (EPLB), each device holds ceil((E + replicas) / ep)
         copies, a token reaches one copy of its expert, and the touched copies and the
         busiest device follow the placement with replicas. The layer's routing and sort
-        read every (token, top-k) slot of the tokens it routes (``slots``)."""
+        read every (token, top-k) slot of the tokens it routes (``slots``), and where they
+        are many its sort scans them once per expert the device holds (``scan``)."""
         tokens = self.tokens * spread
         self.pairs = self.tokens * top_k                   # this device's (token, expert)
         self.slots = tokens * top_k
+        self.scan = expert_scan(tokens, top_k, -(-(n_experts + replicas) // ep))
         touched = experts_touched(n_experts, top_k, tokens, skew)
         each = tokens * top_k / touched
         if ep == 1:
@@ -241,7 +245,8 @@ def _gemms(b: Block, v: Values) -> Gemm:
                        weight_bytes=wb, act_bytes=v.ab, bias=c["bias"], dtype=dtype,
                        count=count, weight_dtype=narrower_code(stored, dtype),
                        experts=False if c["touched"] is None else c["touched"],
-                       slots=np.where(c["slots"], v.slots, 0.0))
+                       slots=np.where(c["slots"], v.slots, 0.0),
+                       scan=np.where(c["slots"], v.scan, 0.0))
 
 
 def _pointwise(b: Block, v: Values) -> Pointwise:

@@ -51,7 +51,10 @@ format class (``FORMATS``), from the measured MoE layers (``validate/corpus/fit.
   threads each load their token's k expert ids, stride k, for every local expert, then
   ``globalExpertPrefixSumKernel`` and ``mergeExpertPrefixSumKernel``). Priced on the
   layer's first expert GEMM (``Gemm.slots``); 0 (off) where the file has none: the
-  Triton kernels' un-permutation already reads every slot (``compare.forms.moe_layer``).
+  Triton kernels' un-permutation already reads every slot (``compare.forms.moe_layer``);
+- ``scan_s``: the time per thread of the three-step sort's per-expert scans, which the
+  one-block prologue does not run (``expert_scan``: local experts x tokens threads);
+  priced, and 0 (off) where absent, as ``slot_s``.
 
 A class the file lacks prices as a dense GEMM of the device (``gemm_fraction``,
 ``kernel_latency_s``).
@@ -77,12 +80,31 @@ from perfmodel.specs.dtypes import MOE_FORMATS as FORMATS
 from perfmodel.specs.hardware import Hardware
 
 FIELDS = ("gemm_fraction", "memory_fraction", "latency_s", "expert_latency_s",
-          "programs_per_unit", "depth_s", "slot_s")
+          "programs_per_unit", "depth_s", "slot_s", "scan_s")
 DENSE_FIELDS = FIELDS[:3]
 # the output tile of one fused-MoE program at decode sizes: BLOCK_SIZE_M 16 (vLLM
 # fused_moe get_default_config for M <= E; the m16n8k16 MMA), BLOCK_SIZE_N 64 (its tuned
 # configs for small M, e.g. configs/E=*,N=*,device_name=NVIDIA_H100_80GB_HBM3.json)
 PROGRAM_ROWS, PROGRAM_COLUMNS = 16, 64
+# TensorRT-LLM's one-block routing prologue (moe_kernels.cu
+# fusedBuildExpertMapsSortFirstToken*): at most 256 tokens, top-k 1, 2, 4, 6 or 8, and
+# floor(log2(local experts + 1)) + 1 <= 9 radix bits (at most 510 local experts)
+FUSED_SORT_TOKENS, FUSED_SORT_TOPK, FUSED_SORT_EXPERTS = 256, (1, 2, 4, 6, 8), 510
+
+
+def expert_scan(tokens: np.ndarray, topk: np.ndarray, local_experts: np.ndarray
+                ) -> np.ndarray:
+    """The threads of TensorRT-LLM's three-step routing sort where the one-block prologue
+    cannot run (``FUSED_SORT_*``): ``blockExpertPrefixSumKernel`` and
+    ``mergeExpertPrefixSumKernel`` each launch a grid of local experts x token blocks, one
+    thread per (local expert, token): each thread of the first loads its token's top-k
+    expert ids to match its block's expert, then block-scans (NVIDIA/TensorRT-LLM
+    000dea27, cutlass_kernels/moe_gemm/moe_kernels.cu threeStepBuildExpertMapsSortFirstToken).
+    0 where the prologue is the one block's."""
+    tokens, local = np.asarray(tokens, dtype=float), np.asarray(local_experts, dtype=float)
+    fused = ((tokens <= FUSED_SORT_TOKENS) & np.isin(topk, FUSED_SORT_TOPK)
+             & (local <= FUSED_SORT_EXPERTS))
+    return np.where(fused, 0.0, local * tokens)
 
 
 def is_expert(op: Gemm) -> np.ndarray:
@@ -294,11 +316,11 @@ def row_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
 def fixed_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
     """One GEMM kernel's fixed cost: its kernel's for an expert GEMM (plus its cost per
     expert it runs, per k element of a program's loop and, on the layer's first, per
-    (token, top-k) slot its routing and sort read: ``slot_s`` x ``slots``), else
-    ``gemm``'s."""
+    (token, top-k) slot its routing and sort read, ``slot_s`` x ``slots``, and per thread
+    of its three-step sort, ``scan_s`` x ``scan``), else ``gemm``'s."""
     if not np.any(op.experts):
         return _table(hw, op, 2, hw.efficiency.latency_for("gemm")) + row_cost(op, hw)
     per, depth, slot = _table(hw, op, 3, 0.0), _table(hw, op, 5, 0.0), _table(hw, op, 6, 0.0)
     return (_table(hw, op, 2, hw.efficiency.latency_for("gemm"))
             + per * np.asarray(op.groups) + depth * np.asarray(op.k)
-            + slot * np.asarray(op.slots))
+            + slot * np.asarray(op.slots) + _table(hw, op, 7, 0.0) * np.asarray(op.scan))

@@ -118,7 +118,8 @@ class Gemm(OpRecord):
     ``dtype`` (weight-only, dequantized in the kernel: ``cost.dequant``), else -1.
     ``experts``: a fused MoE's expert GEMM, priced by its kernel's constants (``cost.moe``);
     ``slots``: on the layer's first expert GEMM (0 on the others), the (token, top-k) slots
-    its routing and sort read (``cost.moe.fixed_cost``)."""
+    its routing and sort read, and ``scan`` the threads of its three-step sort
+    (``cost.moe.expert_scan``; both priced by ``cost.moe.fixed_cost``)."""
 
     kind: ClassVar[str] = "gemm"
     m: Num
@@ -132,6 +133,7 @@ class Gemm(OpRecord):
     weight_dtype: Num = -1
     experts: Num = False
     slots: Num = 0.0
+    scan: Num = 0.0
 
     @property
     def flops(self) -> Num:

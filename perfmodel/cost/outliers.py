@@ -86,7 +86,7 @@ class OutlierGemm(Gemm):
                            dtype=self.dtype, count=count, name=self.name)
         outlier = AddGemm(**own | {"k": k_out, "weight_bytes": DTYPE_BYTES["bf16"],
                                    "bias": 0.0, "weight_dtype": -1, "count": count,
-                                   "slots": 0.0})
+                                   "slots": 0.0, "scan": 0.0})
         return main, gather, outlier
 
     @property

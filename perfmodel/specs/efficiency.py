@@ -200,8 +200,9 @@ class Efficiency:
     # a fused MoE layer's expert GEMMs per weight-format class (``cost.moe.FORMATS``):
     # (best-shape share of the dtype's peak, streaming share of HBM peak, fixed cost s, cost
     # per expert run s, programs per SM to stream at that share, s per k element of a
-    # program's serial loop, s per (token, top-k) slot of the layer's routing and sort) of
-    # the kernel the engine runs for it; a class not listed prices as a dense GEMM
+    # program's serial loop, s per (token, top-k) slot of the layer's routing and sort, s
+    # per thread of its three-step sort's expert scans) of the kernel the engine runs for
+    # it; a class not listed prices as a dense GEMM
     moe_kernels: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # a dense GEMM of a quantized class (fp8, fp8_block, fp4): (best-shape share of the
     # dtype's peak, streaming share, fixed cost s) of the kernel the engine runs for it

@@ -189,8 +189,9 @@ def _moe_kernels(f: Fields | None, classes: tuple[str, ...],
                  ) -> dict[str, tuple[float, ...]]:
     """``moe_kernels`` / ``gemm_kernels``: per weight-format class (``cost.moe.FORMATS``)
     the GEMMs' ``gemm_fraction``, ``memory_fraction`` (both in (0, 1]), ``latency_s`` and,
-    for expert GEMMs, ``expert_latency_s``, ``programs_per_unit``, ``depth_s`` and
-    ``slot_s`` (defaults 0: off). A dense class may be split by M bucket of the engine's dispatch:
+    for expert GEMMs, ``expert_latency_s``, ``programs_per_unit``, ``depth_s``, ``slot_s``
+    and ``scan_s`` (defaults 0: off). A dense class may be split by M bucket of the
+    engine's dispatch:
     ``<class>@<m_max>`` holds the kernel of GEMMs of at most ``m_max`` rows (the plain
     ``<class>`` row, those above every bucket; ``<class>@unaligned``, shapes DeepGEMM
     cannot run: ``cost.moe.dense_buckets``), and carry the
@@ -218,7 +219,8 @@ def _moe_kernels(f: Fields | None, classes: tuple[str, ...],
             row += (k.quantity("expert_latency_s", "s", 0.0, positive=False),
                     k.quantity("programs_per_unit", "number", 0.0, positive=False),
                     k.quantity("depth_s", "s", 0.0, positive=False),
-                    k.quantity("slot_s", "s", 0.0, positive=False))
+                    k.quantity("slot_s", "s", 0.0, positive=False),
+                    k.quantity("scan_s", "s", 0.0, positive=False))
         elif hosts is not None:
             for extra, table in hosts.items():
                 value = k.quantity(extra, "number" if extra == "k_half" else "s", 0.0,

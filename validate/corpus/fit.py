@@ -23,7 +23,7 @@ on disjoint kernels, so each sees only its own:
    constants), one fit per format class (``cost.moe``: the engine runs a kernel of its own
    for each): the expert GEMMs' ``gemm_fraction``, ``memory_fraction`` and ``latency_s``
    (``efficiency.moe_kernels.<class>``, parameters ``moe.<class>.<field>``), and the
-   per-slot routing and sort cost ``slot_s`` on TensorRT-LLM's rows (``SLOT``).
+   routing costs ``slot_s`` and ``scan_s`` on TensorRT-LLM's rows (``ROUTING``).
 
 ``fit_devices`` fits one set of constants to several devices at once (each keeps its own
 peaks, bandwidth and units): a family rule, used for leave-one-device-out.
@@ -38,7 +38,7 @@ import numpy as np
 
 from perfmodel.specs.dtypes import DENSE_FORMATS
 from perfmodel.specs.hardware import Hardware
-from validate.corpus.params import MOE_FIELDS, PARAMETERS, SLOT, _start, apply, param_entry
+from validate.corpus.params import MOE_FIELDS, PARAMETERS, ROUTING, _start, apply, param_entry
 from validate.corpus.sets import KernelSet
 
 STAGES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
@@ -134,7 +134,8 @@ def fit_devices(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], max_nfe
             names = [n for n in names if not n.startswith(("attention_fallback",
                                                            "attention_decode_"))]
         fitted |= _stage(chosen, names, max_nfev)
-    fitted |= _class_stage(devices, fitted, "moe", MOE_FIELDS[:-1], max_nfev, max_rows)
+    own = [f for f in MOE_FIELDS if f not in ROUTING]
+    fitted |= _class_stage(devices, fitted, "moe", own, max_nfev, max_rows)
     return fitted | _class_stage(devices, fitted, "gemm_quantized", MOE_FIELDS[:3],
                                  max_nfev, max_rows)
 
@@ -169,7 +170,7 @@ def _class_stage(devices: Sequence[tuple[Hardware, Sequence[KernelSet]]], fitted
             if chosen:
                 names = [f"{prefix}.{key(cls, bucket)}.{n}"
                          for n in [*fields, *(["host_s"] if eager else []),
-                                   *([SLOT] if local and prefix == "moe" else [])]]
+                                   *(ROUTING if local and prefix == "moe" else ())]]
                 if quantized and prefix == "gemm" and bucket == np.inf:
                     names.append(f"gemm.{cls}.row_s")
                 if prefix == "gemm" and bucket == np.inf and _own_tiles(chosen, cls):

@@ -65,7 +65,10 @@ PARAMETERS: dict[str, tuple[float, float, str]] = {
                                   "(memory latency per weight tile)")),
         ("slot_s", (1e-13, 1e-8, "time per (token, top-k) slot of the layer's routing and "
                                  "expert sort, which read every slot (TensorRT-LLM "
-                                 "moe_kernels.cu threeStepBuildExpertMapsSortFirstToken)")))},
+                                 "moe_kernels.cu threeStepBuildExpertMapsSortFirstToken)")),
+        ("scan_s", (1e-15, 1e-9, "time per (local expert, token) thread of the three-step "
+                                 "sort's expert scans (cost.moe.expert_scan), its grid's "
+                                 "share of the device")))},
 }
 PARAMETERS |= {f"gemm.{c}.{n}": (*PARAMETERS[f"moe.{c}.{n}"][:2], why)
                for c in DENSE_FORMATS for n, why in (
@@ -96,12 +99,14 @@ PARAMETERS |= {f"gemm.{c}.k_half": (8.0, 4096.0, "k elements of fixed work of on
 INTERCONNECT = ("collective_latency_s", "custom_all_reduce_fraction",
                 "custom_all_reduce_latency_s")
 MOE_FIELDS = ("gemm_fraction", "memory_fraction", "latency_s", "expert_latency_s",
-              "programs_per_unit", "depth_s", "slot_s")
+              "programs_per_unit", "depth_s", "slot_s", "scan_s")
 # fitted only on rows of the kernels that copy the device's pairs into expert order
 # (``compare.forms.LOCAL_COMBINE``: TensorRT-LLM's), whose routing and sort no other term
 # prices; 0 (off) in a row that does not fit it (the Triton kernels' un-permutation reads
 # every slot already: vLLM / SGLang prices stay as they were)
 SLOT = "slot_s"
+# the routing terms of those rows only: the per-slot cost and the three-step sort's scans
+ROUTING = (SLOT, "scan_s")
 CUSTOM_AR_MAX_BYTES = 8192 * 1024   # vLLM CustomAllreduce max_size (custom_all_reduce.py)
 def value_of(hw: Hardware, name: str) -> float:
     """The current value of a fitted parameter on ``hw``."""
@@ -142,7 +147,7 @@ def apply(hw: Hardware, values: dict[str, float]) -> Hardware:
         extras = {f: dict(getattr(hw.efficiency, f)) for f in EXTRAS.values()}
         for cls in {k.split(".")[1] for k in mine}:
             table[cls] = tuple(mine.get(f"{prefix}.{cls}.{n}",
-                                        0.0 if n == SLOT else
+                                        0.0 if n in ROUTING else
                                         START[param_entry(f"{prefix}.{cls}.{n}")])
                                for n in MOE_FIELDS[:count])
             for what, field in EXTRAS.items():
@@ -172,7 +177,7 @@ START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          "collective_latency_s": 8e-6, "custom_all_reduce_fraction": 0.3,
          "custom_all_reduce_latency_s": 5e-6,
          **{f"moe.{c}.{n}": v for c in MOE_FORMATS
-            for n, v in zip(MOE_FIELDS, (0.5, 0.8, 8e-6, 5e-8, 1.0, 1e-9, 5e-10),
+            for n, v in zip(MOE_FIELDS, (0.5, 0.8, 8e-6, 5e-8, 1.0, 1e-9, 5e-10, 1e-12),
                             strict=True)},
          **{f"gemm.{c}.{n}": v for c in DENSE_FORMATS
             for n, v in zip((*MOE_FIELDS[:3], "host_s", "row_s", "k_half"),

@@ -159,7 +159,7 @@ def price_moe(c: dict[str, np.ndarray], hw: Hardware) -> np.ndarray:
 
 
 MOE_INPUTS = ("tokens", "topk", "hidden", "width", "pairs", "groups", "wb", "stored", "dtype",
-              "mode", "gated", "padded", "local_combine")
+              "mode", "gated", "padded", "local_combine", "local_experts")
 
 
 def moe_set(rows: list[dict], seconds: np.ndarray, source: str = "") -> KernelSet:
