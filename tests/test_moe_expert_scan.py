@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.compare.forms import moe_layer
+from perfmodel.compare.moe_forms import moe_layer
 from perfmodel.cost import moe
 from perfmodel.cost.moe import expert_scan
 from perfmodel.specs.dtypes import CODE

@@ -58,9 +58,9 @@ def test_bf16_experts_are_priced_by_the_fitted_moe_kernels():
 @pytest.mark.parametrize("tokens", [256, 4096])
 def test_estimate_prices_a_bf16_moe_layer_as_its_corpus_rows(engine, tokens):
     """Qwen3-30B-A3B's expert GEMMs in a prefill step of ``tokens`` (every one of the 128
-    experts touched) cost what ``compare.forms.moe_layer`` prices a corpus row of the same
+    experts touched) cost what ``compare.moe_forms.moe_layer`` prices a corpus row of the same
     shape at: the estimate and the fit see one kernel class and one formula."""
-    from perfmodel.compare.forms import moe_layer
+    from perfmodel.compare.moe_forms import moe_layer
     from perfmodel.cost.roofline import op_time
 
     model, hw = pm.model("qwen3-30b-a3b"), pm.hardware("h100-sxm", engine)

@@ -1,5 +1,5 @@
 """TensorRT-LLM's MoE copies the device's (token, expert) rows into expert order and reads
-only those back when it un-permutes (``compare.forms.LOCAL_COMBINE``); Triton fused_moe's
+only those back when it un-permutes (``compare.moe_forms.LOCAL_COMBINE``); Triton fused_moe's
 un-permutation reads every token's top-k slots. Its routing and sort read every (token,
 top-k) slot of the batch (``moe_kernels.<class>.slot_s``)."""
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.compare.forms import LOCAL_COMBINE, moe_layer
+from perfmodel.compare.moe_forms import LOCAL_COMBINE, moe_layer
 from perfmodel.cost.ops import Pointwise
 from perfmodel.specs.dtypes import CODE
 from perfmodel.specs.kinds import POINTWISE_CODE

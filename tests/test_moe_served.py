@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.compare.forms import busiest_rank, collector_rank, moe_layer, row_block
+from perfmodel.compare.moe_forms import busiest_rank, collector_rank, moe_layer, row_block
 from perfmodel.cost.ops import Gemm, Pointwise
 from perfmodel.specs.dtypes import CODE
 from perfmodel.specs.kinds import POINTWISE_CODE

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import perfmodel.compare.forms as forms
+import perfmodel.compare.moe_forms as moe_forms
 from perfmodel.cost.ops import (
     Attention,
     Embedding,
@@ -85,7 +86,7 @@ def _parts(kind: str, rows: Sequence[dict], where: str, line: Sequence[int],
     if kind == "attention":
         return forms.attention_parts(rows, col, dtype, where, line)
     if kind == "moe":
-        return forms.moe_parts(rows, col, dtype, where, line)
+        return moe_forms.moe_parts(rows, col, dtype, where, line)
     if kind == "linear_attention":
         return forms.scan_parts(rows, col, dtype, where, line)
     if kind == "conv1d":

@@ -51,7 +51,7 @@ format class (``FORMATS``), from the measured MoE layers (``validate/corpus/fit.
   threads each load their token's k expert ids, stride k, for every local expert, then
   ``globalExpertPrefixSumKernel`` and ``mergeExpertPrefixSumKernel``). Priced on the
   layer's first expert GEMM (``Gemm.slots``); 0 (off) where the file has none: the
-  Triton kernels' un-permutation already reads every slot (``compare.forms.moe_layer``);
+  Triton kernels' un-permutation already reads every slot (``compare.moe_forms.moe_layer``);
 - ``scan_s``: the time per thread of the three-step sort's per-expert scans, which the
   one-block prologue does not run (``expert_scan``: local experts x tokens threads);
   priced, and 0 (off) where absent, as ``slot_s``.

@@ -101,7 +101,7 @@ INTERCONNECT = ("collective_latency_s", "custom_all_reduce_fraction",
 MOE_FIELDS = ("gemm_fraction", "memory_fraction", "latency_s", "expert_latency_s",
               "programs_per_unit", "depth_s", "slot_s", "scan_s")
 # fitted only on rows of the kernels that copy the device's pairs into expert order
-# (``compare.forms.LOCAL_COMBINE``: TensorRT-LLM's), whose routing and sort no other term
+# (``compare.moe_forms.LOCAL_COMBINE``: TensorRT-LLM's), whose routing and sort no other term
 # prices; 0 (off) in a row that does not fit it (the Triton kernels' un-permutation reads
 # every slot already: vLLM / SGLang prices stay as they were)
 SLOT = "slot_s"

@@ -209,7 +209,7 @@ def _collectives(df, engine: str, versions: dict[str, str], where: str) -> list[
 def _moe(df, engine: str, versions: dict[str, str], where: str, hardware: str
          ) -> list[KernelSet]:
     """The fused MoE layers the collector timed, every weight format and kernel of the
-    newest version (``compare.forms.moe_layer``), routed as it routed them."""
+    newest version (``compare.moe_forms.moe_layer``), routed as it routed them."""
     from perfmodel.compare.moe_routing import is_known
     from perfmodel.specs.dtypes import CODE
 
@@ -258,7 +258,7 @@ def served(rows, engine: str, hardware: str):
     """(``rows`` less those of a format's kernels the engine does not serve as timed,
     ``moe_served.yaml``; the count left out, as text: '' when none). Non-gated experts'
     rows stay: their kernel is another layer's, not a rival for the same one."""
-    from perfmodel.compare.forms import NON_GATED
+    from perfmodel.compare.moe_forms import NON_GATED
     from validate.corpus.calibrate import family_of
 
     table = (SERVED.get(engine) or {}).get(family_of(hardware) or "") or {}
@@ -286,10 +286,10 @@ SERVED = _served_table()
 
 def _newest_per_format(rows):
     """Each weight format's rows of the newest engine version that measured it, gated and
-    non-gated experts (``compare.forms.NON_GATED``) apart: a later collection may re-time
+    non-gated experts (``compare.moe_forms.NON_GATED``) apart: a later collection may re-time
     only some of them (TensorRT-LLM 1.3.0rc23's MoE table holds bf16 / fp8 non-gated rows,
     rc20 the gated ones of the same formats)."""
-    from perfmodel.compare.forms import NON_GATED
+    from perfmodel.compare.moe_forms import NON_GATED
     from perfmodel.kernels.aiconfigurator import version_key
 
     keep = np.zeros(len(rows), dtype=bool)

@@ -147,9 +147,9 @@ def collective_set(devices: np.ndarray, nbytes: np.ndarray, algorithm: np.ndarra
 
 
 def price_moe(c: dict[str, np.ndarray], hw: Hardware) -> np.ndarray:
-    """The collector's fused MoE layer (``compare.forms.moe_layer``: both grouped GEMMs,
+    """The collector's fused MoE layer (``compare.moe_forms.moe_layer``: both grouped GEMMs,
     the gated activation, the activations' quantization), every kernel device-timed."""
-    from perfmodel.compare.forms import moe_layer
+    from perfmodel.compare.moe_forms import moe_layer
 
     args = {k: c[k] for k in MOE_INPUTS}
     for name in ("stored", "dtype"):
@@ -165,7 +165,7 @@ MOE_INPUTS = ("tokens", "topk", "hidden", "width", "pairs", "groups", "wb", "sto
 def moe_set(rows: list[dict], seconds: np.ndarray, source: str = "") -> KernelSet:
     """Fused MoE layer rows (corpus rows of op ``moe``): folds by expert shape (hidden,
     width, experts, top-k), so a held-out fold holds MoE models the fit never saw."""
-    from perfmodel.compare.forms import moe_inputs, moe_layer
+    from perfmodel.compare.moe_forms import moe_inputs, moe_layer
     from perfmodel.compare.rows import _column, _dtypes
     from perfmodel.cost.moe import format_class
 
