@@ -25,7 +25,7 @@ import numpy as np
 from perfmodel.cost.tiling import _per_key
 from perfmodel.specs.tile_rules import kernels
 
-RULES = ("cycles", "waves")
+RULES = ("cycles", "waves", "fixed")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -138,11 +138,19 @@ def _waves(spec: dict, m: int, n: int, k: int, units: int) -> tuple[float, float
     return best[0], best[1], 1.0
 
 
+def _fixed(spec: dict, m: int, n: int, k: int, units: int) -> tuple[float, float, float]:
+    """A kernel of one tile per M range (sgl-kernel's CUTLASS fp8 ``scaled_mm``): the
+    first ``blocks`` entry (largest M, block_m, block_n) whose largest M covers m (0:
+    every M)."""
+    bm, bn = next((bm, bn) for upto, bm, bn in spec["blocks"] if not upto or m <= upto)
+    return bm, bn, 1.0
+
+
 @functools.lru_cache(maxsize=1 << 17)
 def _choose(kernel: int, m: int, n: int, k: int, units: int) -> tuple[float, ...]:
     name = sorted(kernels())[kernel]
     spec = kernels()[name]
-    pick = {"cycles": _cycles, "waves": _waves}[spec["rule"]]
+    pick = {"cycles": _cycles, "waves": _waves, "fixed": _fixed}[spec["rule"]]
     return tuple(float(v) for v in pick(spec, max(m, 1), max(n, 1), max(k, 1), units))
 
 
@@ -154,3 +162,10 @@ def chosen_tile(kernel: str, m: np.ndarray, n: np.ndarray, k: np.ndarray, units:
     index = sorted(kernels()).index(kernel)
     out = _per_key(functools.partial(_choose, index), m, n, k, units)
     return out[..., 0], out[..., 1], out[..., 2]
+
+
+def whole_tiles(kernel: str) -> bool:
+    """Whether ``kernel`` runs its tile whatever the size (a CUTLASS kernel compiled for one
+    tile shape per M range: a GEMM of 16 rows in a 64-row tile computes 64), rather than
+    a block its heuristic sized to the GEMM."""
+    return kernels()[kernel]["rule"] == "fixed"
