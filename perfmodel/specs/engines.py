@@ -28,10 +28,11 @@ ENGINE_BLOCKS = ("efficiency", "calibration", "uncertainty")
 # efficiency keys holding a mapping, merged key by key under an engine's partial override
 _MAPPINGS = ("kernel_memory_fraction", "kernel_unit_bytes_per_s", "kernel_latency_by_kind",
              "dequant")
-# efficiency keys naming one engine's own attention kernels (cost.attention_kernels): an
+# efficiency keys naming one engine's own kernels (its attention kernels,
+# cost.attention_kernels; the tile rule of its quantized GEMMs, cost.kernel_tiles): an
 # engine block never inherits them from the top level, whose kernels are another engine's
 _OWN_KERNELS = ("attention_backend", "attention_kernels", "attention_q_cast",
-                "attention_latent_kernel")
+                "attention_latent_kernel", "gemm_kernel_tiles")
 _TEXT = ("source", "engine_version", "method", "note", "hostname", "device", "device_name",
          "cpu_model", "torch_version", "python_version", "measured_at", "command", "suite",
          "timing")
@@ -180,7 +181,7 @@ def view(data: dict, file: str, engine: str) -> tuple[dict, dict[str, str], str]
 def merge_efficiency(base: Any, over: Any) -> Any:
     """``over`` laid on ``base`` (two efficiency mappings): a key of ``over`` replaces the
     base's, a per-kind mapping merges kind by kind; the base's note goes when ``over``
-    brings its own source, and its attention backend keys (``_OWN_KERNELS``) always go.
+    brings its own source, and its own-kernel keys (``_OWN_KERNELS``) always go.
     Anything but two mappings is returned as ``over`` (the reader reports it)."""
     if not isinstance(base, dict) or not isinstance(over, dict):
         return over
