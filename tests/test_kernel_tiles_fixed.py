@@ -51,10 +51,29 @@ def test_a_fixed_tile_pads_every_m_of_its_range_to_the_whole_tile():
     assert frac[0] == pytest.approx(frac[1] / 4) and np.all(split == 1)
 
 
-def test_an_engine_block_does_not_inherit_the_top_levels_tiles():
-    # B200's top level is vLLM's: its CUTLASS tiles are not TensorRT-LLM's kernels
+def test_the_tiles_go_with_the_rows_they_price():
+    # B200's top level is vLLM's: TensorRT-LLM's block brings its own gemm_kernels, so not
+    # vLLM's CUTLASS tiles; B300's blocks inherit B200's vLLM rows, and their tiles with them
     assert pm.hardware("b200", "vllm").efficiency.gemm_kernel_tiles["fp8"] \
         == "vllm_cutlass_fp8_sm100"
     assert not pm.hardware("b200", "trtllm").efficiency.gemm_kernel_tiles
     assert pm.hardware("b200", "sglang").efficiency.gemm_kernel_tiles["fp8"] \
         == "sgl_kernel_fp8_sm100"
+
+
+@pytest.mark.parametrize(("m", "n", "k", "tile"), [
+    # m <= 32 with n 8-aligned: swap A/B, the narrowest tile_n covering m's bucket (8)
+    (1, 4096, 4096, (8, 128)),
+    (16, 4096, 4096, (16, 128)),
+    # m 33 runs the tactic of its bucket's representative, 64: no swap, 128 x 64
+    (33, 4096, 4096, (128, 64)),
+    # a 256-row MMA tile is a 2-CTA pair: one CTA computes 128 rows of its 256 x 256
+    (1024, 4096, 4096, (128, 256)),
+    # k <= 1024 halves the score of tiles above 128 x 128
+    (4096, 2048, 512, (128, 128)),
+])
+def test_flashinfer_fp4_untuned_tactic_by_hand(m, n, k, tile):
+    assert _tile("flashinfer_fp4_sm100", m, n, k, 148)[:2] == tile
+    assert kernel_tiles.whole_tiles("flashinfer_fp4_sm100")
+    assert pm.hardware("b300", "trtllm").efficiency.gemm_kernel_tiles \
+        == pm.hardware("b300", "vllm").efficiency.gemm_kernel_tiles
