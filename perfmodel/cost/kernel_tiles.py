@@ -25,7 +25,7 @@ import numpy as np
 from perfmodel.cost.tiling import _per_key
 from perfmodel.specs.tile_rules import kernels
 
-RULES = ("cycles", "waves")
+RULES = ("cycles", "waves", "fixed", "scored")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -138,11 +138,47 @@ def _waves(spec: dict, m: int, n: int, k: int, units: int) -> tuple[float, float
     return best[0], best[1], 1.0
 
 
+def _fixed(spec: dict, m: int, n: int, k: int, units: int) -> tuple[float, float, float]:
+    """A kernel of one tile per M range (sgl-kernel's CUTLASS fp8 ``scaled_mm``): the
+    first ``blocks`` entry (largest M, block_m, block_n) whose largest M covers m (0:
+    every M)."""
+    bm, bn = next((bm, bn) for upto, bm, bn in spec["blocks"] if not upto or m <= upto)
+    return bm, bn, 1.0
+
+
+def _scored(spec: dict, m: int, n: int, k: int, units: int) -> tuple[float, float, float]:
+    """FlashInfer's untuned mm_fp4 CuTe-DSL tactic (``_compute_tactic_for_m`` at the M
+    bucket's representative, the next power of 2 of m up to ``rep_m_max``): swap A/B for
+    m <= ``swap_m_max`` (n 8-aligned and above m), then the candidate MMA tile of highest
+    score, prob_m x CTAs x n_eff x tile throughput / (tile_m x waves x SMs); the block
+    one CTA computes, over (m, n): (tile_m / CTAs per MMA, tile_n), or swapped
+    (tile_n, tile_m / CTAs per MMA)."""
+    rep = min(2 ** max(0, math.ceil(math.log2(m))), spec["rep_m_max"])
+    swap = n % 8 == 0 and rep <= spec["swap_m_max"] and n > rep
+    pm_, pn = (n, rep) if swap else (rep, n)
+    best, choice = -1.0, (128, 128)
+    for tm, tn in spec["tiles"]:
+        if tn < spec["narrow_tile_n"] and pn > tn:
+            continue
+        tiles_n = _cdiv(pn, tn)
+        through = (tm * tn / spec["max_tile_area"]) ** 0.5 * (min(tm, tn) / max(tm, tn)) ** 0.25
+        if tm * tn > spec["large_tile_area"]:
+            through *= next((f for upto, f in spec["small_k"] if k <= upto), 1.0)
+        ctas = _cdiv(pm_, tm) * tiles_n
+        score = pm_ * ctas * (pn / (tiles_n * tn)) * through / (tm * _cdiv(ctas, units) * units)
+        if score > best:
+            best, choice = score, (tm, tn)
+    tm, tn = choice
+    cta_m = tm // (2 if tm == spec["two_cta_tile_m"] else 1)
+    return (tn, cta_m, 1.0) if swap else (cta_m, tn, 1.0)
+
+
 @functools.lru_cache(maxsize=1 << 17)
 def _choose(kernel: int, m: int, n: int, k: int, units: int) -> tuple[float, ...]:
     name = sorted(kernels())[kernel]
     spec = kernels()[name]
-    pick = {"cycles": _cycles, "waves": _waves}[spec["rule"]]
+    pick = {"cycles": _cycles, "waves": _waves, "fixed": _fixed, "scored": _scored}[
+        spec["rule"]]
     return tuple(float(v) for v in pick(spec, max(m, 1), max(n, 1), max(k, 1), units))
 
 
@@ -154,3 +190,10 @@ def chosen_tile(kernel: str, m: np.ndarray, n: np.ndarray, k: np.ndarray, units:
     index = sorted(kernels()).index(kernel)
     out = _per_key(functools.partial(_choose, index), m, n, k, units)
     return out[..., 0], out[..., 1], out[..., 2]
+
+
+def whole_tiles(kernel: str) -> bool:
+    """Whether ``kernel`` runs its tile whatever the size (a CUTLASS kernel compiled for one
+    tile shape per M range: a GEMM of 16 rows in a 64-row tile computes 64), rather than
+    a block its heuristic sized to the GEMM."""
+    return kernels()[kernel]["rule"] in ("fixed", "scored")

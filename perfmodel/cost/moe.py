@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfmodel.cost.kernel_tiles import chosen_tile
+from perfmodel.cost.kernel_tiles import chosen_tile, whole_tiles
 from perfmodel.cost.ops import Gemm
 from perfmodel.cost.tiling import gemm_plan, tile_plan
 from perfmodel.specs.dtypes import BYTES, CODE
@@ -238,7 +238,8 @@ def own_tile_plan(op: Gemm, hw: Hardware, whole: np.ndarray) -> np.ndarray:
         if key in named and np.any(mask):
             bm, bn, share = chosen_tile(named[key], m, n, k, hw.compute_units)
             k_half = hw.efficiency.gemm_kernel_k_half.get(key)
-            mine = tile_plan(m, n, k, op.groups, hw, (bm, bn), k_half) * share
+            mine = tile_plan(m, n, k, op.groups, hw, (bm, bn), k_half,
+                             whole_tiles(named[key])) * share
             whole = np.where(mask, mine, whole)
     return whole
 

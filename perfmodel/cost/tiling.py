@@ -42,11 +42,13 @@ def latent_attention(op) -> np.ndarray:
     return np.broadcast_to(shared.any(axis=-1), np.shape(op.batch)[:-1])
 
 
-def _pad(size: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray]:
+def _pad(size: np.ndarray, tile: int, whole: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Useful fraction of the padded extent when ``size`` is covered by tiles of ``tile``.
-    Small sizes use a smaller power-of-two tile (kernels for skinny shapes), down to 16."""
+    Small sizes use a smaller power-of-two tile (kernels for skinny shapes), down to 16;
+    with ``whole``, a kernel compiled for one tile pads every size to it."""
     size = np.asarray(size, dtype=float)
     used = np.minimum(tile, np.maximum(16.0, np.exp2(np.ceil(np.log2(np.maximum(size, 1.0))))))
+    used = np.broadcast_to(np.asarray(tile, dtype=float), np.shape(used)) if whole else used
     return size / (np.ceil(size / used) * used), used
 
 
@@ -63,12 +65,13 @@ def gemm_tiles(eff: Efficiency) -> tuple[tuple[int, int], ...]:
 
 
 def _tile_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
-               eff: Efficiency, units: int, tile: tuple[int, int], may_split: bool = True
-               ) -> tuple[np.ndarray, np.ndarray]:
+               eff: Efficiency, units: int, tile: tuple[int, int], may_split: bool = True,
+               whole: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(achievable fraction, split-K factor) of a GEMM run with ``tile`` output tiles (see
-    ``gemm_plan``); without ``may_split``, one program per tile (no split-K)."""
-    pad_m, tm = _pad(m, tile[0])
-    pad_n, tn = _pad(n, tile[1])
+    ``gemm_plan``); without ``may_split``, one program per tile (no split-K); with
+    ``whole``, tiles that never shrink to a small size (``_pad``)."""
+    pad_m, tm = _pad(m, tile[0], whole)
+    pad_n, tn = _pad(n, tile[1], whole)
     tiles = np.ceil(m / tm) * np.ceil(n / tn) * np.maximum(1.0, np.ceil(groups))
     split = np.where(tiles >= units, 1.0, np.maximum(1.0, np.minimum(
         np.floor_divide(units, tiles), np.floor_divide(k, _SPLIT_K_MIN_DEPTH)))) \
@@ -84,12 +87,15 @@ def _tile_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,
 
 
 def tile_plan(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray, hw: Hardware,
-              tile: tuple[np.ndarray, np.ndarray], k_half: float | None = None) -> np.ndarray:
+              tile: tuple[np.ndarray, np.ndarray], k_half: float | None = None,
+              whole: bool = False) -> np.ndarray:
     """Achievable fraction of a GEMM run with the given output ``tile`` (per instance: the
     one its kernel chose, ``cost.kernel_tiles``), one program per tile, no split-K, with
-    the kernel's own k-depth ramp ``k_half`` (None: the device's ``gemm_k_half``)."""
+    the kernel's own k-depth ramp ``k_half`` (None: the device's ``gemm_k_half``) and,
+    with ``whole``, every size padded to the whole tile."""
     eff = hw.efficiency if k_half is None else replace(hw.efficiency, gemm_k_half=k_half)
-    return _tile_plan(m, n, k, groups, eff, hw.compute_units, tile, may_split=False)[0]
+    return _tile_plan(m, n, k, groups, eff, hw.compute_units, tile, may_split=False,
+                      whole=whole)[0]
 
 
 def gemm_choice(m: np.ndarray, n: np.ndarray, k: np.ndarray, groups: np.ndarray,

@@ -32,6 +32,9 @@ _MAPPINGS = ("kernel_memory_fraction", "kernel_unit_bytes_per_s", "kernel_latenc
 # engine block never inherits them from the top level, whose kernels are another engine's
 _OWN_KERNELS = ("attention_backend", "attention_kernels", "attention_q_cast",
                 "attention_latent_kernel")
+# the tile rules of the quantized GEMM rows (cost.kernel_tiles): they go with the rows, so
+# an engine block that brings its own gemm_kernels does not inherit the top level's
+_ROW_TILES = ("gemm_kernels", "gemm_kernel_tiles")
 _TEXT = ("source", "engine_version", "method", "note", "hostname", "device", "device_name",
          "cpu_model", "torch_version", "python_version", "measured_at", "command", "suite",
          "timing")
@@ -180,12 +183,14 @@ def view(data: dict, file: str, engine: str) -> tuple[dict, dict[str, str], str]
 def merge_efficiency(base: Any, over: Any) -> Any:
     """``over`` laid on ``base`` (two efficiency mappings): a key of ``over`` replaces the
     base's, a per-kind mapping merges kind by kind; the base's note goes when ``over``
-    brings its own source, and its attention backend keys (``_OWN_KERNELS``) always go.
+    brings its own source, its attention backend keys (``_OWN_KERNELS``) always go, and
+    its GEMM tile rules where ``over`` brings its own quantized GEMM rows (``_ROW_TILES``).
     Anything but two mappings is returned as ``over`` (the reader reports it)."""
     if not isinstance(base, dict) or not isinstance(over, dict):
         return over
+    rows, tiles = _ROW_TILES
     out = {k: v for k, v in base.items() if not (k == "note" and "source" in over)
-           and k not in _OWN_KERNELS}
+           and k not in _OWN_KERNELS and not (k == tiles and rows in over)}
     for key, value in over.items():
         if key in _MAPPINGS and isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = out[key] | value

@@ -128,8 +128,7 @@ def written_keys(cals: dict[str, Calibration]) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for engine, cal in cals.items():
         at = () if engine == "vllm" else ("engines", engine)
-        if engine != "vllm":
-            out += [(*at, "efficiency", key) for key in kernel_tables(cal)]
+        out += [(*at, "efficiency", key) for key in kernel_tables(cal)]
         out += [(*at, "calibration", key) for key in ("rows", "held_out_median_abs_error",
                                                      "note") if "moe" in cal.held
                 or key == "note"]
