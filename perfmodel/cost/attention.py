@@ -50,6 +50,7 @@ from perfmodel.cost.decode_fallback import (
     fallback_splits,
     xqa_splits,
 )
+from perfmodel.cost.latent_tiles import latent_groups, latent_mma_rows, latent_restreamed
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
     LATENT_QK_DIM,
@@ -129,6 +130,8 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=
                                 (np.maximum(op.kv_len - 1, 0) * decode).max(axis=-1))
         work = np.broadcast_to(programs * keys, decode.shape)
         tile_q = decode_row_tile(hw, op.g("qk_dim"), op.g("kv_bytes"))
+        if eff.attention_latent_mma_rows:       # a latent CTA's MMA rows, by group
+            tile_q = np.where(latent_groups(op), latent_mma_rows(eff, rows), tile_q)
         fill = np.broadcast_to(_row_fill(rows, tile_q), decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
     else:
@@ -364,6 +367,8 @@ def _attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> Op
     nbytes = op.bytes.total
     if any_decode and not eff.attention_decode_pack_gqa:
         nbytes = nbytes + _restreamed(op, decode)
+    if any_decode and eff.attention_latent_cta_rows:    # a KV group over several CTAs
+        nbytes = nbytes + latent_restreamed(op, eff, decode)
     m_eff = kind_memory_fraction("attention", hw) * size_ramp(nbytes, hw)
     memory_s = divide(nbytes, hw.memory_bytes_per_s * m_eff)
     body_s = np.maximum(compute_s, memory_s)

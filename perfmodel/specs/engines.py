@@ -31,7 +31,7 @@ _MAPPINGS = ("kernel_memory_fraction", "kernel_unit_bytes_per_s", "kernel_latenc
 # efficiency keys naming one engine's own attention kernels (cost.attention_kernels): an
 # engine block never inherits them from the top level, whose kernels are another engine's
 _OWN_KERNELS = ("attention_backend", "attention_kernels", "attention_q_cast",
-                "attention_latent_kernel")
+                "attention_q_cast_fused", "attention_latent_kernel")
 _TEXT = ("source", "engine_version", "method", "note", "hostname", "device", "device_name",
          "cpu_model", "torch_version", "python_version", "measured_at", "command", "suite",
          "timing")
