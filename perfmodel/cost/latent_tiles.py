@@ -11,6 +11,21 @@ numHeadsPerCta`` CTAs per sequence (grid y), every one reading the sequence's wh
 stream it once. A pair of a 2-CTA MMA shares its operand loads: one stream.
 The second stream partly hits L2 (its twin CTA reads the same pages at about the same
 time): ``attention_restream_fraction`` is the share that reaches HBM.
+
+The MMA rows (``attention_latent_mma_rows``): the swapped-AB kernel puts the keys on the MMA's
+M and the CTA's 8 / 16 heads on N; the KeepsMmaAb kernel puts its 64 heads on M, padded to
+the 128 rows (tensor-memory lanes) of a one-CTA tcgen05 MMA, which the 2-CTA pair of 128
+heads fills. This padding is read off the rows (FP8 caches: 64 heads take as long as 128),
+not from a line of source.
+
+The key split (``computeNumCtas``, NVIDIA/TensorRT-LLM commit 52cd475): at most
+ceil(keys / (2 x stepKv)) CTAs per (sequence, head tile), as many as fill the SMs the other
+CTAs leave; the low-latency kernel reduces a split itself (CgaSmemReduction /
+GmemReduction), the high-throughput one always launches its reduction kernel
+(GmemReductionWithSeparateKernel, ``selectMlaGenerationKernel``). Not modelled: the
+low-latency kernel chosen for more than 32 heads at small batches and short caches
+(``useSwapsMmaAbMlaGenKernel``), the 2-CTA pair's doubled CTA count in the split, and
+``headDimPerCtaV`` splits of V.
 """
 
 from __future__ import annotations
@@ -56,3 +71,46 @@ def latent_restreamed(op, eff, decode: np.ndarray) -> np.ndarray:
     group = np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
     further = (latent_streams(eff, group) - 1.0) * latent_groups(op) * decode
     return eff.attention_restream_fraction * (op.group_bytes().kv_read * further).sum(axis=-1)
+
+
+# trtllm-gen's key split (fmhaKernels.h computeNumCtas): a CTA takes at least two key steps
+# of 128 (tileSizeKv), and the split fills the SMs left by the other CTAs
+TRTLLM_GEN_STEP_KV = 128
+# groups up to this run the low-latency SwapsMmaAb kernel, which reduces a split in the
+# kernel (CgaSmemReduction up to 16 CTAs, else GmemReduction); above, KeepsMmaAb always
+# runs the separate reduction kernel (GmemReductionWithSeparateKernel)
+SWAPS_MAX_GROUP = 32
+
+
+def trtllm_gen_splits(hw, op, decode: np.ndarray) -> np.ndarray:
+    """CTAs per (sequence, head tile) of a latent decode instance:
+    min(ceil(longest keys / (2 x 128)), max(1, SMs // CTAs before the split))."""
+    group = np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
+    ctas = (op.batch * op.g("n_kv_heads") * latent_streams(hw.efficiency, group)
+            * decode).sum(axis=-1)
+    most = np.ceil((op.kv_len * decode).max(axis=-1) / (2 * TRTLLM_GEN_STEP_KV))
+    fill = np.maximum(1.0, np.floor(hw.compute_units / np.maximum(ctas, 1.0)))
+    return np.maximum(np.minimum(most, fill), 1.0)
+
+
+def reduces_in_kernel(op, decode: np.ndarray) -> np.ndarray:
+    """Per instance: every latent decode group runs the kernel that reduces its own split
+    (no combine kernel of its own)."""
+    group = np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
+    low = (group <= SWAPS_MAX_GROUP) & latent_groups(op)
+    return np.where(decode, low, True).all(axis=-1)
+
+
+def latent_costs(op, hw, decode: np.ndarray, splits: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per instance: (cache bytes its further head-tile CTAs read again, the CTAs' own fixed
+    time over the SMs, whether it reduces its split in the kernel). Each CTA's prologue and
+    epilogue (its queries, page table, tensor memory, output) take ``attention_cta_s``
+    whatever its keys, the CTAs spread over the SMs by the persistent / split schedule:
+    CTAs x that / SMs."""
+    eff = hw.efficiency
+    group = np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
+    ctas = (op.batch * op.g("n_kv_heads") * latent_streams(eff, group) * latent_groups(op)
+            * decode).sum(axis=-1) * splits
+    return latent_restreamed(op, eff, decode), eff.attention_cta_s * ctas / hw.compute_units, \
+        reduces_in_kernel(op, decode)

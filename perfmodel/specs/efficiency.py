@@ -145,11 +145,16 @@ class Efficiency:
     # sequence, each streaming the sequence's latent cache again. TensorRT-LLM's trtllm-gen
     # MLA generation (cpp/tensorrt_llm/kernels/trtllmGenKernels/fmha/fmhaKernels.h,
     # hashFromRunnerParams / computeNumCtas): up to 32 heads SwapsMmaAb with 8 (up to 8) or
-    # 16 heads a CTA, above KeepsMmaAb with 64, 128 heads on a 2-CTA MMA pair (one stream)
+    # 16 heads a CTA, above KeepsMmaAb with 64, 128 heads on a 2-CTA MMA pair (one stream).
+    # Set, the latent decode also splits and reduces its keys as trtllm-gen does
+    # (cost/latent_tiles.py trtllm_gen_splits, reduces_in_kernel)
     attention_latent_cta_rows: tuple[tuple[int, int], ...] = ()
     # the rows its MMA pads those query heads to, by group ({min group: rows}; empty: as
     # attention_decode_tile_q_latent)
     attention_latent_mma_rows: tuple[tuple[int, int], ...] = ()
+    # the fixed time of each such CTA whatever its keys (its queries, page table, tensor
+    # memory, output), the CTAs spread over the SMs (cost/latent_tiles.py latent_costs)
+    attention_cta_s: float = 0.0
     # the share of each further CTA's stream of the same cache that reaches HBM (the rest
     # is served by L2, read by a concurrent CTA of the same sequence)
     attention_restream_fraction: float = 0.0

@@ -64,6 +64,7 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         if f.raw("attention_latent_cta_rows", None) is not None else (),
         attention_latent_mma_rows=_tile_steps(f, "attention_latent_mma_rows", 0)
         if f.raw("attention_latent_mma_rows", None) is not None else (),
+        attention_cta_s=f.quantity("attention_cta_s", "s", 0.0, positive=False),
         attention_restream_fraction=f.quantity("attention_restream_fraction", "number", 0.0,
                                                positive=False, maximum=1.0),
         attention_kernels=_attention_kernels(f.sub("attention_kernels", required=False)),
@@ -298,6 +299,7 @@ PROFILE_FIELDS: dict[str, tuple[str, float]] = {
     "attention_q_cast": ("flag", 1.0),
     "attention_q_cast_fused": ("flag", 1.0),
     "attention_restream_fraction": ("number", 1.0),
+    "attention_cta_s": ("s", 100e-6),
 }
 
 

@@ -7,7 +7,11 @@ The profile's constants (``attention_fraction``, ``attention_program_keys``,
 ``attention_head_dim_half``, attention's ``memory_fraction`` and ``latency_s``) are fitted by
 the corpus fit's bounded soft-L1 least squares (``validate.corpus.fit``) on these rows alone,
 the block's other figures as they are. Held out: 5 folds by (heads, cache dtype); leave one
-device out: the other Hopper part for H100 / H200, both for B200.
+device out: the other Hopper part for H100 / H200, the other Blackwell parts for each.
+Where the block sets trtllm-gen's CTA rule (``attention_latent_cta_rows``, Blackwell), the
+16-bit and FP8-cache builds are fitted apart (``trtllm_gen_mla`` and ``trtllm_gen_mla@fp8``,
+each with its fixed time per CTA, ``attention_cta_s``) in one least squares with one
+``attention_restream_fraction`` for both.
 
     perfmodel kernels import aiconfigurator --out /tmp/corpus --device h100-sxm \\
         --device h200-sxm --device b200 --engine trtllm
@@ -34,6 +38,8 @@ from validate.corpus.fit import soft_l1, summary
 from validate.corpus.params import PARAMETERS, _start, apply
 from validate.corpus.sets import KernelSet, fold_of
 
+SHARED = "attention_restream_fraction"
+CTA = "attention_cta_s"             # fitted per build where ``split``
 NAMES = ("attention_fraction", "attention_program_keys", "attention_head_dim_half",
          "memory_fraction.attention", "kernel_latency_s.attention")
 PROFILE = {"attention_fraction": "attention_fraction",
@@ -41,7 +47,6 @@ PROFILE = {"attention_fraction": "attention_fraction",
            "attention_head_dim_half": "attention_head_dim_half",
            "memory_fraction.attention": "memory_fraction",
            "kernel_latency_s.attention": "latency_s"}
-SHARED = "attention_restream_fraction"
 LATENT, ROPE_V = 576.0, 512.0       # DeepSeek-V3's latent + rope, and V
 
 
@@ -101,7 +106,8 @@ def fit(pairs: list) -> dict[str, float]:
     work = [p for hw, s in pairs for p in parts(hw, s)]
     tags = sorted({t for t, _, _ in work})
     shared = (SHARED,) if any(split(hw) for hw, _ in pairs) else ()
-    names = [*shared, *(n + t for t in tags for n in NAMES)]
+    own = (*NAMES, CTA) if shared else NAMES
+    names = [*shared, *(n + t for t in tags for n in own)]
     return _joint(work, names)
 
 
@@ -156,7 +162,7 @@ def main() -> None:
         print(d)
         print(line("shipped", s.errors(hw)))
         values = fit([(hw, s)])
-        print("  profile   " + ", ".join(f"{PROFILE.get(k.split('@')[0], k)}"
+        print("  profile   " + ", ".join(f"{PROFILE.get(k.split('@')[0], k.split('@')[0])}"
                                          f"{'@fp8' if k.endswith('@fp8') else ''}: {v:.4g}"
                                          for k, v in values.items()))
         held = []
