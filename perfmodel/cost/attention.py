@@ -50,12 +50,7 @@ from perfmodel.cost.decode_fallback import (
     fallback_splits,
     xqa_splits,
 )
-from perfmodel.cost.latent_tiles import (
-    latent_costs,
-    latent_groups,
-    latent_mma_rows,
-    trtllm_gen_splits,
-)
+from perfmodel.cost.latent_tiles import latent_costs, trtllm_gen_splits
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
     LATENT_QK_DIM,
@@ -137,8 +132,6 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=
             splits = trtllm_gen_splits(hw, op, decode)
         work = np.broadcast_to(programs * keys, decode.shape)
         tile_q = decode_row_tile(hw, op.g("qk_dim"), op.g("kv_bytes"))
-        if eff.attention_latent_mma_rows:       # a latent CTA's MMA rows, by group
-            tile_q = np.where(latent_groups(op), latent_mma_rows(eff, rows), tile_q)
         fill = np.broadcast_to(_row_fill(rows, tile_q), decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
     else:

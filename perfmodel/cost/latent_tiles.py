@@ -12,12 +12,6 @@ stream it once. A pair of a 2-CTA MMA shares its operand loads: one stream.
 The second stream partly hits L2 (its twin CTA reads the same pages at about the same
 time): ``attention_restream_fraction`` is the share that reaches HBM.
 
-The MMA rows (``attention_latent_mma_rows``): the swapped-AB kernel puts the keys on the MMA's
-M and the CTA's 8 / 16 heads on N; the KeepsMmaAb kernel puts its 64 heads on M, padded to
-the 128 rows (tensor-memory lanes) of a one-CTA tcgen05 MMA, which the 2-CTA pair of 128
-heads fills. This padding is read off the rows (FP8 caches: 64 heads take as long as 128),
-not from a line of source.
-
 The key split (``computeNumCtas``, NVIDIA/TensorRT-LLM commit 52cd475): at most
 ceil(keys / (2 x stepKv)) CTAs per (sequence, head tile), as many as fill the SMs the other
 CTAs leave; the low-latency kernel reduces a split itself (CgaSmemReduction /
@@ -43,12 +37,6 @@ def _step(steps: tuple[tuple[int, int], ...], group: np.ndarray) -> np.ndarray:
 def latent_cta_rows(eff, group: np.ndarray) -> np.ndarray:
     """Query heads of one KV head per CTA (``attention_latent_cta_rows``)."""
     return _step(eff.attention_latent_cta_rows, group)
-
-
-def latent_mma_rows(eff, group: np.ndarray) -> np.ndarray:
-    """Rows a latent decode's MMA pads a CTA's query heads to
-    (``attention_latent_mma_rows``)."""
-    return _step(eff.attention_latent_mma_rows, group)
 
 
 def latent_streams(eff, group: np.ndarray) -> np.ndarray:

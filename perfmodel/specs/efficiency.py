@@ -149,9 +149,6 @@ class Efficiency:
     # Set, the latent decode also splits and reduces its keys as trtllm-gen does
     # (cost/latent_tiles.py trtllm_gen_splits, reduces_in_kernel)
     attention_latent_cta_rows: tuple[tuple[int, int], ...] = ()
-    # the rows its MMA pads those query heads to, by group ({min group: rows}; empty: as
-    # attention_decode_tile_q_latent)
-    attention_latent_mma_rows: tuple[tuple[int, int], ...] = ()
     # the fixed time of each such CTA whatever its keys (its queries, page table, tensor
     # memory, output), the CTAs spread over the SMs (cost/latent_tiles.py latent_costs)
     attention_cta_s: float = 0.0
