@@ -60,10 +60,23 @@ def test_fp8_cache_runs_its_own_build_without_a_cast_kernel():
     assert got == pytest.approx(alone, rel=1e-12)
 
 
-def test_hopper_mla_is_untouched():
-    """FlashMLA's blocks set no CTA rule: the latent view prices as before."""
+def test_flashmla_streams_once_per_64_heads_and_charges_five_blocks_a_sequence():
+    """FlashMLA (H100 / H200 trtllm): 128 heads run two 64-row CTAs per part, the second
+    stream at the restream share; an empty cache still costs the scheduler's 5 blocks a
+    sequence, so doubling the batch of a 2-key cache (past one per part) costs more."""
+    from perfmodel.cost.latent_tiles import flashmla_fill
+
     h200 = pm.hardware("h200-sxm", "trtllm")
-    assert not h200.efficiency.attention_latent_cta_rows
-    off = replace(h200, efficiency=replace(h200.efficiency, attention_restream_fraction=0.9))
-    assert float(op_time(latent(32), h200, "kernel").time_s[0]) \
-        == float(op_time(latent(32), off, "kernel").time_s[0])
+    view = ak.for_kernel(h200, "flashmla")
+    assert view.efficiency.attention_latent_sched == "flashmla"
+    assert latent_streams(view.efficiency, np.array([64, 128])).tolist() == [1, 2]
+    on = np.ones((1, 1), dtype=bool)
+    share, splits = flashmla_fill(view, latent(64, 1, 131072), on)
+    # 2,048 + 5 blocks over parts of ceil(2,053 / 132) + 5 = 21 blocks: 98 pieces
+    assert splits.tolist() == [98]
+    assert float(share[0]) == pytest.approx(2048 / (132 * (np.ceil(2053 / 132) + 5)))
+    t = [float(op_time(latent(16, b, 2), h200, "kernel").time_s[0]) for b in (256, 512)]
+    assert t[1] > t[0]
+    off = replace(view, efficiency=replace(view.efficiency, attention_restream_fraction=0.0))
+    assert float(op_time(latent(128), view, "kernel").time_s[0]) \
+        > float(op_time(latent(128), off, "kernel").time_s[0])

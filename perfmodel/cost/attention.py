@@ -50,7 +50,7 @@ from perfmodel.cost.decode_fallback import (
     fallback_splits,
     xqa_splits,
 )
-from perfmodel.cost.latent_tiles import latent_costs, trtllm_gen_splits
+from perfmodel.cost.latent_tiles import flashmla_fill, latent_costs, trtllm_gen_splits
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
     LATENT_QK_DIM,
@@ -128,12 +128,16 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=
         if eff.attention_decode_splits == "xqa":    # the engine's own split rule
             splits = xqa_splits(hw, pool, (op.batch * decode).sum(axis=-1),
                                 (np.maximum(op.kv_len - 1, 0) * decode).max(axis=-1))
-        if eff.attention_latent_cta_rows:           # trtllm-gen MLA's own rule
+        if eff.attention_latent_sched == "trtllm_gen":   # the latent kernel's own rule
             splits = trtllm_gen_splits(hw, op, decode)
         work = np.broadcast_to(programs * keys, decode.shape)
         tile_q = decode_row_tile(hw, op.g("qk_dim"), op.g("kv_bytes"))
         fill = np.broadcast_to(_row_fill(rows, tile_q), decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
+        if eff.attention_latent_sched == "flashmla":     # its tile scheduler's parts
+            share, splits = flashmla_fill(hw, op, decode)
+            return eff.attention_decode * head_share(hw, op.qk_dim, decode=True) * pad \
+                * share, splits
     else:
         programs = op.batch * op.g("n_heads") * decode
         pool = programs.sum(axis=-1)

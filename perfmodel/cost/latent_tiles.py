@@ -1,4 +1,13 @@
-"""How many CTAs of a latent (MLA) decode stream one sequence's cache.
+"""How many CTAs of a latent (MLA) decode stream one sequence's cache, and how the engine's
+MLA kernel splits and schedules its keys (``attention_latent_sched``).
+
+FlashMLA (SM90; deepseek-ai/FlashMLA, TensorRT-LLM's copy under
+cpp/tensorrt_llm/kernels/flashMLA): a CTA holds 64 query rows (``BLOCK_SIZE_M``), so 128
+heads run two CTAs per (KV head, part), each streaming the cache; ``get_mla_metadata``
+charges each sequence ceil(keys / 64) + 5 blocks (``block_size_n`` 64,
+``fixed_overhead_num_blocks`` 5) and shares the total evenly over ``num_sm_parts = SMs /
+KV heads / ceil(heads / 64)`` parts, each at most ceil(total / parts) + 5 blocks; a piece of
+a split sequence writes fp32 partials (``o_accum``, ``lse_accum``) its combine kernel reads.
 
 TensorRT-LLM's trtllm-gen MLA generation kernels (Blackwell) hold a few query heads of the
 one latent KV head per CTA (NVIDIA/TensorRT-LLM
@@ -100,5 +109,48 @@ def latent_costs(op, hw, decode: np.ndarray, splits: np.ndarray
     group = np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
     ctas = (op.batch * op.g("n_kv_heads") * latent_streams(eff, group) * latent_groups(op)
             * decode).sum(axis=-1) * splits
-    return latent_restreamed(op, eff, decode), eff.attention_cta_s * ctas / hw.compute_units, \
-        reduces_in_kernel(op, decode)
+    own = reduces_in_kernel(op, decode) if eff.attention_latent_sched == "trtllm_gen" \
+        else np.zeros(np.shape(ctas), dtype=bool)
+    extra = latent_restreamed(op, eff, decode)
+    if eff.attention_latent_sched == "flashmla":
+        extra = extra + flashmla_partials(hw, op, decode)
+    return extra, eff.attention_cta_s * ctas / hw.compute_units, own
+
+
+# FlashMLA's decode scheduler (deepseek-ai/FlashMLA get_mla_metadata, as TensorRT-LLM's
+# copy runs it, cpp/tensorrt_llm/kernels/flashMLA): keys in blocks of 64, each sequence
+# charged 5 blocks of fixed work, the total shared evenly over num_sm_parts = SMs / KV heads
+# / ceil(heads / 64) CTAs per (KV head, 64-row query block)
+FLASHMLA_BLOCK_N = 64
+FLASHMLA_FIXED_BLOCKS = 5
+
+
+def _parts(hw, op, decode: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(CTAs per part: KV heads x 64-row query blocks, num_sm_parts) per instance."""
+    group = np.floor_divide(op.g("n_heads"), op.g("n_kv_heads"))
+    row_ctas = (op.g("n_kv_heads") * latent_streams(hw.efficiency, group) * decode).max(axis=-1)
+    return row_ctas, np.maximum(1.0, np.floor(hw.compute_units / np.maximum(row_ctas, 1.0)))
+
+
+def flashmla_partials(hw, op, decode: np.ndarray) -> np.ndarray:
+    """Bytes of the split pieces' fp32 partial outputs and log-sum-exps (o_accum, lse_accum),
+    written by the main kernel and read by the combine: a part's boundary inside a sequence
+    splits it, so about parts + min(sequences, parts) pieces, each heads x (512 x 4 + 4)."""
+    _, parts = _parts(hw, op, decode)
+    seqs = (op.batch * decode).sum(axis=-1)
+    heads = (op.g("n_heads") * decode).max(axis=-1)
+    v = (op.g("v_dim") * decode).max(axis=-1)
+    return 2.0 * (parts + np.minimum(seqs, parts)) * heads * (v * 4.0 + 4.0)
+
+
+def flashmla_fill(hw, op, decode: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(useful share of the SMs' time, key splits of the longest sequence) of a FlashMLA
+    decode: each CTA runs ceil(total / parts) + 5 blocks (``payload``), all CTAs at once."""
+    row_ctas, parts = _parts(hw, op, decode)
+    blocks = np.ceil(op.kv_len / FLASHMLA_BLOCK_N)
+    total = (op.batch * (blocks + FLASHMLA_FIXED_BLOCKS) * decode).sum(axis=-1)
+    payload = np.ceil(total / parts) + FLASHMLA_FIXED_BLOCKS
+    useful = (op.batch * op.kv_len * decode).sum(axis=-1) / FLASHMLA_BLOCK_N
+    longest = (blocks * decode).max(axis=-1) + FLASHMLA_FIXED_BLOCKS
+    return np.minimum(1.0, useful * row_ctas / (hw.compute_units * payload)), \
+        np.maximum(1.0, np.ceil(longest / payload))

@@ -145,10 +145,13 @@ class Efficiency:
     # sequence, each streaming the sequence's latent cache again. TensorRT-LLM's trtllm-gen
     # MLA generation (cpp/tensorrt_llm/kernels/trtllmGenKernels/fmha/fmhaKernels.h,
     # hashFromRunnerParams / computeNumCtas): up to 32 heads SwapsMmaAb with 8 (up to 8) or
-    # 16 heads a CTA, above KeepsMmaAb with 64, 128 heads on a 2-CTA MMA pair (one stream).
-    # Set, the latent decode also splits and reduces its keys as trtllm-gen does
-    # (cost/latent_tiles.py trtllm_gen_splits, reduces_in_kernel)
+    # 16 heads a CTA, above KeepsMmaAb with 64, 128 heads on a 2-CTA MMA pair (one stream);
+    # FlashMLA: 64 (BLOCK_SIZE_M)
     attention_latent_cta_rows: tuple[tuple[int, int], ...] = ()
+    # how that kernel splits and schedules a latent decode's keys: '' as the block's decode;
+    # 'trtllm_gen' (trtllm_gen_splits, reduces_in_kernel), 'flashmla' (its tile scheduler,
+    # flashmla_fill; cost/latent_tiles.py)
+    attention_latent_sched: str = ""
     # the fixed time of each such CTA whatever its keys (its queries, page table, tensor
     # memory, output), the CTAs spread over the SMs (cost/latent_tiles.py latent_costs)
     attention_cta_s: float = 0.0

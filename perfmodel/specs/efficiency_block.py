@@ -62,6 +62,8 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
         attention_q_cast_fused=f.flag("attention_q_cast_fused", False),
         attention_latent_cta_rows=_tile_steps(f, "attention_latent_cta_rows", 0)
         if f.raw("attention_latent_cta_rows", None) is not None else (),
+        attention_latent_sched=f.text("attention_latent_sched", "",
+                                      ("", "trtllm_gen", "flashmla")),
         attention_cta_s=f.quantity("attention_cta_s", "s", 0.0, positive=False),
         attention_restream_fraction=f.quantity("attention_restream_fraction", "number", 0.0,
                                                positive=False, maximum=1.0),

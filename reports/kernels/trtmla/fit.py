@@ -78,7 +78,17 @@ def split(hw) -> bool:
     trtllm-gen's (the block sets ``attention_latent_cta_rows``), whose FP8-cache build is a
     kernel of its own (``trtllm_gen_mla@fp8``: dtypeQ = dtypeKv = E4M3, the query quantized
     by the rope kernel, ``attention_q_cast_fused``)."""
-    return bool(hw.efficiency.attention_latent_cta_rows)
+    return hw.efficiency.attention_latent_sched == "trtllm_gen"
+
+
+def own_names(hw) -> tuple[str, ...]:
+    """The profile's fitted names on ``hw``: with trtllm-gen's rule also its time per CTA;
+    under FlashMLA's scheduler a program's fixed work is the scheduler's 5 blocks a sequence
+    (``latent_tiles.flashmla_fill``), not a fitted count."""
+    sched = hw.efficiency.attention_latent_sched
+    if sched == "flashmla":
+        return tuple(n for n in NAMES if n != "attention_program_keys")
+    return (*NAMES, CTA) if sched else NAMES
 
 
 def block(hw, fp8: bool = False):
@@ -105,8 +115,9 @@ def fit(pairs: list) -> dict[str, float]:
     builds (the same CTA tiling), so a held-out head count of one dtype is priced by it."""
     work = [p for hw, s in pairs for p in parts(hw, s)]
     tags = sorted({t for t, _, _ in work})
-    shared = (SHARED,) if any(split(hw) for hw, _ in pairs) else ()
-    own = (*NAMES, CTA) if shared else NAMES
+    shared = (SHARED,) if any(hw.efficiency.attention_latent_cta_rows for hw, _ in pairs) \
+        else ()
+    own = own_names(pairs[0][0])
     names = [*shared, *(n + t for t in tags for n in own)]
     return _joint(work, names)
 
