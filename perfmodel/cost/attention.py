@@ -128,16 +128,13 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=
         if eff.attention_decode_splits == "xqa":    # the engine's own split rule
             splits = xqa_splits(hw, pool, (op.batch * decode).sum(axis=-1),
                                 (np.maximum(op.kv_len - 1, 0) * decode).max(axis=-1))
+        latent = latent_attention(op) if eff.attention_latent_sched else False
         if eff.attention_latent_sched == "trtllm_gen":   # the latent kernel's own rule
-            splits = trtllm_gen_splits(hw, op, decode)
+            splits = np.where(latent, trtllm_gen_splits(hw, op, decode), splits)
         work = np.broadcast_to(programs * keys, decode.shape)
         tile_q = decode_row_tile(hw, op.g("qk_dim"), op.g("kv_bytes"))
         fill = np.broadcast_to(_row_fill(rows, tile_q), decode.shape)
         pad = divide((work * fill).sum(axis=-1), work.sum(axis=-1))
-        if eff.attention_latent_sched == "flashmla":     # its tile scheduler's parts
-            share, splits = flashmla_fill(hw, op, decode)
-            return eff.attention_decode * head_share(hw, op.qk_dim, decode=True) * pad \
-                * share, splits
     else:
         programs = op.batch * op.g("n_heads") * decode
         pool = programs.sum(axis=-1)
@@ -160,9 +157,12 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=
         shortest = np.where(np.isfinite(shortest), shortest, 0.0)
     busy = total + n * fixed
     makespan = np.maximum(longest, busy / units + (np.ceil(n / units) - n / units) * shortest)
-    return eff.attention_decode * head_share(hw, op.qk_dim, decode=True) * pad \
-        * divide(total, units * makespan), \
-        splits
+    share = divide(total, units * makespan)
+    if eff.attention_decode_pack_gqa and eff.attention_latent_sched == "flashmla" \
+            and np.any(latent):                     # the latent instances: its scheduler
+        own, own_splits = flashmla_fill(hw, op, decode)
+        share, splits = np.where(latent, own, share), np.where(latent, own_splits, splits)
+    return eff.attention_decode * head_share(hw, op.qk_dim, decode=True) * pad * share, splits
 
 
 def decode_row_tile(hw: Hardware, qk_dim: np.ndarray, kv_bytes: np.ndarray | float = 2.0

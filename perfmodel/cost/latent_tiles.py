@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmodel.cost.tiling import latent_attention
+
 
 def _step(steps: tuple[tuple[int, int], ...], group: np.ndarray) -> np.ndarray:
     """The value of the step of ``steps`` ({min group: value}) whose minimum is reached."""
@@ -113,7 +115,7 @@ def latent_costs(op, hw, decode: np.ndarray, splits: np.ndarray
         else np.zeros(np.shape(ctas), dtype=bool)
     extra = latent_restreamed(op, eff, decode)
     if eff.attention_latent_sched == "flashmla":
-        extra = extra + flashmla_partials(hw, op, decode)
+        extra = extra + flashmla_partials(hw, op, decode) * latent_attention(op)
     return extra, eff.attention_cta_s * ctas / hw.compute_units, own
 
 
