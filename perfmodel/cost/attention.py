@@ -50,6 +50,7 @@ from perfmodel.cost.decode_fallback import (
     fallback_splits,
     xqa_splits,
 )
+from perfmodel.cost.latent_tiles import flashmla_fill, latent_costs, trtllm_gen_splits
 from perfmodel.cost.ops import Attention, attended_positions
 from perfmodel.cost.tiling import (
     LATENT_QK_DIM,
@@ -127,6 +128,9 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=
         if eff.attention_decode_splits == "xqa":    # the engine's own split rule
             splits = xqa_splits(hw, pool, (op.batch * decode).sum(axis=-1),
                                 (np.maximum(op.kv_len - 1, 0) * decode).max(axis=-1))
+        latent = latent_attention(op) if eff.attention_latent_sched else False
+        if eff.attention_latent_sched == "trtllm_gen":   # the latent kernel's own rule
+            splits = np.where(latent, trtllm_gen_splits(hw, op, decode), splits)
         work = np.broadcast_to(programs * keys, decode.shape)
         tile_q = decode_row_tile(hw, op.g("qk_dim"), op.g("kv_bytes"))
         fill = np.broadcast_to(_row_fill(rows, tile_q), decode.shape)
@@ -153,9 +157,12 @@ def decode_pool(op: Attention, hw: Hardware, decode: np.ndarray, split_unpacked=
         shortest = np.where(np.isfinite(shortest), shortest, 0.0)
     busy = total + n * fixed
     makespan = np.maximum(longest, busy / units + (np.ceil(n / units) - n / units) * shortest)
-    return eff.attention_decode * head_share(hw, op.qk_dim, decode=True) * pad \
-        * divide(total, units * makespan), \
-        splits
+    share = divide(total, units * makespan)
+    if eff.attention_decode_pack_gqa and eff.attention_latent_sched == "flashmla" \
+            and np.any(latent):                     # the latent instances: its scheduler
+        own, own_splits = flashmla_fill(hw, op, decode)
+        share, splits = np.where(latent, own, share), np.where(latent, own_splits, splits)
+    return eff.attention_decode * head_share(hw, op.qk_dim, decode=True) * pad * share, splits
 
 
 def decode_row_tile(hw: Hardware, qk_dim: np.ndarray, kv_bytes: np.ndarray | float = 2.0
@@ -364,10 +371,14 @@ def _attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> Op
     nbytes = op.bytes.total
     if any_decode and not eff.attention_decode_pack_gqa:
         nbytes = nbytes + _restreamed(op, decode)
+    combine = (splits > 1) & decode.any(axis=-1) if any_decode else False
+    cta_s = 0.0
+    if any_decode and eff.attention_latent_cta_rows:    # trtllm-gen MLA's CTAs (latent_tiles)
+        extra, cta_s, own = latent_costs(op, hw, decode, splits)
+        nbytes, combine = nbytes + extra, combine & ~own
     m_eff = kind_memory_fraction("attention", hw) * size_ramp(nbytes, hw)
     memory_s = divide(nbytes, hw.memory_bytes_per_s * m_eff)
     body_s = np.maximum(compute_s, memory_s)
-    combine = (splits > 1) & decode.any(axis=-1) if any_decode else False
     if eff.attention_append_kv and any_prefill:     # each program copies before it computes
         copies, append_split = _append_kv(op, hw, prefill)
         append_s = copies / (hw.memory_bytes_per_s * m_eff)
@@ -379,6 +390,7 @@ def _attention_time(op: Attention, hw: Hardware, timing: np.ndarray | int) -> Op
         cast_s = cast / (hw.memory_bytes_per_s * m_eff)
         memory_s, body_s = memory_s + cast_s, body_s + cast_s
     # a split's combine and a query cast are small kernels of their own (module docstring)
-    fixed_s = _call_latency(eff, decode, prefill) + eff.kernel_latency_s * (combine + (cast > 0))
+    fixed_s = _call_latency(eff, decode, prefill) + eff.kernel_latency_s * (combine + (cast > 0)) \
+        + cta_s
     return finish(op, hw, timing, compute_s, memory_s, body_s, fixed_s, c_eff,
                   m_eff * np.ones(np.shape(compute_s)))

@@ -15,7 +15,10 @@ constants, each with a physical meaning and the range ``PROFILE_FIELDS`` gives:
 - ``memory_fraction``: its KV streaming, share of the HBM peak;
 - ``latency_s``: the call's fixed cost (metadata, cache write launch, kernel, combine);
 - ``attention_q_cast``: 1 where the backend casts a 16-bit query to an FP8 cache's dtype
-  and computes in FP8 (``Efficiency.attention_q_cast``).
+  and computes in FP8 (``Efficiency.attention_q_cast``); ``attention_q_cast_fused``: 1 where
+  an earlier kernel of the step does that cast (no cast kernel of its own);
+- ``attention_restream_fraction``: the share of a further CTA's stream of a latent cache
+  that reaches HBM (``cost.latent_tiles``).
 
 A kernel's FP8-compute instantiation is a profile of its own, ``<kernel>@fp8``: FP8 is
 another kernel build with other tiles and work (FlashAttention-3's sm90 FP8 forward takes
@@ -93,8 +96,9 @@ def laid(eff, profile: dict[str, float], kernel: str):
     own = {k: v for k, v in profile.items() if k.startswith("attention_")}
     # whether the backend casts the query is its own: another kernel's profile does not
     # inherit the block's, the block backend's FP8 build does
-    inherited = eff.attention_q_cast and kernel.startswith(f"{eff.attention_backend}@")
-    own["attention_q_cast"] = bool(own.get("attention_q_cast", inherited))
+    build = kernel.startswith(f"{eff.attention_backend}@")
+    for flag in ("attention_q_cast", "attention_q_cast_fused"):
+        own[flag] = bool(own.get(flag, getattr(eff, flag) and build))
     if not kernel.startswith(f"{eff.attention_backend}@"):
         own |= DECODE_KERNEL_OFF    # the block's own decode kernel is not this kernel
     fraction, latency = dict(eff.kernel_memory_fraction), dict(eff.kernel_latency_by_kind)
@@ -129,7 +133,7 @@ def q_cast_bytes(hw: Hardware, q_elems: np.ndarray, act_bytes: np.ndarray,
                  kv_bytes: np.ndarray) -> np.ndarray:
     """Bytes of the query cast a backend with ``attention_q_cast`` runs before an FP8-cache
     call with a 16-bit query: the query read at its width and written in FP8 (0 elsewhere)."""
-    if not hw.efficiency.attention_q_cast:
+    if not hw.efficiency.attention_q_cast or hw.efficiency.attention_q_cast_fused:
         return np.zeros(np.shape(q_elems))
     cast = (np.asarray(act_bytes) > 1) & (np.asarray(kv_bytes) == 1)
     return np.where(cast, q_elems * (np.asarray(act_bytes) + 1.0), 0.0)

@@ -135,6 +135,29 @@ class Efficiency:
     # an FP8-cache call computes at the FP8 rate and pays that cast, a small kernel of its
     # own. false: a 16-bit query reads the FP8 cache with descales (FlashInfer, Triton)
     attention_q_cast: bool = False
+    # that cast is done by an earlier kernel of the step, not one of its own: TensorRT-LLM's
+    # MLA generation quantizes the query in its rope / cache-write kernel
+    # (mla_rope_generation fills quant_q_buffer, tensorrt_llm/_torch/attention_backend/
+    # trtllm.py), so the FP8-cache call computes in FP8 and pays no cast kernel or bytes
+    attention_q_cast_fused: bool = False
+    # query heads of one KV head a latent (MLA) decode CTA holds, by the KV group's size
+    # ({min group: rows}; empty: off): a larger group runs ceil(group / rows) CTAs per
+    # sequence, each streaming the sequence's latent cache again. TensorRT-LLM's trtllm-gen
+    # MLA generation (cpp/tensorrt_llm/kernels/trtllmGenKernels/fmha/fmhaKernels.h,
+    # hashFromRunnerParams / computeNumCtas): up to 32 heads SwapsMmaAb with 8 (up to 8) or
+    # 16 heads a CTA, above KeepsMmaAb with 64, 128 heads on a 2-CTA MMA pair (one stream);
+    # FlashMLA: 64 (BLOCK_SIZE_M)
+    attention_latent_cta_rows: tuple[tuple[int, int], ...] = ()
+    # how that kernel splits and schedules a latent decode's keys: '' as the block's decode;
+    # 'trtllm_gen' (trtllm_gen_splits, reduces_in_kernel), 'flashmla' (its tile scheduler,
+    # flashmla_fill; cost/latent_tiles.py)
+    attention_latent_sched: str = ""
+    # the fixed time of each such CTA whatever its keys (its queries, page table, tensor
+    # memory, output), the CTAs spread over the SMs (cost/latent_tiles.py latent_costs)
+    attention_cta_s: float = 0.0
+    # the share of each further CTA's stream of the same cache that reaches HBM (the rest
+    # is served by L2, read by a concurrent CTA of the same sequence)
+    attention_restream_fraction: float = 0.0
     # attention kernel (a corpus row's ``kernel``: the backend the collector timed; with
     # ``@fp8``, its FP8-compute instantiation) -> the profile of its constants laid over this
     # block's (specs/efficiency_block.py PROFILE_FIELDS); the block's own constants are its

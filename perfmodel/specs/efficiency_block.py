@@ -59,6 +59,14 @@ def read_efficiency(f: Fields, scan_kernel: str) -> Efficiency:
                                            positive=False),
         attention_append_kv=f.flag("attention_append_kv", False),
         attention_q_cast=f.flag("attention_q_cast", False),
+        attention_q_cast_fused=f.flag("attention_q_cast_fused", False),
+        attention_latent_cta_rows=_tile_steps(f, "attention_latent_cta_rows", 0)
+        if f.raw("attention_latent_cta_rows", None) is not None else (),
+        attention_latent_sched=f.text("attention_latent_sched", "",
+                                      ("", "trtllm_gen", "flashmla")),
+        attention_cta_s=f.quantity("attention_cta_s", "s", 0.0, positive=False),
+        attention_restream_fraction=f.quantity("attention_restream_fraction", "number", 0.0,
+                                               positive=False, maximum=1.0),
         attention_kernels=_attention_kernels(f.sub("attention_kernels", required=False)),
         attention_backend=f.text("attention_backend", ""),
         attention_latent_kernel=f.text("attention_latent_kernel", ""),
@@ -291,6 +299,9 @@ PROFILE_FIELDS: dict[str, tuple[str, float]] = {
     "memory_fraction": ("number", 1.0),
     "latency_s": ("s", 100e-6),
     "attention_q_cast": ("flag", 1.0),
+    "attention_q_cast_fused": ("flag", 1.0),
+    "attention_restream_fraction": ("number", 1.0),
+    "attention_cta_s": ("s", 100e-6),
 }
 
 

@@ -31,7 +31,7 @@ _MAPPINGS = ("kernel_memory_fraction", "kernel_unit_bytes_per_s", "kernel_latenc
 # efficiency keys naming one engine's own attention kernels (cost.attention_kernels): an
 # engine block never inherits them from the top level, whose kernels are another engine's
 _OWN_KERNELS = ("attention_backend", "attention_kernels", "attention_q_cast",
-                "attention_latent_kernel")
+                "attention_q_cast_fused", "attention_latent_kernel")
 # the tile rules of the quantized GEMM rows (cost.kernel_tiles): they go with the rows, so
 # an engine block that brings its own gemm_kernels does not inherit the top level's
 _ROW_TILES = ("gemm_kernels", "gemm_kernel_tiles")

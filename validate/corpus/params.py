@@ -42,6 +42,11 @@ PARAMETERS: dict[str, tuple[float, float, str]] = {
     "attention_decode_head_dim_half": (1.0, 512.0, "the decode kernel's per-score softmax"),
     "attention_head_dim_half": (1.0, 512.0, "per-score softmax work beyond the MMAs, in "
                                             "head_dim units"),
+    "attention_cta_s": (1e-8, 2e-5, "fixed time of one latent decode CTA whatever its keys "
+                                    "(its queries, page table, tensor memory, output)"),
+    "attention_restream_fraction": (0.01, 1.0, "share of a further CTA's stream of the same "
+                                               "latent cache that reaches HBM (the rest "
+                                               "hits L2)"),
     "kernel_latency_s.attention": (0.5e-6, 30e-6, "fixed cost of the attention call (cache "
                                                  "write, scheduler metadata, kernel, "
                                                  "combine)"),
@@ -172,7 +177,8 @@ START = {"gemm_fraction": 0.8, "gemm_k_half": 128.0, "memory_fraction": 0.85,
          "attention_fallback_fraction": 0.1, "attention_fallback_program_steps": 4.0,
          "attention_decode_fraction": 0.6, "attention_decode_program_keys": 64.0,
          "attention_decode_latency_s": 5e-6, "attention_decode_head_dim_half": 32.0,
-         "memory_fraction.attention": 0.85,
+         "memory_fraction.attention": 0.85, "attention_restream_fraction": 0.5,
+         "attention_cta_s": 1e-6,
          "kernel_latency_s.attention": 5e-6, "collective_fraction": 0.7,
          "collective_latency_s": 8e-6, "custom_all_reduce_fraction": 0.3,
          "custom_all_reduce_latency_s": 5e-6,
