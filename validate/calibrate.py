@@ -198,8 +198,11 @@ def _layer_kernel_time(layer_ops: list[OpRecord], measured: dict[str, float], hw
 def _efficiency_block(eff: Efficiency, source: str) -> dict:
     out = {f.name: getattr(eff, f.name) for f in fields(Efficiency)
            if getattr(eff, f.name) is not None}
-    steps = eff.attention_tile_q
-    out["attention_tile_q"] = steps[0][1] if len(steps) == 1 else dict(steps)
+    for key in ("attention_tile_q", "attention_latent_cta_rows"):   # tile steps: as read
+        steps = getattr(eff, key)
+        out[key] = steps[0][1] if len(steps) == 1 else dict(steps)
+        if not steps:
+            del out[key]
     out["gemm_tiles"] = [list(tile) for tile in eff.gemm_tiles]
     if not eff.gemm_tiles:
         del out["gemm_tiles"]
