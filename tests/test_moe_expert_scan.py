@@ -3,8 +3,6 @@
 batch once per local expert, a thread per (local expert, token)
 (``cost.moe.expert_scan``), priced at ``moe_kernels.<class>.scan_s`` per thread."""
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -13,6 +11,7 @@ from perfmodel.compare.moe_forms import moe_layer
 from perfmodel.cost import moe
 from perfmodel.cost.moe import expert_scan
 from perfmodel.specs.dtypes import CODE
+from tests.moe_rows import expert_gemms, with_routing
 
 SCAN_S = 1e-11
 
@@ -31,11 +30,6 @@ def test_the_three_step_sort_runs_a_thread_per_local_expert_and_token(tokens, to
     assert got.tolist() == [threads]
 
 
-def _with_scan(hw: pm.Hardware, cls: str, scan_s: float) -> pm.Hardware:
-    row = (0.5, 0.8, 10e-6, 0.1e-6, 1.0, 1e-9, 1e-9, scan_s)
-    return replace(hw, efficiency=replace(hw.efficiency, moe_kernels={cls: row}))
-
-
 def test_a_corpus_row_scans_its_devices_experts_on_the_up_gemm_only():
     one = np.array([1.0])
     # 1,024 tokens, top-8, 256 experts over EP 32: 8 on the device
@@ -46,7 +40,7 @@ def test_a_corpus_row_scans_its_devices_experts_on_the_up_gemm_only():
     up, down = (op for op, _ in parts if getattr(op, "experts", False))
     assert float(up.scan[0]) == 8 * 1024.0 and float(np.sum(down.scan)) == 0.0
     hw = pm.hardware("h100-sxm")
-    on, off = _with_scan(hw, "bf16", SCAN_S), _with_scan(hw, "bf16", 0.0)
+    on, off = with_routing(hw, "bf16", 1e-9, SCAN_S), with_routing(hw, "bf16", 1e-9, 0.0)
     extra = np.asarray(moe.fixed_cost(up, on) - moe.fixed_cost(up, off)).ravel()
     assert extra.tolist() == pytest.approx([8 * 1024 * SCAN_S])
 
@@ -58,16 +52,11 @@ def test_a_corpus_row_scans_its_devices_experts_on_the_up_gemm_only():
     (dict(ep=4, attention_dp=True), 32 * 4096.0),
 ])
 def test_the_estimate_prices_the_scan_once_per_moe_layer(plan, threads):
-    from perfmodel.cost.step import Dtypes, Step, step_records
-
     hw = pm.hardware("h100-sxm")
-    records = step_records(pm.model("qwen3-30b-a3b"), hw, pm.Parallelism(**plan),
-                           Step.uniform(4, 256, 256), Dtypes.of(weights="fp8", acts="fp8"))
-    gemms = {r.name: r for r in records if r.name.startswith("experts.")}
-    up, down = gemms["experts.gate_up_proj"], gemms["experts.down_proj"]
+    up, down = expert_gemms(hw, plan)
     assert float(np.asarray(up.scan).ravel()[0]) == threads
     assert float(np.asarray(down.scan).ravel()[0]) == 0.0
-    on, off = _with_scan(hw, "fp8", SCAN_S), _with_scan(hw, "fp8", 0.0)
+    on, off = with_routing(hw, "fp8", 1e-9, SCAN_S), with_routing(hw, "fp8", 1e-9, 0.0)
     extra = np.asarray(moe.fixed_cost(up, on) - moe.fixed_cost(up, off)).ravel()[0]
     assert float(extra) == pytest.approx(threads * SCAN_S)
 

@@ -11,6 +11,7 @@ from perfmodel.compare.moe_forms import LOCAL_COMBINE, moe_layer
 from perfmodel.cost.ops import Pointwise
 from perfmodel.specs.dtypes import CODE
 from perfmodel.specs.kinds import POINTWISE_CODE
+from tests.moe_rows import expert_gemms, with_routing
 
 GATHER = POINTWISE_CODE["gather"]
 # T 1,024 tokens, top-8, hidden 4,096; EP 32: 256 of the 8,192 pairs on the device
@@ -56,13 +57,6 @@ def test_the_trtllm_kernels_are_the_local_ones():
 SLOT_S = 1e-9
 
 
-def _with_slot(hw, cls: str, slot_s: float):
-    from dataclasses import replace
-
-    row = (0.5, 0.8, 10e-6, 0.1e-6, 1.0, 1e-9, slot_s)
-    return replace(hw, efficiency=replace(hw.efficiency, moe_kernels={cls: row}))
-
-
 def test_the_up_gemm_carries_the_layers_slots_and_pays_slot_s_each():
     from perfmodel.cost import moe
 
@@ -74,7 +68,7 @@ def test_the_up_gemm_carries_the_layers_slots_and_pays_slot_s_each():
     up, down = (op for op, _ in parts if getattr(op, "experts", False))
     assert float(up.slots[0]) == T * K == 8192.0 and float(np.sum(down.slots)) == 0.0
     hw = pm.hardware("h100-sxm")
-    on, off = _with_slot(hw, "bf16", SLOT_S), _with_slot(hw, "bf16", 0.0)
+    on, off = with_routing(hw, "bf16", SLOT_S), with_routing(hw, "bf16", 0.0)
     # 8,192 slots x 1 ns = 8.192 us on the up GEMM, nothing on the down GEMM
     extra = np.asarray(moe.fixed_cost(up, on) - moe.fixed_cost(up, off)).ravel()
     assert extra.tolist() == pytest.approx([8.192e-6])
@@ -89,17 +83,12 @@ def test_the_up_gemm_carries_the_layers_slots_and_pays_slot_s_each():
 ])
 def test_the_estimate_prices_the_slots_once_per_moe_layer(plan, slots):
     from perfmodel.cost import moe
-    from perfmodel.cost.step import Dtypes, Step, step_records
 
-    model = pm.model("qwen3-30b-a3b")
     hw = pm.hardware("h100-sxm")
-    records = step_records(model, hw, pm.Parallelism(**plan), Step.uniform(4, 256, 256),
-                           Dtypes.of(weights="fp8", acts="fp8"))
-    gemms = {r.name: r for r in records if r.name.startswith("experts.")}
-    up, down = gemms["experts.gate_up_proj"], gemms["experts.down_proj"]
+    up, down = expert_gemms(hw, plan)
     assert float(np.asarray(up.slots).ravel()[0]) == slots
     assert float(np.asarray(down.slots).ravel()[0]) == 0.0
-    on, off = _with_slot(hw, "fp8", SLOT_S), _with_slot(hw, "fp8", 0.0)
+    on, off = with_routing(hw, "fp8", SLOT_S), with_routing(hw, "fp8", 0.0)
     extra = np.asarray(moe.fixed_cost(up, on) - moe.fixed_cost(up, off)).ravel()[0]
     assert float(extra) == pytest.approx(slots * SLOT_S)
 

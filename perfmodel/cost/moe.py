@@ -321,7 +321,7 @@ def fixed_cost(op: Gemm, hw: Hardware) -> np.ndarray | float:
     of its three-step sort, ``scan_s`` x ``scan``), else ``gemm``'s."""
     if not np.any(op.experts):
         return _table(hw, op, 2, hw.efficiency.latency_for("gemm")) + row_cost(op, hw)
-    per, depth, slot = _table(hw, op, 3, 0.0), _table(hw, op, 5, 0.0), _table(hw, op, 6, 0.0)
+    per, depth, slot, scan = (_table(hw, op, i, 0.0) for i in (3, 5, 6, 7))
     return (_table(hw, op, 2, hw.efficiency.latency_for("gemm"))
             + per * np.asarray(op.groups) + depth * np.asarray(op.k)
-            + slot * np.asarray(op.slots) + _table(hw, op, 7, 0.0) * np.asarray(op.scan))
+            + slot * np.asarray(op.slots) + scan * np.asarray(op.scan))

@@ -109,9 +109,8 @@ MOE_FIELDS = ("gemm_fraction", "memory_fraction", "latency_s", "expert_latency_s
 # (``compare.moe_forms.LOCAL_COMBINE``: TensorRT-LLM's), whose routing and sort no other term
 # prices; 0 (off) in a row that does not fit it (the Triton kernels' un-permutation reads
 # every slot already: vLLM / SGLang prices stay as they were)
-SLOT = "slot_s"
-# the routing terms of those rows only: the per-slot cost and the three-step sort's scans
-ROUTING = (SLOT, "scan_s")
+# (the per-slot cost, and the three-step sort's scans likewise)
+ROUTING = ("slot_s", "scan_s")
 CUSTOM_AR_MAX_BYTES = 8192 * 1024   # vLLM CustomAllreduce max_size (custom_all_reduce.py)
 def value_of(hw: Hardware, name: str) -> float:
     """The current value of a fitted parameter on ``hw``."""
